@@ -1,0 +1,67 @@
+#pragma once
+
+// Thin wrappers for the syscalls glibc 2.36 has no wrapper for. Each returns what the syscall
+// returns (-1 and errno on failure) and is async-signal-safe, so it may run between clone and
+// execve.
+
+#include <linux/mount.h>
+#include <linux/openat2.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace nsbox::sys {
+
+// SAFETY: every wrapper below passes its arguments to the kernel unchanged; the kernel checks
+// them and reports errors through errno. None of them touches memory beyond what it is given.
+
+inline long Clone3(struct clone_args* args, size_t size) {
+  return ::syscall(SYS_clone3, args, size);
+}
+
+inline int PidfdOpen(pid_t pid, unsigned int flags) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, flags));
+}
+
+inline int PidfdSendSignal(int pidfd, int sig, siginfo_t* info, unsigned int flags) {
+  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, info, flags));
+}
+
+inline int PivotRoot(const char* new_root, const char* put_old) {
+  return static_cast<int>(::syscall(SYS_pivot_root, new_root, put_old));
+}
+
+inline int OpenTree(int dirfd, const char* path, unsigned int flags) {
+  return static_cast<int>(::syscall(SYS_open_tree, dirfd, path, flags));
+}
+
+inline int MoveMount(int from_dirfd, const char* from_path, int to_dirfd, const char* to_path,
+                     unsigned int flags) {
+  return static_cast<int>(
+      ::syscall(SYS_move_mount, from_dirfd, from_path, to_dirfd, to_path, flags));
+}
+
+inline int MountSetattr(int dirfd, const char* path, unsigned int flags, struct mount_attr* attr,
+                        size_t size) {
+  return static_cast<int>(::syscall(SYS_mount_setattr, dirfd, path, flags, attr, size));
+}
+
+inline int Openat2(int dirfd, const char* path, struct open_how* how, size_t size) {
+  return static_cast<int>(::syscall(SYS_openat2, dirfd, path, how, size));
+}
+
+inline int CloseRange(unsigned int first, unsigned int last, unsigned int flags) {
+  return static_cast<int>(::syscall(SYS_close_range, first, last, flags));
+}
+
+inline int Seccomp(unsigned int op, unsigned int flags, void* args) {
+  return static_cast<int>(::syscall(SYS_seccomp, op, flags, args));
+}
+
+}  // namespace nsbox::sys

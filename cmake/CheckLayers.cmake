@@ -1,0 +1,26 @@
+# design.md: dependencies flow one way, base <- policy <- isolate, exec, fs <- runtime.
+# This check runs at configure time and fails the build on an #include that goes against it.
+set(NSBOX_LAYERS_base "base")
+set(NSBOX_LAYERS_policy "base;policy")
+set(NSBOX_LAYERS_images "base;policy;isolate;images")
+set(NSBOX_LAYERS_isolate "base;policy;isolate")
+set(NSBOX_LAYERS_exec "base;policy;exec")
+set(NSBOX_LAYERS_fs "base;policy;fs")
+set(NSBOX_LAYERS_runtime "base;policy;images;isolate;exec;fs;runtime")
+set(NSBOX_ALL_LAYERS base policy images isolate exec fs runtime)
+
+foreach(layer IN LISTS NSBOX_ALL_LAYERS)
+  file(GLOB_RECURSE _sources CONFIGURE_DEPENDS
+       ${PROJECT_SOURCE_DIR}/${layer}/*.h ${PROJECT_SOURCE_DIR}/${layer}/*.cc)
+  foreach(src IN LISTS _sources)
+    file(STRINGS ${src} _includes REGEX "^#include \"[a-z]+/")
+    foreach(inc IN LISTS _includes)
+      string(REGEX REPLACE "^#include \"([a-z]+)/.*" "\\1" _target_layer "${inc}")
+      list(FIND NSBOX_ALL_LAYERS ${_target_layer} _is_layer)
+      list(FIND NSBOX_LAYERS_${layer} ${_target_layer} _allowed)
+      if(_is_layer GREATER -1 AND _allowed EQUAL -1)
+        message(FATAL_ERROR "layering: ${src} (${layer}/) may not include ${_target_layer}/: ${inc}")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()

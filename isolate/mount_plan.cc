@@ -1,0 +1,415 @@
+#include "isolate/mount_plan.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/mount.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "base/syscalls.h"
+#include "policy/filesystem.h"
+
+namespace nsbox::isolate {
+
+namespace {
+
+using Kind = MountOp::Kind;
+
+std::string FlagText(unsigned long flags) {
+  std::string out = (flags & MS_RDONLY) ? "ro" : "rw";
+  if (flags & MS_NOSUID) out += ",nosuid";
+  if (flags & MS_NODEV) out += ",nodev";
+  if (flags & MS_NOEXEC) out += ",noexec";
+  return out;
+}
+
+class Planner {
+ public:
+  explicit Planner(std::string staging) { plan_.staging = std::move(staging); }
+
+  MountOp& Add(Kind kind, const std::string& target) {
+    MountOp op{};
+    op.kind = kind;
+    op.target = target;
+    op.staged = target == "/" ? plan_.staging : plan_.staging + target;
+    plan_.ops.push_back(std::move(op));
+    return plan_.ops.back();
+  }
+  void Mkdir(const std::string& target, mode_t mode = 0755) {
+    Add(Kind::kMkdir, target).mode = mode;
+  }
+  void Tmpfs(const std::string& target, unsigned long flags, const std::string& data) {
+    auto& op = Add(Kind::kTmpfs, target);
+    op.flags = flags;
+    op.data = data;
+  }
+  void Bind(const std::string& source, const std::string& target, unsigned long flags,
+            bool recursive) {
+    auto& op = Add(Kind::kBind, target);
+    op.source = source;
+    op.flags = flags;
+    op.recursive = recursive;
+  }
+  void Symlink(const std::string& pointee, const std::string& target) {
+    Add(Kind::kSymlink, target).source = pointee;
+  }
+  MountPlan Take() { return std::move(plan_); }
+
+ private:
+  MountPlan plan_;
+};
+
+bool IsAbsoluteNormal(const std::string& p) {
+  if (p.empty() || p[0] != '/') return false;
+  if (p.find("//") != std::string::npos) return false;
+  if (p.size() > 1 && p.back() == '/') return false;
+  // No "." or ".." components: targets are fixed by nsbox or by an image definition.
+  size_t i = 0;
+  while (i < p.size()) {
+    size_t j = p.find('/', i + 1);
+    std::string_view comp(p.data() + i + 1, (j == std::string::npos ? p.size() : j) - i - 1);
+    if (comp == "." || comp == "..") return false;
+    if (j == std::string::npos) break;
+    i = j;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string MountOp::Describe() const {
+  switch (kind) {
+    case Kind::kRootTmpfs:
+      return "new root tmpfs at " + staged;
+    case Kind::kMkdir:
+      return "mkdir " + target;
+    case Kind::kTouch:
+      return "create " + target;
+    case Kind::kWriteFile:
+      return "write " + target;
+    case Kind::kSymlink:
+      return "symlink " + target + " -> " + source;
+    case Kind::kTmpfs:
+      return "tmpfs " + target + " (" + FlagText(flags) + (data.empty() ? "" : "," + data) + ")";
+    case Kind::kBind:
+      return std::string(recursive ? "rbind " : "bind ") + source + " -> " + target + " (" +
+             FlagText(flags) + ")";
+    case Kind::kProc:
+      return "proc " + target;
+    case Kind::kDevpts:
+      return "devpts " + target + " (" + data + ")";
+    case Kind::kMaskPath:
+      return "mask " + target;
+    case Kind::kReadonlyPath:
+      return "read-only " + target;
+    case Kind::kPivotRoot:
+      return "pivot_root " + staged;
+    case Kind::kRemountRootReadonly:
+      return "remount / read-only";
+  }
+  return "?";
+}
+
+Result<std::vector<JailFsConfig::EtcEntry>> ScanHostEtc(const std::string& host_etc_dir) {
+  std::vector<JailFsConfig::EtcEntry> out;
+  for (const auto& rule : policy::EtcAllowlist()) {
+    std::string path = host_etc_dir + "/" + rule.path;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) < 0) {
+      if (errno == ENOENT || errno == ENOTDIR) continue;
+      return Error::Sys("lstat", path, errno);
+    }
+    JailFsConfig::EtcEntry e;
+    e.name = rule.path;
+    if (S_ISLNK(st.st_mode)) {
+      char buf[4096];
+      ssize_t n = ::readlink(path.c_str(), buf, sizeof buf);
+      if (n < 0) return Error::Sys("readlink", path, errno);
+      if (static_cast<size_t>(n) == sizeof buf) return Error::Sys("readlink", path, ENAMETOOLONG);
+      e.type = JailFsConfig::EtcEntry::Type::kSymlink;
+      e.pointee.assign(buf, static_cast<size_t>(n));
+    } else if (S_ISDIR(st.st_mode)) {
+      e.type = JailFsConfig::EtcEntry::Type::kDirectory;
+    } else if (S_ISREG(st.st_mode)) {
+      e.type = JailFsConfig::EtcEntry::Type::kFile;
+    } else {
+      continue;  // a FIFO or device in /etc is nothing a program needs
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::vector<GeneratedFile> GeneratedEtcFiles(const std::string& hostname) {
+  return {
+      {"passwd",
+       "root:x:0:0:root:/root:/bin/bash\n"
+       "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"},
+      {"group", "root:x:0:\ntty:x:5:\nnogroup:x:65534:\n"},
+      {"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" +
+                    hostname + "\n"},
+      {"hostname", hostname + "\n"},
+      // The jail's network namespace has loopback only: there is no resolver to name.
+      {"resolv.conf", "# nsbox: this sandbox has no network; only loopback is up.\n"},
+      {"nsswitch.conf",
+       "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
+       "protocols: files\nservices: files\nethers: files\nrpc: files\n"},
+  };
+}
+
+Result<MountPlan> PlanMounts(const JailFsConfig& config) {
+  if (!IsAbsoluteNormal(config.staging) || config.staging == "/") {
+    return Error::Msg("staging directory '" + config.staging + "' must be an absolute path");
+  }
+  if (config.workspace_source.empty()) {
+    return Error::Msg("no workspace to bind");
+  }
+  Planner p(config.staging);
+  constexpr unsigned long kRo = MS_RDONLY | MS_NOSUID | MS_NODEV;
+
+  // 1. The new root: a small tmpfs holding only mount points, /etc and symlinks. It becomes
+  //    read-only once everything is in place (the last step).
+  auto& root = p.Add(Kind::kRootTmpfs, "/");
+  root.flags = MS_NOSUID | MS_NODEV;
+  root.data = "mode=0755,size=4m,nr_inodes=4096";
+
+  // 2. The image: read-only binds of the host's /usr (and the rest of its layout).
+  for (const auto& link : config.root.symlinks) {
+    if (!IsAbsoluteNormal(link.target)) return Error::Msg("bad image symlink " + link.target);
+    p.Symlink(link.pointee, link.target);
+  }
+  for (const auto& bind : config.root.binds) {
+    if (!IsAbsoluteNormal(bind.target) || bind.target == "/") {
+      return Error::Msg("bad image bind target '" + bind.target + "'");
+    }
+    p.Mkdir(bind.target);
+    p.Bind(bind.source, bind.target, bind.readonly ? kRo : (MS_NOSUID | MS_NODEV), true);
+  }
+
+  // 3. /etc: generated files plus read-only binds of the allowlisted host entries.
+  p.Mkdir("/etc");
+  for (const auto& file : GeneratedEtcFiles(config.hostname)) {
+    auto& op = p.Add(Kind::kWriteFile, "/etc/" + file.name);
+    op.data = file.content;
+    op.mode = 0644;
+  }
+  p.Symlink("../proc/self/mounts", "/etc/mtab");
+  for (const auto& e : config.host_etc) {
+    std::string target = "/etc/" + e.name;
+    switch (e.type) {
+      case JailFsConfig::EtcEntry::Type::kSymlink:
+        p.Symlink(e.pointee, target);
+        break;
+      case JailFsConfig::EtcEntry::Type::kDirectory:
+        p.Mkdir(target);
+        p.Bind("/etc/" + e.name, target, kRo, true);
+        break;
+      case JailFsConfig::EtcEntry::Type::kFile:
+        p.Add(Kind::kTouch, target).mode = 0644;
+        p.Bind("/etc/" + e.name, target, kRo, false);
+        break;
+    }
+  }
+
+  // 4. The writable places: /workspace (persistent), /root, /tmp.
+  p.Mkdir("/workspace");
+  p.Bind(config.workspace_source, "/workspace", MS_NOSUID | MS_NODEV, false);
+  p.Mkdir("/root", 0700);
+  if (config.home_tmpfs || config.home_source.empty()) {
+    p.Tmpfs("/root", MS_NOSUID | MS_NODEV, "mode=0700");
+  } else {
+    p.Bind(config.home_source, "/root", MS_NOSUID | MS_NODEV, false);
+  }
+  p.Mkdir("/tmp", 01777);
+  p.Tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=1777");
+
+  // 5. A fresh /proc for the new PID namespace, with Docker's masked and read-only paths.
+  p.Mkdir("/proc", 0555);
+  p.Add(Kind::kProc, "/proc").flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  for (const auto& rule : policy::ProcMaskedPaths()) p.Add(Kind::kMaskPath, rule.path);
+  for (const auto& rule : policy::ProcReadonlyPaths()) p.Add(Kind::kReadonlyPath, rule.path);
+
+  // 6. A minimal /dev: a few host device nodes bound in (a user namespace cannot mknod), a
+  //    private devpts, shm, and the usual symlinks. No host /sys at all.
+  p.Mkdir("/dev");
+  p.Tmpfs("/dev", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k,nr_inodes=64");
+  for (const auto& dev : policy::DeviceNodes()) {
+    std::string target = std::string("/dev/") + dev.path;
+    p.Add(Kind::kTouch, target).mode = 0666;
+    p.Bind(target, target, MS_NOSUID | MS_NOEXEC, false);
+  }
+  p.Mkdir("/dev/pts");
+  auto& pts = p.Add(Kind::kDevpts, "/dev/pts");
+  pts.flags = MS_NOSUID | MS_NOEXEC;
+  pts.data = "newinstance,ptmxmode=0666,mode=0620,gid=5";
+  p.Symlink("pts/ptmx", "/dev/ptmx");
+  p.Mkdir("/dev/shm", 01777);
+  p.Tmpfs("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777");
+  p.Symlink("/proc/self/fd", "/dev/fd");
+  p.Symlink("/proc/self/fd/0", "/dev/stdin");
+  p.Symlink("/proc/self/fd/1", "/dev/stdout");
+  p.Symlink("/proc/self/fd/2", "/dev/stderr");
+
+  // 7. Switch roots, drop the host's, and freeze what is not meant to change.
+  p.Add(Kind::kPivotRoot, "/");
+  p.Add(Kind::kRemountRootReadonly, "/");
+  return p.Take();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The child side. Everything below runs between clone and execve: syscalls only.
+
+namespace {
+
+// The flags a remount must keep: in a user namespace the kernel refuses to clear the "locked"
+// flags a mount inherited from a more privileged namespace (mount(2), EPERM), so a read-only
+// remount of a bind carries the source's nosuid/nodev/noexec/atime flags over.
+unsigned long LockedFlags(const char* path) {
+  struct statvfs sv {};
+  if (::statvfs(path, &sv) < 0) return 0;
+  unsigned long out = 0;
+  if (sv.f_flag & ST_NOSUID) out |= MS_NOSUID;
+  if (sv.f_flag & ST_NODEV) out |= MS_NODEV;
+  if (sv.f_flag & ST_NOEXEC) out |= MS_NOEXEC;
+  if (sv.f_flag & ST_NOATIME) out |= MS_NOATIME;
+  if (sv.f_flag & ST_NODIRATIME) out |= MS_NODIRATIME;
+  if (sv.f_flag & ST_RELATIME) out |= MS_RELATIME;
+  return out;
+}
+
+// Applies ro/nosuid/nodev/noexec to a bind mount (and, if recursive, all its submounts).
+int RestrictBind(const char* path, unsigned long flags, bool recursive) {
+  unsigned long wanted = flags & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
+  if (wanted == 0) return 0;
+  struct mount_attr attr {};
+  if (wanted & MS_RDONLY) attr.attr_set |= MOUNT_ATTR_RDONLY;
+  if (wanted & MS_NOSUID) attr.attr_set |= MOUNT_ATTR_NOSUID;
+  if (wanted & MS_NODEV) attr.attr_set |= MOUNT_ATTR_NODEV;
+  if (wanted & MS_NOEXEC) attr.attr_set |= MOUNT_ATTR_NOEXEC;
+  // SAFETY: attr is a local, fully initialised struct of the size passed.
+  if (sys::MountSetattr(AT_FDCWD, path, recursive ? AT_RECURSIVE : 0, &attr, sizeof attr) == 0) {
+    return 0;
+  }
+  if (errno != ENOSYS) return errno;
+  // Kernels before 5.12: a remount reaches only the top mount of a recursive bind.
+  if (::mount(nullptr, path, nullptr, MS_REMOUNT | MS_BIND | wanted | LockedFlags(path), nullptr) <
+      0) {
+    return errno;
+  }
+  return 0;
+}
+
+int WriteWholeFile(const char* path, const std::string& data, mode_t mode) {
+  int fd = ::open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+  if (fd < 0) return errno;
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return err;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return 0;
+}
+
+int ApplyOne(const MountPlan& plan, const MountOp& op) {
+  const char* staged = op.staged.c_str();
+  switch (op.kind) {
+    case Kind::kRootTmpfs:
+      // Nothing of the host's mounts may propagate into the jail, nor the jail's back out.
+      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) return errno;
+      if (::mount("tmpfs", staged, "tmpfs", op.flags, op.data.c_str()) < 0) return errno;
+      return 0;
+    case Kind::kMkdir:
+      if (::mkdir(staged, op.mode) < 0 && errno != EEXIST) return errno;
+      // mkdir applies the umask; the mode of a mount point matters for /tmp and /root.
+      if (::chmod(staged, op.mode) < 0) return errno;
+      return 0;
+    case Kind::kTouch: {
+      int fd = ::open(staged, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, op.mode);
+      if (fd < 0) return errno;
+      ::close(fd);
+      return 0;
+    }
+    case Kind::kWriteFile:
+      return WriteWholeFile(staged, op.data, op.mode);
+    case Kind::kSymlink:
+      if (::symlink(op.source.c_str(), staged) < 0) return errno;
+      return 0;
+    case Kind::kTmpfs:
+      if (::mount("tmpfs", staged, "tmpfs", op.flags, op.data.c_str()) < 0) return errno;
+      return 0;
+    case Kind::kBind:
+      if (::mount(op.source.c_str(), staged, nullptr, MS_BIND | (op.recursive ? MS_REC : 0),
+                  nullptr) < 0) {
+        return errno;
+      }
+      return RestrictBind(staged, op.flags, op.recursive);
+    case Kind::kProc:
+      if (::mount("proc", staged, "proc", op.flags, nullptr) < 0) return errno;
+      return 0;
+    case Kind::kDevpts:
+      if (::mount("devpts", staged, "devpts", op.flags, op.data.c_str()) < 0) return errno;
+      return 0;
+    case Kind::kMaskPath: {
+      struct stat st {};
+      if (::lstat(staged, &st) < 0) return errno == ENOENT ? 0 : errno;
+      if (S_ISDIR(st.st_mode)) {
+        if (::mount("tmpfs", staged, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                    "size=0,nr_inodes=1,mode=0555") < 0) {
+          return errno;
+        }
+        return 0;
+      }
+      // The host's /dev/null: the staged /dev may not be there yet, the host's always is.
+      if (::mount("/dev/null", staged, nullptr, MS_BIND, nullptr) < 0) return errno;
+      return RestrictBind(staged, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, false);
+    }
+    case Kind::kReadonlyPath: {
+      struct stat st {};
+      if (::lstat(staged, &st) < 0) return errno == ENOENT ? 0 : errno;
+      if (::mount(staged, staged, nullptr, MS_BIND | MS_REC, nullptr) < 0) return errno;
+      return RestrictBind(staged, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, true);
+    }
+    case Kind::kPivotRoot:
+      // pivot_root(".", ".") stacks the old root under the new one; detaching it leaves the
+      // jail with no path to the host's tree (pivot_root(2), "new_root and put_old may be the
+      // same directory").
+      if (::chdir(plan.staging.c_str()) < 0) return errno;
+      if (sys::PivotRoot(".", ".") < 0) return errno;
+      if (::umount2(".", MNT_DETACH) < 0) return errno;
+      if (::chdir("/") < 0) return errno;
+      return 0;
+    case Kind::kRemountRootReadonly:
+      if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) <
+          0) {
+        return errno;
+      }
+      return 0;
+  }
+  return EINVAL;
+}
+
+}  // namespace
+
+int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept {
+  for (size_t i = 0; i < plan.ops.size(); ++i) {
+    int err = ApplyOne(plan, plan.ops[i]);
+    if (err != 0) {
+      *failed_op = i;
+      return err;
+    }
+  }
+  return 0;
+}
+
+}  // namespace nsbox::isolate

@@ -1,0 +1,105 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace nsbox::isolate {
+
+// One step of building a jail's file system, as a plain value. The plan is made in the parent
+// (where it may allocate, read the host and be unit-tested byte for byte), then applied by the
+// child between clone and execve by a loop that only issues syscalls (ApplyMountPlan).
+//
+// `target` is the path inside the jail ("/usr"); `staged` the same path under the staging root
+// where the new root is assembled before pivot_root ("/tmp/usr").
+struct MountOp {
+  enum class Kind {
+    kRootTmpfs,     // mount the new root (a small tmpfs) on the staging directory
+    kMkdir,         // mkdir target (parents exist), mode
+    kTouch,         // create an empty file to bind over
+    kWriteFile,     // create target with `data` as content, mode
+    kSymlink,       // symlink at target pointing to `source`
+    kTmpfs,         // mount a tmpfs with `data` options and `flags`
+    kBind,          // bind `source` (a host path, or /proc/self/fd/N) onto target; `flags`
+                    // (MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC) are then applied to it
+    kProc,          // mount a new procfs (needs the new PID namespace)
+    kDevpts,        // mount a private devpts instance with `data` options
+    kMaskPath,      // hide a path of the new /proc: /dev/null over a file, empty ro tmpfs over
+                    // a directory; skipped when the path is absent
+    kReadonlyPath,  // bind a path onto itself read-only; skipped when absent
+    kPivotRoot,     // pivot_root into the staging root and detach the old root
+    kRemountRootReadonly,  // make the new root's own tmpfs read-only (after everything is in)
+  };
+
+  Kind kind;
+  std::string target;
+  std::string staged;
+  std::string source;
+  std::string data;
+  unsigned long flags = 0;
+  mode_t mode = 0;
+  bool recursive = false;  // kBind: rbind (submounts too)
+
+  // "bind /usr -> /usr (ro,nosuid,nodev)" for error messages and `nsbox run --dry-run`.
+  std::string Describe() const;
+};
+
+struct MountPlan {
+  std::string staging;  // where the new root is assembled, e.g. "/tmp"
+  std::vector<MountOp> ops;
+};
+
+// The root file system a jail runs on, as the images layer describes it.
+struct RootSpec {
+  struct Bind {
+    std::string source;  // host path
+    std::string target;  // path inside
+    bool readonly = true;
+  };
+  struct Symlink {
+    std::string target;   // path inside
+    std::string pointee;  // what it points at
+  };
+  std::vector<Bind> binds;
+  std::vector<Symlink> symlinks;
+};
+
+// Everything the plan depends on. Host facts (which /etc entries exist and what they are) are
+// read by the caller, so the planner is a pure function.
+struct JailFsConfig {
+  RootSpec root;
+  std::string staging = "/tmp";
+  // The workspace, bound read-write at /workspace: a path the child can open (the caller passes
+  // /proc/self/fd/N of an O_PATH fd opened before clone, so a swapped symlink cannot redirect it).
+  std::string workspace_source;
+  std::string hostname;
+  struct EtcEntry {
+    enum class Type { kFile, kDirectory, kSymlink } type;
+    std::string name;     // "ld.so.cache"
+    std::string pointee;  // kSymlink: the link's target
+  };
+  std::vector<EtcEntry> host_etc;  // allowlisted host /etc entries that exist
+  bool home_tmpfs = true;          // /root as a tmpfs (one-shot runs)
+  std::string home_source;         // else: a host path bound read-write at /root
+};
+
+// Reads which allowlisted /etc entries the host has (lstat + readlink), for JailFsConfig.
+Result<std::vector<JailFsConfig::EtcEntry>> ScanHostEtc(const std::string& host_etc_dir);
+
+// The generated files of /etc: passwd, group, hosts, hostname, resolv.conf, nsswitch.conf.
+struct GeneratedFile {
+  std::string name;
+  std::string content;
+};
+std::vector<GeneratedFile> GeneratedEtcFiles(const std::string& hostname);
+
+Result<MountPlan> PlanMounts(const JailFsConfig& config);
+
+// Applies the plan in the child. Async-signal-safe: no allocation, no logging. Returns 0, or an
+// errno with *failed_op set to the index of the step that failed.
+int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept;
+
+}  // namespace nsbox::isolate

@@ -1,0 +1,66 @@
+#include "policy/environment.h"
+
+#include <algorithm>
+
+namespace nsbox::policy {
+
+namespace {
+
+// The base environment of api.md, section exec. HOSTNAME and SHELL depend on the sandbox.
+struct BaseVar {
+  const char* name;
+  const char* value;
+};
+constexpr BaseVar kBaseEnvironment[] = {
+    {"PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+    {"HOME", "/root"},
+    {"USER", "root"},
+    {"LOGNAME", "root"},
+    {"LANG", "C.UTF-8"},
+    {"TERM", "xterm-256color"},
+    {"TMPDIR", "/tmp"},
+};
+
+}  // namespace
+
+std::vector<std::string> BuildEnvironment(const EnvironmentInput& input) {
+  std::map<std::string, std::string> env;
+  for (const auto& var : kBaseEnvironment) env[var.name] = var.value;
+  env["HOSTNAME"] = input.hostname;
+  env["SHELL"] = input.shell;
+  for (const auto& [name, value] : input.overrides) {
+    if (value.has_value()) {
+      env[name] = *value;
+    } else {
+      env.erase(name);
+    }
+  }
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [name, value] : env) out.push_back(name + "=" + value);
+  return out;
+}
+
+Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg) {
+  auto eq = arg.find('=');
+  if (eq == std::string::npos) {
+    return Error::Msg("--env '" + arg + "': expected NAME=VALUE");
+  }
+  std::string name = arg.substr(0, eq);
+  if (name.empty()) {
+    return Error::Msg("--env '" + arg + "': the variable name is empty");
+  }
+  bool bad_name = std::any_of(name.begin(), name.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+  });
+  if (bad_name) {
+    return Error::Msg("--env '" + arg + "': the variable name has a control character");
+  }
+  std::string value = arg.substr(eq + 1);
+  if (value.find('\0') != std::string::npos) {
+    return Error::Msg("--env '" + name + "': the value has a NUL byte");
+  }
+  return std::make_pair(std::move(name), std::move(value));
+}
+
+}  // namespace nsbox::policy

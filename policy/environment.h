@@ -1,0 +1,27 @@
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace nsbox::policy {
+
+// The environment a command starts with: exactly the base of api.md (section exec), then the
+// sandbox's own variables. Nothing of the caller's environment is ever copied in.
+struct EnvironmentInput {
+  std::string hostname;             // HOSTNAME
+  std::string shell = "/bin/bash";  // SHELL: /bin/bash, or /bin/sh without bash
+  std::vector<std::pair<std::string, std::optional<std::string>>> overrides;  // nullopt unsets
+};
+
+// "K=V" strings in a stable order (sorted by name).
+std::vector<std::string> BuildEnvironment(const EnvironmentInput& input);
+
+// Parses one `--env K=V` argument. K must be a valid variable name: non-empty, no '=', no NUL,
+// no control characters.
+Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg);
+
+}  // namespace nsbox::policy

@@ -1,0 +1,170 @@
+#include "isolate/mount_plan.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "images/image.h"
+
+namespace nsbox::isolate {
+namespace {
+
+using Kind = MountOp::Kind;
+
+JailFsConfig Config() {
+  JailFsConfig c;
+  c.root.binds = {{"/usr", "/usr", true}};
+  c.root.symlinks = {{"/bin", "usr/bin"}, {"/lib", "usr/lib"}};
+  c.workspace_source = "/proc/self/fd/7";
+  c.hostname = "box";
+  c.host_etc = {{JailFsConfig::EtcEntry::Type::kFile, "ld.so.cache", ""},
+                {JailFsConfig::EtcEntry::Type::kDirectory, "ssl", ""},
+                {JailFsConfig::EtcEntry::Type::kSymlink, "os-release", "../usr/lib/os-release"}};
+  return c;
+}
+
+std::vector<std::string> Described(const MountPlan& plan) {
+  std::vector<std::string> out;
+  for (const auto& op : plan.ops) out.push_back(op.Describe());
+  return out;
+}
+
+bool Contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+TEST(MountPlan, StartsWithTheRootAndEndsFrozen) {
+  auto plan = PlanMounts(Config());
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  EXPECT_EQ(plan->staging, "/tmp");
+  ASSERT_GE(plan->ops.size(), 3u);
+  EXPECT_EQ(plan->ops.front().kind, Kind::kRootTmpfs);
+  EXPECT_EQ(plan->ops.front().staged, "/tmp");
+  EXPECT_EQ(plan->ops[plan->ops.size() - 2].kind, Kind::kPivotRoot);
+  EXPECT_EQ(plan->ops.back().kind, Kind::kRemountRootReadonly);
+}
+
+TEST(MountPlan, DescribesEveryMountExactly) {
+  auto plan = PlanMounts(Config());
+  ASSERT_TRUE(plan.ok());
+  auto d = Described(*plan);
+  EXPECT_TRUE(Contains(d, "rbind /usr -> /usr (ro,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "symlink /bin -> usr/bin"));
+  EXPECT_TRUE(Contains(d, "bind /proc/self/fd/7 -> /workspace (rw,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "tmpfs /tmp (rw,nosuid,nodev,mode=1777)"));
+  EXPECT_TRUE(Contains(d, "tmpfs /root (rw,nosuid,nodev,mode=0700)"));
+  EXPECT_TRUE(Contains(d, "proc /proc"));
+  EXPECT_TRUE(Contains(d, "mask /proc/kcore"));
+  EXPECT_TRUE(Contains(d, "mask /proc/keys"));
+  EXPECT_TRUE(Contains(d, "read-only /proc/sys"));
+  EXPECT_TRUE(Contains(d, "bind /dev/null -> /dev/null (rw,nosuid,noexec)"));
+  EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5)"));
+  EXPECT_TRUE(Contains(d, "symlink /dev/ptmx -> pts/ptmx"));
+  EXPECT_TRUE(Contains(d, "tmpfs /dev/shm (rw,nosuid,nodev,noexec,mode=1777)"));
+  EXPECT_TRUE(Contains(d, "bind /etc/ld.so.cache -> /etc/ld.so.cache (ro,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "rbind /etc/ssl -> /etc/ssl (ro,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "symlink /etc/os-release -> ../usr/lib/os-release"));
+  // Nothing of /sys, and no host /etc entry that is not on the allowlist.
+  for (const auto& line : d) {
+    EXPECT_EQ(line.find("/sys "), std::string::npos) << line;
+    EXPECT_EQ(line.find("shadow"), std::string::npos) << line;
+  }
+}
+
+TEST(MountPlan, WorkspaceComesBeforeProcAndStagedPathsAreUnderTheStaging) {
+  auto plan = PlanMounts(Config());
+  ASSERT_TRUE(plan.ok());
+  size_t workspace = 0, proc = 0;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    const auto& op = plan->ops[i];
+    if (op.kind == Kind::kBind && op.target == "/workspace") workspace = i;
+    if (op.kind == Kind::kProc) proc = i;
+    if (op.kind != Kind::kPivotRoot && op.kind != Kind::kRemountRootReadonly && op.target != "/") {
+      EXPECT_EQ(op.staged, "/tmp" + op.target);
+    }
+  }
+  // The workspace is bound through the host's /proc/self/fd, which the new /proc would hide.
+  EXPECT_LT(workspace, proc);
+}
+
+TEST(MountPlan, GeneratedEtcHasNoSecrets) {
+  auto files = GeneratedEtcFiles("box");
+  std::vector<std::string> names;
+  for (const auto& f : files) names.push_back(f.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"passwd", "group", "hosts", "hostname", "resolv.conf",
+                                             "nsswitch.conf"}));
+  EXPECT_EQ(files[0].content,
+            "root:x:0:0:root:/root:/bin/bash\n"
+            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+  EXPECT_EQ(files[3].content, "box\n");
+  EXPECT_NE(files[2].content.find("127.0.1.1\tbox\n"), std::string::npos);
+}
+
+TEST(MountPlan, RefusesBadInput) {
+  auto c = Config();
+  c.staging = "relative";
+  EXPECT_FALSE(PlanMounts(c).ok());
+  c = Config();
+  c.root.binds.push_back({"/opt", "/opt/../etc", true});
+  EXPECT_FALSE(PlanMounts(c).ok());
+  c = Config();
+  c.workspace_source.clear();
+  EXPECT_FALSE(PlanMounts(c).ok());
+}
+
+TEST(MountPlan, ScanHostEtcTakesOnlyTheAllowlist) {
+  char tmpl[] = "/tmp/nsbox-etc-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::filesystem::path dir(tmpl);
+  std::ofstream(dir / "shadow") << "root:$6$secret:::\n";
+  std::ofstream(dir / "ld.so.cache") << "cache";
+  std::filesystem::create_directory(dir / "ssl");
+  std::filesystem::create_symlink("../usr/lib/os-release", dir / "os-release");
+  ::mkfifo((dir / "localtime").c_str(), 0644);  // not a file a program needs: skipped
+  auto entries = ScanHostEtc(dir.string());
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(entries.ok()) << entries.error().message();
+  std::vector<std::string> names;
+  for (const auto& e : *entries) names.push_back(e.name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ld.so.cache", "os-release", "ssl"}));
+  for (const auto& e : *entries) {
+    if (e.name == "os-release") {
+      EXPECT_EQ(e.type, JailFsConfig::EtcEntry::Type::kSymlink);
+      EXPECT_EQ(e.pointee, "../usr/lib/os-release");
+    }
+  }
+}
+
+TEST(HostImage, ReproducesMergedUsrAndRealDirectories) {
+  char tmpl[] = "/tmp/nsbox-host-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::filesystem::path root(tmpl);
+  std::filesystem::create_directories(root / "usr/bin");
+  std::filesystem::create_directory_symlink("usr/bin", root / "bin");
+  std::filesystem::create_directory(root / "lib64");  // a real directory, bound as it is
+  auto image = images::HostImage(root.string());
+  auto missing = images::HostImage((root / "nope").string());
+  std::filesystem::remove_all(root);
+  ASSERT_TRUE(image.ok()) << image.error().message();
+  ASSERT_EQ(image->root.binds.size(), 2u);
+  EXPECT_EQ(image->root.binds[0].target, "/usr");
+  EXPECT_EQ(image->root.binds[1].target, "/lib64");
+  ASSERT_EQ(image->root.symlinks.size(), 1u);
+  EXPECT_EQ(image->root.symlinks[0].target, "/bin");
+  EXPECT_EQ(image->root.symlinks[0].pointee, "usr/bin");
+  EXPECT_EQ(image->shell, "/bin/sh");  // no bash in this tree
+  EXPECT_FALSE(missing.ok());
+  auto unknown = images::ResolveImage("debian");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.error().message(), "image 'debian' does not exist (available: host)");
+}
+
+}  // namespace
+}  // namespace nsbox::isolate

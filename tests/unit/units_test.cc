@@ -1,0 +1,42 @@
+#include "runtime/units.h"
+
+#include <gtest/gtest.h>
+
+namespace nsbox::runtime {
+namespace {
+
+TEST(Units, ParsesByteCounts) {
+  EXPECT_EQ(*ParseBytes("--memory", "1048576"), 1048576u);
+  EXPECT_EQ(*ParseBytes("--memory", "512M"), 512ull << 20);
+  EXPECT_EQ(*ParseBytes("--memory", "2G"), 2ull << 30);
+  EXPECT_EQ(*ParseBytes("--memory", "64KiB"), 64ull << 10);
+  EXPECT_EQ(*ParseBytes("--memory", "3Mi"), 3ull << 20);
+  EXPECT_EQ(*ParseBytes("--memory", "1T"), 1ull << 40);
+  EXPECT_EQ(*ParseBytes("--memory", "100B"), 100u);
+}
+
+TEST(Units, ByteErrorsNameTheFlagAndValue) {
+  for (const char* bad : {"", "abc", "12X", "-5", "1.5G", "5MBx", "99999999999999999999"}) {
+    auto r = ParseBytes("--memory", bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message().find("--memory '" + std::string(bad) + "'"), std::string::npos)
+        << r.error().message();
+  }
+  EXPECT_FALSE(ParseBytes("--memory", "17179869184T").ok());  // overflows 64 bits
+}
+
+TEST(Units, CountsAndDecimalsRespectTheirRange) {
+  EXPECT_EQ(*ParseCount("--pids", "64", 2, 100), 64u);
+  EXPECT_FALSE(ParseCount("--pids", "0", 2, 100).ok());
+  EXPECT_FALSE(ParseCount("--pids", "101", 2, 100).ok());
+  EXPECT_FALSE(ParseCount("--pids", "12a", 2, 100).ok());
+  EXPECT_DOUBLE_EQ(*ParseDecimal("--cpus", "1.5", 0.01, 64), 1.5);
+  auto neg = ParseDecimal("--cpus", "-1", 0.01, 64);
+  ASSERT_FALSE(neg.ok());
+  EXPECT_NE(neg.error().message().find("out of range"), std::string::npos);
+  EXPECT_FALSE(ParseDecimal("--cpus", "nan", 0.01, 64).ok());
+  EXPECT_FALSE(ParseDecimal("--cpus", "inf", 0.01, 64).ok());
+}
+
+}  // namespace
+}  // namespace nsbox::runtime
