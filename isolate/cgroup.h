@@ -1,0 +1,157 @@
+#pragma once
+
+// Cgroups of a sandbox, planned as plain values and then applied (conventions.md "Plan, then
+// apply"). v2 and v1 both: a hybrid host has the memory, pids and cpu controllers in v1 and an
+// almost empty cgroup2 mount that still gives a kill scope (cgroup.kill) and CLONE_INTO_CGROUP.
+// See docs/cgroups.md for the host set-ups this has to work on.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/error.h"
+#include "base/unique_fd.h"
+
+namespace nsbox::isolate {
+
+// What a sandbox may use. An unset limit is not enforced (and needs no hierarchy). The explicit
+// initializers let callers write {.pids = 64} under -Wmissing-field-initializers.
+struct CgroupLimits {
+  std::optional<uint64_t> memory_bytes = std::nullopt;
+  std::optional<uint64_t> pids = std::nullopt;
+  std::optional<double> cpus = std::nullopt;  // 1.5 = one and a half CPUs of time per period
+};
+
+// One mounted hierarchy and, in it, the caller's own cgroup: the directory under which nsbox
+// creates its cgroups (never a hard-coded root: nsbox may itself run in a delegated subtree).
+struct CgroupHierarchy {
+  std::string mount_point;  // "/sys/fs/cgroup/memory"
+  std::string cgroup_path;  // ours, as /proc/self/cgroup says: "/process_api/8dd7c17f"
+  std::string dir;          // absolute: "/sys/fs/cgroup/memory/process_api/8dd7c17f"
+  // v1: the controllers mounted together ("cpu", "cpuacct"). v2: cgroup.controllers of `dir`,
+  // which ParseCgroupLayout cannot know (LoadCgroupV2State fills it).
+  std::vector<std::string> controllers;
+  // v2 only, from LoadCgroupV2State: cgroup.subtree_control of `dir`, and whether `dir` is the
+  // real root of the hierarchy, the one cgroup exempt from the "no internal processes" rule.
+  std::vector<std::string> subtree_control;
+  bool is_root = false;
+};
+
+// The hierarchies nsbox can use on this host. A hybrid host has v2 and some v1 ones; a pure v2
+// host only v2; an old v1-only host no v2.
+struct CgroupLayout {
+  std::optional<CgroupHierarchy> v2;
+  std::optional<CgroupHierarchy> memory_v1;
+  std::optional<CgroupHierarchy> pids_v1;
+  std::optional<CgroupHierarchy> cpu_v1;
+};
+
+// Pure: the layout from the text of /proc/self/cgroup and /proc/self/mountinfo. Handles mounts
+// whose root is not "/" (a cgroup namespace, a bind of a subtree), octal escapes (\040) in
+// mountinfo, and co-mounted v1 controllers ("cpu,cpuacct"). Fails when our own cgroup of a
+// mounted hierarchy is not visible under any of its mounts.
+Result<CgroupLayout> ParseCgroupLayout(std::string_view proc_self_cgroup,
+                                       std::string_view mountinfo);
+// Reads cgroup.controllers, cgroup.subtree_control and cgroup.type (absent only at the root) of
+// `v2->dir`.
+Status LoadCgroupV2State(CgroupHierarchy* v2);
+// ParseCgroupLayout of this process's files, plus LoadCgroupV2State.
+Result<CgroupLayout> LoadCgroupLayout();
+
+enum class CgroupVersion { kV1, kV2 };
+
+// One write to a cgroup file: exactly these bytes, in one write(2).
+struct CgroupWrite {
+  std::string file;       // relative to the directory: "memory.max"
+  std::string value;      // "536870912"
+  bool optional = false;  // skipped when the file does not exist (swap accounting is off)
+
+  bool operator==(const CgroupWrite&) const = default;
+};
+
+// One child cgroup to make: mkdir `parent`/`name`, then `writes` in order.
+struct CgroupDirPlan {
+  CgroupVersion version = CgroupVersion::kV2;
+  std::string parent;                      // absolute: the caller's own cgroup directory
+  std::string name;                        // the child, chosen by the caller
+  std::vector<std::string> controllers;    // the limits enforced here: "memory", "pids", "cpu"
+  std::vector<CgroupWrite> parent_writes;  // before the mkdir: "+memory +pids" to subtree_control
+  std::vector<CgroupWrite> writes;         // in the child, in this order
+
+  std::string path() const;
+};
+
+// Every directory of one sandbox's cgroups: the v2 one first (when there is a cgroup2 mount),
+// then one per v1 hierarchy that enforces a limit v2 cannot.
+struct CgroupPlan {
+  std::vector<CgroupDirPlan> dirs;
+};
+
+// 1.5 CPUs over this period is a quota of 150000 (cpu.max "150000 100000").
+inline constexpr uint64_t kCpuPeriodUs = 100000;
+
+// Pure: which hierarchy enforces each limit and the exact writes. A controller is used through
+// v2 when it is in the v2 directory's cgroup.controllers, else through its v1 hierarchy; a
+// limit that neither can enforce is an error naming the limit and what is missing. `name` must
+// be a plain file name ([A-Za-z0-9._-], not "." or "..").
+Result<CgroupPlan> PlanCgroups(const CgroupLayout& layout, const CgroupLimits& limits,
+                               std::string_view name);
+
+// The writes of a plan, relative to `dir_fd`; an optional write whose file is missing is skipped.
+Status WriteCgroupFiles(int dir_fd, const std::vector<CgroupWrite>& writes);
+
+// The cgroups of one sandbox, made from a plan. Move-only; the destructor destroys them (killing
+// whatever is still inside) unless Destroy() was called.
+class Cgroups {
+ public:
+  Cgroups() = default;  // none: v2_dir_fd() is -1 and Destroy() does nothing
+  Cgroups(Cgroups&& other) noexcept;
+  Cgroups& operator=(Cgroups&& other) noexcept;
+  Cgroups(const Cgroups&) = delete;
+  Cgroups& operator=(const Cgroups&) = delete;
+  ~Cgroups();
+
+  // Makes every directory of `plan` (a directory that already exists is an error that names
+  // it: a dead run left it behind) and writes its files. On failure nothing made stays.
+  static Result<Cgroups> Create(const CgroupPlan& plan);
+
+  // An O_DIRECTORY fd of the v2 child, for clone3(CLONE_INTO_CGROUP); -1 when there is none.
+  int v2_dir_fd() const;
+  // Absolute paths of the directories, in plan order.
+  std::vector<std::string> paths() const;
+
+  // Moves `pid` (its whole thread group) into every v1 child, and into the v2 child when
+  // `include_v2` (false when the process was born there with CLONE_INTO_CGROUP).
+  Status AddProcess(pid_t pid, bool include_v2);
+  // Hands the v2 child to a jail whose root is host uid/gid: the directory and the files the
+  // kernel lists in /sys/kernel/cgroup/delegate, so the jail's init can make child cgroups for
+  // its commands (cgroup-v2.rst, "Delegation").
+  Status DelegateV2(uid_t uid, gid_t gid);
+  // Whether the kernel's OOM killer killed a process of the memory cgroup: v2 memory.events
+  // "oom_kill", v1 memory.oom_control "oom_kill" (4.13), else memory.failcnt > 0 as a hint.
+  // False when no directory enforces memory.
+  Result<bool> OomKilled() const;
+  // Kills everything inside (v2 cgroup.kill, else SIGKILL through a pidfd to each process),
+  // waits up to ~2 s for the cgroups to empty, and removes them, nested ones first. Returns the
+  // first error but tries every directory. Done once: later calls return Ok.
+  Status Destroy();
+
+ private:
+  struct Dir {
+    CgroupVersion version;
+    std::string path;
+    std::string name;
+    std::vector<std::string> controllers;
+    UniqueFd parent_fd;  // O_PATH, for the rmdir
+    UniqueFd fd;         // O_RDONLY | O_DIRECTORY
+  };
+
+  std::vector<Dir> dirs_;
+  bool destroyed_ = false;
+};
+
+}  // namespace nsbox::isolate

@@ -1,0 +1,350 @@
+#include "runtime/doctor.h"
+
+#include <sys/capability.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <tuple>
+
+namespace nsbox::runtime {
+namespace {
+
+// The io_uring opcodes without which the reactor uses epoll. WAITID (6.7) is not among them:
+// without it exits are seen by polling the pidfd.
+constexpr std::string_view kUringEssentialOps[] = {
+    "READ", "WRITE", "POLL_ADD", "TIMEOUT", "LINK_TIMEOUT", "ASYNC_CANCEL", "RECVMSG", "SENDMSG",
+};
+
+// Splits a Features detail of the form "what went wrong; fix: how" into its two halves.
+std::pair<std::string, std::string> SplitFix(const std::string& detail, std::string default_fix) {
+  size_t at = detail.find("; fix: ");
+  if (at == std::string::npos) return {detail, std::move(default_fix)};
+  return {detail.substr(0, at), detail.substr(at + 7)};
+}
+
+std::string Join(const std::vector<std::string>& v, std::string_view sep) {
+  std::string out;
+  for (const std::string& s : v) {
+    if (!out.empty()) out += sep;
+    out += s;
+  }
+  return out;
+}
+
+DoctorLayer Layer(std::string key, std::string name, bool required) {
+  DoctorLayer l;
+  l.key = std::move(key);
+  l.name = std::move(name);
+  l.required = required;
+  return l;
+}
+
+DoctorLayer FromItem(std::string key, std::string name, bool required, const Features::Item& item,
+                     std::string ok_detail, std::string default_fix) {
+  DoctorLayer l = Layer(std::move(key), std::move(name), required);
+  if (item.available) {
+    l.status = "ok";
+    l.detail = std::move(ok_detail);
+  } else {
+    l.status = "missing";
+    std::tie(l.detail, l.fix) = SplitFix(item.detail, std::move(default_fix));
+  }
+  return l;
+}
+
+// Which hierarchy enforces `controller`, found by planning a sandbox with that limit alone: the
+// same decision the daemon will make.
+DoctorLayer CgroupLimitLayer(const DoctorInput& in, const char* controller,
+                             const isolate::CgroupLimits& limits) {
+  DoctorLayer l =
+      Layer(std::string("cgroup_") + controller, std::string("cgroup ") + controller, false);
+  if (!in.layout.ok()) {
+    l.status = "missing";
+    l.detail = "cannot read the cgroup layout: " + in.layout.error().message();
+    l.fix = "mount cgroupfs (cgroup2 at /sys/fs/cgroup, or the v1 hierarchies)";
+    return l;
+  }
+  auto plan = isolate::PlanCgroups(*in.layout, limits, "nsbox-doctor");
+  if (!plan.ok()) {
+    l.status = "missing";
+    std::tie(l.detail, l.fix) = SplitFix(plan.error().message(), "");
+    size_t at = l.detail.find(". Fix: ");
+    if (at != std::string::npos) {
+      l.fix = l.detail.substr(at + 7);
+      l.detail.resize(at);
+    }
+    return l;
+  }
+  for (const isolate::CgroupDirPlan& d : plan->dirs) {
+    if (std::find(d.controllers.begin(), d.controllers.end(), controller) == d.controllers.end()) {
+      continue;
+    }
+    const char* version = d.version == isolate::CgroupVersion::kV2 ? "v2" : "v1";
+    l.status = "ok";
+    l.detail = std::string("cgroup ") + version + " under " + d.parent;
+    l.fields = {{"hierarchy", version}, {"parent", d.parent}};
+    return l;
+  }
+  l.status = "missing";
+  l.detail = "no hierarchy enforces it";
+  return l;
+}
+
+}  // namespace
+
+DoctorInput ProbeDoctorInput() {
+  DoctorInput in;
+  in.features = ProbeFeatures();
+  in.layout = isolate::LoadCgroupLayout();
+  in.euid = ::geteuid();
+  cap_t caps = cap_get_proc();
+  for (auto [cap, name] :
+       {std::pair{CAP_SYS_ADMIN, "CAP_SYS_ADMIN"}, std::pair{CAP_SETUID, "CAP_SETUID"},
+        std::pair{CAP_SETGID, "CAP_SETGID"}}) {
+    cap_flag_value_t value = CAP_CLEAR;
+    if (caps == nullptr || cap_get_flag(caps, cap, CAP_EFFECTIVE, &value) != 0 ||
+        value != CAP_SET) {
+      in.missing_caps.emplace_back(name);
+    }
+  }
+  if (caps != nullptr) cap_free(caps);
+  struct utsname u {};
+  if (::uname(&u) == 0) in.kernel = u.release;
+  return in;
+}
+
+std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
+  const Features& f = in.features;
+  std::vector<DoctorLayer> out;
+
+  DoctorLayer priv = Layer("privileges", "privileges", true);
+  if (in.euid == 0 && in.missing_caps.empty()) {
+    priv.status = "ok";
+    priv.detail = "root with CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID";
+  } else {
+    priv.status = "missing";
+    priv.detail = in.euid != 0 ? "running as uid " + std::to_string(in.euid) + ", not root"
+                               : "root without " + Join(in.missing_caps, ", ");
+    priv.detail +=
+        ": nsbox needs root (CAP_SYS_ADMIN for namespaces, mounts and cgroups; CAP_SETUID and "
+        "CAP_SETGID to write the uid/gid maps of its jails)";
+    priv.fix = "run nsbox as root (sudo), with the full capability set";
+  }
+  out.push_back(std::move(priv));
+
+  out.push_back(FromItem("user_namespaces", "user namespaces", true, f.user_namespaces,
+                         "user.max_user_namespaces = " + std::to_string(f.max_user_namespaces),
+                         "a kernel with CONFIG_USER_NS and user namespaces allowed"));
+  out.push_back(FromItem("namespaces", "namespaces", true, f.mount_namespaces,
+                         "mount, pid, net, ipc, uts, cgroup: in one clone with the user namespace",
+                         "a kernel with CONFIG_{PID,NET,IPC,UTS,CGROUP}_NS"));
+  out.push_back(FromItem("seccomp", "seccomp", true, f.seccomp_filter,
+                         "filters with SECCOMP_RET_KILL_PROCESS and SECCOMP_RET_ERRNO",
+                         "a kernel with CONFIG_SECCOMP_FILTER=y"));
+  DoctorLayer caps = Layer("capabilities", "capabilities", false);
+  caps.status = "ok";
+  caps.detail = "libcap: commands keep a Docker-like set, with no_new_privs";
+  out.push_back(std::move(caps));
+  out.push_back(FromItem("pidfd", "pidfd", true, f.pidfd,
+                         "pidfd_open, pidfd_send_signal, waitid(P_PIDFD)", "Linux >= 5.4"));
+
+  out.push_back(CgroupLimitLayer(in, "memory", {.memory_bytes = uint64_t{1} << 30}));
+  out.push_back(CgroupLimitLayer(in, "pids", {.pids = 1024}));
+  out.push_back(CgroupLimitLayer(in, "cpu", {.cpus = 1.0}));
+
+  DoctorLayer kill = Layer("kill_scope", "kill scope", false);
+  std::string v2_dir = in.layout.ok() && in.layout->v2.has_value() ? in.layout->v2->dir : "";
+  if (f.cgroup_v2.available && f.cgroup_kill.available) {
+    kill.status = "ok";
+    kill.detail = "cgroup.kill in a cgroup v2 child of " + (v2_dir.empty() ? "?" : v2_dir);
+  } else if (f.cgroup_v2.available) {
+    auto [why, fix] = SplitFix(f.cgroup_kill.detail, "Linux >= 5.14");
+    kill.status = "degraded";
+    kill.detail = "cgroup v2 without cgroup.kill (" + why +
+                  "): SIGKILL to each pid of the cgroup, repeated until it is empty";
+    kill.fix = fix;
+  } else {
+    kill.status = "missing";
+    kill.detail = "no cgroup v2 (" + f.cgroup_v2.detail +
+                  "): a command is killed by its process group, which a process can leave";
+    kill.fix =
+        SplitFix(f.cgroup_v2.detail, "mount cgroup2 (hybrid hosts: /sys/fs/cgroup/unified)").second;
+  }
+  kill.lists = {{"cgroup_v2_controllers", f.cgroup_v2_controllers},
+                {"cgroup_v1_controllers", f.cgroup_v1_controllers}};
+  out.push_back(std::move(kill));
+
+  DoctorLayer clone = Layer("clone_into_cgroup", "clone3/CLONE_INTO_CGROUP", false);
+  if (f.clone3.available && f.clone_into_cgroup.available && f.cgroup_v2.available) {
+    clone.status = "ok";
+    clone.detail = "a jail is born in its cgroup v2 directory";
+  } else if (f.clone3.available && f.clone_into_cgroup.available) {
+    clone.status = "degraded";
+    clone.detail = "available, but without cgroup v2 there is no directory to be born in";
+  } else {
+    clone.status = "degraded";
+    clone.detail = (f.clone3.available ? f.clone_into_cgroup.detail : f.clone3.detail) +
+                   "; the child is moved into its cgroups right after clone";
+    clone.fix = "Linux >= 5.7";
+  }
+  out.push_back(std::move(clone));
+
+  out.push_back(FromItem("openat2", "openat2", false, f.openat2,
+                         "RESOLVE_IN_ROOT for the file verbs", "Linux >= 5.6"));
+  out.push_back(FromItem("mount_setattr", "mount_setattr", false, f.mount_setattr,
+                         "recursive read-only binds in one call", "Linux >= 5.12"));
+  out.push_back(FromItem("overlayfs", "overlayfs", false, f.overlayfs,
+                         "images with a persistent upper layer", "modprobe overlay"));
+
+  DoctorLayer uring = FromItem("io_uring", "io_uring", false, f.io_uring, "all opcodes nsbox uses",
+                               "Linux >= 5.6 with io_uring enabled");
+  std::vector<std::string> essential_missing;
+  for (const std::string& op : f.io_uring_missing_ops) {
+    if (std::find(std::begin(kUringEssentialOps), std::end(kUringEssentialOps), op) !=
+        std::end(kUringEssentialOps)) {
+      essential_missing.push_back(op);
+    }
+  }
+  if (f.io_uring.available && !f.io_uring_missing_ops.empty()) {
+    uring.status = "degraded";
+    uring.detail = "missing opcodes: " + Join(f.io_uring_missing_ops, ", ");
+    if (std::find(f.io_uring_missing_ops.begin(), f.io_uring_missing_ops.end(), "WAITID") !=
+        f.io_uring_missing_ops.end()) {
+      uring.detail += " (WAITID: Linux 6.7; exits are seen by polling pidfds instead)";
+    }
+    uring.fix = "a newer kernel";
+  }
+  uring.lists = {{"missing_ops", f.io_uring_missing_ops}};
+  out.push_back(std::move(uring));
+
+  DoctorLayer loop = Layer("event_loop", "event loop", false);
+  if (f.io_uring.available && essential_missing.empty()) {
+    loop.status = "ok";
+    loop.detail = "io_uring";
+    loop.fields = {{"backend", "io_uring"}};
+  } else {
+    loop.status = "degraded";
+    loop.detail =
+        "epoll (io_uring unavailable: " +
+        (f.io_uring.available ? "missing " + Join(essential_missing, ", ") : f.io_uring.detail) +
+        ")";
+    loop.fields = {{"backend", "epoll"}};
+  }
+  out.push_back(std::move(loop));
+  return out;
+}
+
+bool DoctorOk(const std::vector<DoctorLayer>& layers) {
+  return std::all_of(layers.begin(), layers.end(),
+                     [](const DoctorLayer& l) { return !l.required || l.status == "ok"; });
+}
+
+std::string DoctorText(const DoctorInput& input, const std::vector<DoctorLayer>& layers) {
+  size_t name_width = 5;
+  for (const DoctorLayer& l : layers) name_width = std::max(name_width, l.name.size());
+  auto pad = [](std::string s, size_t width) {
+    s.resize(std::max(s.size(), width), ' ');
+    return s;
+  };
+  const size_t status_width = 10;
+  const size_t required_width = 10;
+  const std::string indent(name_width + 2 + status_width + required_width, ' ');
+
+  std::string out = "nsbox doctor: Linux " + (input.kernel.empty() ? "?" : input.kernel) + "\n\n";
+  out += pad("LAYER", name_width + 2) + pad("STATUS", status_width) +
+         pad("REQUIRED", required_width) + "DETAIL\n";
+  int degraded = 0;
+  int missing_optional = 0;
+  int missing_required = 0;
+  for (const DoctorLayer& l : layers) {
+    out += pad(l.name, name_width + 2) + pad(l.status, status_width) +
+           pad(l.required ? "yes" : "no", required_width) + l.detail + "\n";
+    if (!l.fix.empty()) out += indent + "fix: " + l.fix + "\n";
+    if (l.status == "degraded") ++degraded;
+    if (l.status == "missing") ++(l.required ? missing_required : missing_optional);
+  }
+  out += "\n";
+  if (missing_required == 0) {
+    out += "Every required layer is present";
+  } else {
+    out += std::to_string(missing_required) + " required layer(s) missing: nsbox cannot run here";
+  }
+  out += " (" + std::to_string(degraded) + " degraded, " + std::to_string(missing_optional) +
+         " optional missing).\n";
+  return out;
+}
+
+std::string JsonString(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+          out += buf;
+        } else {
+          out += c;  // UTF-8 passes through; paths are bytes, but this is a report
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string DoctorJson(const DoctorInput& input, const std::vector<DoctorLayer>& layers) {
+  std::string out = "{\n  \"ok\": ";
+  out += DoctorOk(layers) ? "true" : "false";
+  out += ",\n  \"kernel\": " + JsonString(input.kernel) + ",\n  \"layers\": {";
+  bool first = true;
+  for (const DoctorLayer& l : layers) {
+    out += first ? "\n" : ",\n";
+    first = false;
+    out += "    " + JsonString(l.key) + ": {\"name\": " + JsonString(l.name) +
+           ", \"status\": " + JsonString(l.status) +
+           ", \"required\": " + (l.required ? "true" : "false") +
+           ", \"detail\": " + JsonString(l.detail) + ", \"fix\": " + JsonString(l.fix);
+    for (const auto& [key, value] : l.fields) {
+      out += ", " + JsonString(key) + ": " + JsonString(value);
+    }
+    for (const auto& [key, values] : l.lists) {
+      out += ", " + JsonString(key) + ": [";
+      for (size_t i = 0; i < values.size(); ++i) {
+        out += (i == 0 ? "" : ", ") + JsonString(values[i]);
+      }
+      out += "]";
+    }
+    out += "}";
+  }
+  out += "\n  }\n}\n";
+  return out;
+}
+
+int RunDoctor(bool json, std::FILE* out) {
+  DoctorInput input = ProbeDoctorInput();
+  std::vector<DoctorLayer> layers = DoctorLayers(input);
+  std::string text = json ? DoctorJson(input, layers) : DoctorText(input, layers);
+  std::fwrite(text.data(), 1, text.size(), out);
+  std::fflush(out);
+  return DoctorOk(layers) ? 0 : 1;
+}
+
+}  // namespace nsbox::runtime

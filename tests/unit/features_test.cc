@@ -1,0 +1,243 @@
+#include "base/features.h"
+
+#include <errno.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "base/files.h"
+#include "runtime/doctor.h"
+
+namespace nsbox {
+namespace {
+
+int CountOpenFds() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+void ExpectExplained(const Features::Item& item, const char* what) {
+  if (!item.available) {
+    EXPECT_FALSE(item.detail.empty()) << what << " is missing without a reason";
+  }
+}
+
+// ctest runs each case in its own process, so this is the first probe of the process.
+TEST(ProbeFeatures, IsFastAndLeavesNothingBehind) {
+  const int fds_before = CountOpenFds();
+  const auto start = std::chrono::steady_clock::now();
+  const Features& f = ProbeFeatures();
+  const auto took = std::chrono::steady_clock::now() - start;
+  std::printf("first probe took %.2f ms\n",
+              std::chrono::duration<double, std::milli>(took).count());
+  // The design target is < 5 ms; a loaded CI machine gets slack, a hang does not.
+  EXPECT_LT(took, std::chrono::milliseconds(100));
+  EXPECT_EQ(CountOpenFds(), fds_before);
+  // Every probe child was reaped.
+  EXPECT_EQ(::waitpid(-1, nullptr, WNOHANG), -1);
+  EXPECT_EQ(errno, ECHILD);
+  // The temporary cgroup of the cgroup.kill probe is gone.
+  (void)f;
+  for (const char* dir : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      EXPECT_EQ(entry.path().filename().string().rfind("nsbox-probe-", 0), std::string::npos)
+          << entry.path();
+    }
+  }
+}
+
+TEST(ProbeFeatures, ProbesOnce) {
+  const Features& a = ProbeFeatures();
+  const Features& b = ProbeFeatures();
+  EXPECT_EQ(&a, &b);
+}
+
+TEST(ProbeFeatures, AnswersAreConsistent) {
+  const Features& f = ProbeFeatures();
+  ExpectExplained(f.user_namespaces, "user_namespaces");
+  ExpectExplained(f.mount_namespaces, "mount_namespaces");
+  ExpectExplained(f.seccomp_filter, "seccomp_filter");
+  ExpectExplained(f.clone3, "clone3");
+  ExpectExplained(f.clone_into_cgroup, "clone_into_cgroup");
+  ExpectExplained(f.pidfd, "pidfd");
+  ExpectExplained(f.openat2, "openat2");
+  ExpectExplained(f.mount_setattr, "mount_setattr");
+  ExpectExplained(f.overlayfs, "overlayfs");
+  ExpectExplained(f.io_uring, "io_uring");
+  ExpectExplained(f.cgroup_v2, "cgroup_v2");
+  ExpectExplained(f.cgroup_kill, "cgroup_kill");
+
+  if (f.mount_namespaces.available) {
+    EXPECT_TRUE(f.user_namespaces.available);
+  }
+  if (f.clone_into_cgroup.available) {
+    EXPECT_TRUE(f.clone3.available);
+  }
+  if (f.cgroup_kill.available) {
+    EXPECT_TRUE(f.cgroup_v2.available);
+  }
+  if (!f.cgroup_v2.available) {
+    EXPECT_TRUE(f.cgroup_v2_controllers.empty());
+  }
+
+  const std::set<std::string> known = {"READ",    "WRITE",        "POLL_ADD",
+                                       "TIMEOUT", "LINK_TIMEOUT", "ASYNC_CANCEL",
+                                       "WAITID",  "RECVMSG",      "SENDMSG"};
+  for (const std::string& op : f.io_uring_missing_ops) {
+    EXPECT_EQ(known.count(op), 1u) << op;
+  }
+  if (!f.io_uring.available) {
+    EXPECT_TRUE(f.io_uring_missing_ops.empty());
+  }
+  for (const std::string& c : f.cgroup_v1_controllers) {
+    EXPECT_NE(c, "rw");
+    EXPECT_EQ(c.find('='), std::string::npos) << c;  // name=systemd is not a controller
+  }
+}
+
+// What the probe says agrees with what the host's files say.
+TEST(ProbeFeatures, AgreesWithProc) {
+  const Features& f = ProbeFeatures();
+  auto filesystems = ReadFile("/proc/filesystems");
+  ASSERT_TRUE(filesystems.ok());
+  EXPECT_EQ(f.overlayfs.available, filesystems->find("\toverlay\n") != std::string::npos);
+
+  auto mountinfo = ReadFile("/proc/self/mountinfo");
+  ASSERT_TRUE(mountinfo.ok());
+  if (mountinfo->find(" - cgroup2 ") == std::string::npos) {
+    EXPECT_FALSE(f.cgroup_v2.available);
+  }
+  for (const std::string& c : f.cgroup_v1_controllers) {
+    EXPECT_NE(mountinfo->find(" - cgroup "), std::string::npos) << c;
+  }
+  // Linux 5.4+ everywhere nsbox is meant to run; the probe must not get these wrong there.
+  EXPECT_TRUE(f.pidfd.available) << f.pidfd.detail;
+  EXPECT_TRUE(f.seccomp_filter.available) << f.seccomp_filter.detail;
+}
+
+// The doctor is the probe's main reader; its report is built from plain values.
+runtime::DoctorInput AllPresent() {
+  runtime::DoctorInput in;
+  for (Features::Item* item :
+       {&in.features.user_namespaces, &in.features.mount_namespaces, &in.features.seccomp_filter,
+        &in.features.clone3, &in.features.clone_into_cgroup, &in.features.pidfd,
+        &in.features.openat2, &in.features.mount_setattr, &in.features.overlayfs,
+        &in.features.io_uring, &in.features.cgroup_v2, &in.features.cgroup_kill}) {
+    item->available = true;
+  }
+  in.features.max_user_namespaces = 1000;
+  isolate::CgroupLayout layout;
+  layout.v2 = isolate::CgroupHierarchy{"/sys/fs/cgroup",          "/",
+                                       "/sys/fs/cgroup",          {"memory", "pids", "cpu"},
+                                       {"memory", "pids", "cpu"}, true};
+  in.layout = layout;
+  in.kernel = "6.1.0";
+  return in;
+}
+
+const runtime::DoctorLayer* Find(const std::vector<runtime::DoctorLayer>& layers,
+                                 const std::string& key) {
+  for (const auto& l : layers) {
+    if (l.key == key) return &l;
+  }
+  return nullptr;
+}
+
+TEST(Doctor, AllPresentIsOk) {
+  runtime::DoctorInput in = AllPresent();
+  auto layers = runtime::DoctorLayers(in);
+  EXPECT_TRUE(runtime::DoctorOk(layers));
+  for (const auto& l : layers) {
+    EXPECT_EQ(l.status, "ok") << l.key << ": " << l.detail;
+    EXPECT_TRUE(l.fix.empty()) << l.key;
+  }
+  ASSERT_NE(Find(layers, "cgroup_memory"), nullptr);
+  EXPECT_EQ(Find(layers, "cgroup_memory")->detail, "cgroup v2 under /sys/fs/cgroup");
+  EXPECT_EQ(Find(layers, "event_loop")->detail, "io_uring");
+}
+
+TEST(Doctor, MissingRequiredLayersFailWithAFix) {
+  runtime::DoctorInput in = AllPresent();
+  in.euid = 1000;
+  in.features.user_namespaces = {false,
+                                 "clone(CLONE_NEWUSER): EPERM (Operation not permitted): "
+                                 "denied; fix: sysctl -w kernel.x=1"};
+  in.features.io_uring = {false, "io_uring_setup: EPERM (Operation not permitted)"};
+  in.features.cgroup_kill = {false, "kernel < 5.14"};
+  in.layout = Error::Msg("no /proc");
+  auto layers = runtime::DoctorLayers(in);
+  EXPECT_FALSE(runtime::DoctorOk(layers));
+  const auto* priv = Find(layers, "privileges");
+  EXPECT_EQ(priv->status, "missing");
+  EXPECT_NE(priv->detail.find("nsbox needs root"), std::string::npos);
+  const auto* userns = Find(layers, "user_namespaces");
+  EXPECT_EQ(userns->status, "missing");
+  EXPECT_EQ(userns->fix, "sysctl -w kernel.x=1");
+  EXPECT_EQ(Find(layers, "kill_scope")->status, "degraded");
+  EXPECT_EQ(Find(layers, "cgroup_pids")->status, "missing");
+  const auto* loop = Find(layers, "event_loop");
+  EXPECT_EQ(loop->detail,
+            "epoll (io_uring unavailable: io_uring_setup: EPERM (Operation not permitted))");
+}
+
+TEST(Doctor, MissingOpcodesDegradeIoUring) {
+  runtime::DoctorInput in = AllPresent();
+  in.features.io_uring_missing_ops = {"WAITID"};
+  auto layers = runtime::DoctorLayers(in);
+  EXPECT_EQ(Find(layers, "io_uring")->status, "degraded");
+  EXPECT_EQ(Find(layers, "event_loop")->detail, "io_uring");  // WAITID is not essential
+  in.features.io_uring_missing_ops = {"LINK_TIMEOUT", "WAITID"};
+  layers = runtime::DoctorLayers(in);
+  EXPECT_EQ(Find(layers, "event_loop")->detail,
+            "epoll (io_uring unavailable: missing LINK_TIMEOUT)");
+  EXPECT_TRUE(runtime::DoctorOk(layers));  // optional layers do not fail the check
+}
+
+TEST(Doctor, JsonStringEscapes) {
+  EXPECT_EQ(runtime::JsonString("plain"), "\"plain\"");
+  EXPECT_EQ(runtime::JsonString("a\"b\\c\nd\te\x01"), "\"a\\\"b\\\\c\\nd\\te\\u0001\"");
+}
+
+TEST(Doctor, JsonHasEveryLayer) {
+  runtime::DoctorInput in = AllPresent();
+  in.features.io_uring_missing_ops = {"WAITID"};
+  auto layers = runtime::DoctorLayers(in);
+  std::string json = runtime::DoctorJson(in, layers);
+  EXPECT_EQ(json.rfind("{\n  \"ok\": true,", 0), 0u) << json;
+  EXPECT_EQ(json.substr(json.size() - 2), "}\n");
+  for (const auto& l : layers) {
+    EXPECT_NE(json.find("\"" + l.key + "\": {"), std::string::npos) << l.key;
+  }
+  EXPECT_NE(json.find("\"missing_ops\": [\"WAITID\"]"), std::string::npos) << json;
+  EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));
+}
+
+TEST(Doctor, RunsOnThisHost) {
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  int code = runtime::RunDoctor(/*json=*/false, out);
+  std::rewind(out);
+  std::string text;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, out)) > 0) text.append(buf, n);
+  std::fclose(out);
+  std::printf("%s(exit %d)\n", text.c_str(), code);
+  EXPECT_TRUE(code == 0 || code == 1);
+  EXPECT_NE(text.find("event loop"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace nsbox
