@@ -9,9 +9,10 @@ find_package(CLI11 REQUIRED)
 find_package(GTest REQUIRED)
 find_package(Threads REQUIRED)
 
-# Header-only spdlog and fmt so that the nsbox binary can be linked statically.
+# Header-only spdlog and fmt so that the nsbox binary can be linked statically (Debian's
+# fmt::fmt-header-only target still links libfmt.so, so the definitions are set by hand).
 add_library(nsbox_log_deps INTERFACE)
-target_link_libraries(nsbox_log_deps INTERFACE spdlog::spdlog_header_only fmt::fmt-header-only)
+target_compile_definitions(nsbox_log_deps INTERFACE SPDLOG_FMT_EXTERNAL FMT_HEADER_ONLY=1)
 
 if(NSBOX_STATIC)
   # Prefer the static archives Debian ships (libseccomp.a, libcap.a, liburing.a).

@@ -8,6 +8,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "base/syscalls.h"
 #include "policy/filesystem.h"
 
@@ -45,12 +47,13 @@ class Planner {
     op.flags = flags;
     op.data = data;
   }
-  void Bind(const std::string& source, const std::string& target, unsigned long flags,
-            bool recursive) {
+  MountOp& Bind(const std::string& source, const std::string& target, unsigned long flags,
+                bool recursive) {
     auto& op = Add(Kind::kBind, target);
     op.source = source;
     op.flags = flags;
     op.recursive = recursive;
+    return op;
   }
   void Symlink(const std::string& pointee, const std::string& target) {
     Add(Kind::kSymlink, target).source = pointee;
@@ -215,7 +218,8 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
 
   // 4. The writable places: /workspace (persistent), /root, /tmp.
   p.Mkdir("/workspace");
-  p.Bind(config.workspace_source, "/workspace", MS_NOSUID | MS_NODEV, false);
+  p.Bind(config.workspace_source, "/workspace", MS_NOSUID | MS_NODEV, false).source_fd =
+      config.workspace_fd;
   p.Mkdir("/root", 0700);
   if (config.home_tmpfs || config.home_source.empty()) {
     p.Tmpfs("/root", MS_NOSUID | MS_NODEV, "mode=0700");
@@ -301,6 +305,22 @@ int RestrictBind(const char* path, unsigned long flags, bool recursive) {
   return 0;
 }
 
+// "/proc/self/fd/N" into buf (at least 32 bytes), without allocating.
+void FdPath(int fd, char* buf) {
+  static constexpr char kPrefix[] = "/proc/self/fd/";
+  std::memcpy(buf, kPrefix, sizeof kPrefix - 1);
+  char digits[12];
+  int n = 0;
+  unsigned v = static_cast<unsigned>(fd);
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  char* out = buf + sizeof kPrefix - 1;
+  while (n > 0) *out++ = digits[--n];
+  *out = '\0';
+}
+
 int WriteWholeFile(const char* path, const std::string& data, mode_t mode) {
   int fd = ::open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
   if (fd < 0) return errno;
@@ -321,7 +341,7 @@ int WriteWholeFile(const char* path, const std::string& data, mode_t mode) {
   return 0;
 }
 
-int ApplyOne(const MountPlan& plan, const MountOp& op) {
+int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
   const char* staged = op.staged.c_str();
   switch (op.kind) {
     case Kind::kRootTmpfs:
@@ -348,12 +368,17 @@ int ApplyOne(const MountPlan& plan, const MountOp& op) {
     case Kind::kTmpfs:
       if (::mount("tmpfs", staged, "tmpfs", op.flags, op.data.c_str()) < 0) return errno;
       return 0;
-    case Kind::kBind:
-      if (::mount(op.source.c_str(), staged, nullptr, MS_BIND | (op.recursive ? MS_REC : 0),
-                  nullptr) < 0) {
-        return errno;
+    case Kind::kBind: {
+      unsigned long bind = MS_BIND | (op.recursive ? MS_REC : 0);
+      if (opened_fd < 0) {
+        if (::mount(op.source.c_str(), staged, nullptr, bind, nullptr) < 0) return errno;
+      } else {
+        char path[32];
+        FdPath(opened_fd, path);
+        if (::mount(path, staged, nullptr, bind, nullptr) < 0) return errno;
       }
       return RestrictBind(staged, op.flags, op.recursive);
+    }
     case Kind::kProc:
       if (::mount("proc", staged, "proc", op.flags, nullptr) < 0) return errno;
       return 0;
@@ -399,17 +424,56 @@ int ApplyOne(const MountPlan& plan, const MountOp& op) {
   return EINVAL;
 }
 
+// Opens, in the jail's mount namespace, the source of a bind that the caller pinned with an fd,
+// and checks it is the same directory (device and inode). Done before the new root hides any
+// host path (it is assembled on a host directory such as /tmp, where a workspace may live).
+int OpenPinnedSource(const MountOp& op, int* out) {
+  int fd = ::open(op.source.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat expected {
+  }, got{};
+  int err = 0;
+  if (::fstat(op.source_fd, &expected) < 0 || ::fstat(fd, &got) < 0) {
+    err = errno;
+  } else if (expected.st_dev != got.st_dev || expected.st_ino != got.st_ino) {
+    err = ESTALE;  // the path now names another directory than the one the caller opened
+  }
+  if (err != 0) {
+    ::close(fd);
+    return err;
+  }
+  *out = fd;
+  return 0;
+}
+
 }  // namespace
 
 int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept {
-  for (size_t i = 0; i < plan.ops.size(); ++i) {
-    int err = ApplyOne(plan, plan.ops[i]);
-    if (err != 0) {
-      *failed_op = i;
-      return err;
+  // Binds pinned by an fd, opened first: (op index, fd in this mount namespace).
+  constexpr size_t kMaxPinned = 8;
+  size_t pinned_op[kMaxPinned];
+  int pinned_fd[kMaxPinned];
+  size_t pinned = 0;
+  int err = 0;
+  for (size_t i = 0; i < plan.ops.size() && err == 0; ++i) {
+    if (plan.ops[i].kind != Kind::kBind || plan.ops[i].source_fd < 0) continue;
+    if (pinned == kMaxPinned) {
+      err = E2BIG;
+    } else if ((err = OpenPinnedSource(plan.ops[i], &pinned_fd[pinned])) == 0) {
+      pinned_op[pinned++] = i;
     }
+    if (err != 0) *failed_op = i;
   }
-  return 0;
+  for (size_t i = 0; i < plan.ops.size() && err == 0; ++i) {
+    int fd = -1;
+    for (size_t k = 0; k < pinned; ++k) {
+      if (pinned_op[k] == i) fd = pinned_fd[k];
+    }
+    err = ApplyOne(plan, plan.ops[i], fd);
+    if (err != 0) *failed_op = i;
+  }
+  for (size_t k = 0; k < pinned; ++k) ::close(pinned_fd[k]);
+  return err;
 }
 
 }  // namespace nsbox::isolate

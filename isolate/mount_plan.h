@@ -42,6 +42,11 @@ struct MountOp {
   unsigned long flags = 0;
   mode_t mode = 0;
   bool recursive = false;  // kBind: rbind (submounts too)
+  // kBind: an fd the caller opened on the source before clone. The child opens `source` in its
+  // own mount namespace (a mount of another namespace cannot be bound: EINVAL), checks that it
+  // is the same directory (device and inode), and binds that, so nothing swapped in between
+  // can redirect the bind (CVE-2024-42472). -1 for none.
+  int source_fd = -1;
 
   // "bind /usr -> /usr (ro,nosuid,nodev)" for error messages and `nsbox run --dry-run`.
   std::string Describe() const;
@@ -72,9 +77,10 @@ struct RootSpec {
 struct JailFsConfig {
   RootSpec root;
   std::string staging = "/tmp";
-  // The workspace, bound read-write at /workspace: a path the child can open (the caller passes
-  // /proc/self/fd/N of an O_PATH fd opened before clone, so a swapped symlink cannot redirect it).
+  // The workspace, bound read-write at /workspace: its host path and an O_PATH fd the caller
+  // opened on it, against which the child checks what it binds.
   std::string workspace_source;
+  int workspace_fd = -1;
   std::string hostname;
   struct EtcEntry {
     enum class Type { kFile, kDirectory, kSymlink } type;

@@ -21,7 +21,8 @@ JailFsConfig Config() {
   JailFsConfig c;
   c.root.binds = {{"/usr", "/usr", true}};
   c.root.symlinks = {{"/bin", "usr/bin"}, {"/lib", "usr/lib"}};
-  c.workspace_source = "/proc/self/fd/7";
+  c.workspace_source = "/home/me/project";
+  c.workspace_fd = 7;
   c.hostname = "box";
   c.host_etc = {{JailFsConfig::EtcEntry::Type::kFile, "ld.so.cache", ""},
                 {JailFsConfig::EtcEntry::Type::kDirectory, "ssl", ""},
@@ -56,7 +57,7 @@ TEST(MountPlan, DescribesEveryMountExactly) {
   auto d = Described(*plan);
   EXPECT_TRUE(Contains(d, "rbind /usr -> /usr (ro,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "symlink /bin -> usr/bin"));
-  EXPECT_TRUE(Contains(d, "bind /proc/self/fd/7 -> /workspace (rw,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "bind /home/me/project -> /workspace (rw,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "tmpfs /tmp (rw,nosuid,nodev,mode=1777)"));
   EXPECT_TRUE(Contains(d, "tmpfs /root (rw,nosuid,nodev,mode=0700)"));
   EXPECT_TRUE(Contains(d, "proc /proc"));
@@ -89,8 +90,8 @@ TEST(MountPlan, WorkspaceComesBeforeProcAndStagedPathsAreUnderTheStaging) {
       EXPECT_EQ(op.staged, "/tmp" + op.target);
     }
   }
-  // The workspace is bound through the host's /proc/self/fd, which the new /proc would hide.
   EXPECT_LT(workspace, proc);
+  EXPECT_EQ(plan->ops[workspace].source_fd, 7);
 }
 
 TEST(MountPlan, GeneratedEtcHasNoSecrets) {

@@ -1,0 +1,81 @@
+#pragma once
+
+#include <sys/resource.h>
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "base/pidfd.h"
+#include "base/unique_fd.h"
+#include "isolate/capabilities.h"
+#include "isolate/idmap.h"
+#include "isolate/mount_plan.h"
+#include "isolate/seccomp.h"
+
+namespace nsbox::isolate {
+
+// Everything a jail is made of, prepared in the parent. Start() turns it into a running jail:
+// PID 1 of new user, mount, PID, network, IPC, UTS and cgroup namespaces (a tiny init that
+// reaps and forwards signals), and under it the command, with the capabilities, seccomp filter,
+// rlimits and environment given here.
+struct JailSpec {
+  IdMapping ids;
+  MountPlan mounts;
+  std::string hostname;
+  std::string cwd = "/workspace";  // inside the jail
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // "K=V"
+  // The files execve tries in turn (exec::CommandCandidates); the first that runs wins.
+  std::vector<std::string> exec_candidates;
+  bool tty = false;  // a pseudo-terminal from the jail's own devpts
+  unsigned short tty_rows = 24;
+  unsigned short tty_cols = 80;
+  std::vector<std::pair<int, struct rlimit>> rlimits;  // already clamped to the host's
+  const SeccompProgram* seccomp = nullptr;
+  const CapabilityPlan* capabilities = nullptr;
+  // An O_DIRECTORY fd of the jail's cgroup v2 directory: the child is born in it
+  // (clone3 CLONE_INTO_CGROUP), so there is no moment where it runs outside. -1 for none.
+  int cgroup_v2_fd = -1;
+  // Called with the child's host pid before it goes on, to place it in the cgroups it could not
+  // be born in (v1 hierarchies; v2 too when clone3 is not available: `joined_v2` says which).
+  std::function<Status(pid_t pid, bool joined_v2)> place_in_cgroups;
+};
+
+// The running jail: its PID 1, seen from the host.
+class Jail {
+ public:
+  // Sets everything up and starts the command. Errors name the step that failed, e.g.
+  // "set up the jail: mount plan step 12 (bind /usr -> /usr (ro,nosuid,nodev)): EPERM ...".
+  // A command that cannot be executed is not an error here: see exec_error().
+  static Result<Jail> Start(const JailSpec& spec);
+
+  pid_t pid() const { return init_.pid(); }
+  const Pidfd& pidfd() const { return init_.pidfd(); }
+  // The master side of the terminal (when spec.tty), owned by the caller after Start.
+  UniqueFd TakeTtyMaster() { return std::move(tty_master_); }
+  // errno of the failed execve of the command (ENOENT: not found, EACCES: not executable); 0 when
+  // it started. When set, PID 1 exits with 127 or 126 as a shell would.
+  int exec_error() const { return exec_error_; }
+
+  Status Signal(int sig) const { return init_.Signal(sig); }
+  // The exit status of PID 1, which is the command's: its exit code, or 128 + the signal that
+  // killed it.
+  Result<ExitStatus> Wait() { return init_.Wait(); }
+  Result<bool> TryWait(ExitStatus* status) { return init_.TryWait(status); }
+
+ private:
+  ChildProcess init_;
+  UniqueFd tty_master_;
+  int exec_error_ = 0;
+};
+
+// Exit codes of `nsbox run`, as a shell and docker run use them.
+inline constexpr int kExitSetupFailed = 125;
+inline constexpr int kExitNotExecutable = 126;
+inline constexpr int kExitNotFound = 127;
+
+}  // namespace nsbox::isolate

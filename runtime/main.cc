@@ -1,0 +1,73 @@
+// nsbox: the command line. `nsbox run` isolates one command; `nsbox doctor` says what this host
+// allows.
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#include "base/log.h"
+#include "isolate/jail.h"
+#include "runtime/doctor.h"
+#include "runtime/run.h"
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"nsbox: a sandbox runtime for Linux (namespaces, seccomp, cgroups)", "nsbox"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", kVersion);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+
+  nsbox::runtime::RunOptions run;
+  auto* run_cmd = app.add_subcommand(
+      "run", "Run one command in a fresh jail: nsbox run [OPTIONS] -- COMMAND [ARGS...]");
+  run_cmd->add_option("--image", run.image, "root file system (only 'host' so far)")
+      ->capture_default_str();
+  run_cmd->add_option("--workspace,-w", run.workspace,
+                      "host directory bound read-write at /workspace (default: the current "
+                      "directory)");
+  run_cmd->add_option("--cwd", run.cwd,
+                      "working directory inside, relative to /workspace (default: /workspace)");
+  run_cmd->add_option("--env,-e", run.env, "set a variable, NAME=VALUE (repeatable)");
+  run_cmd->add_option("--memory,-m", run.memory, "memory limit, e.g. 512M or 2G");
+  run_cmd->add_option("--pids", run.pids, "most processes and threads at once (default 4096)");
+  run_cmd->add_option("--cpus", run.cpus, "CPU time limit in CPUs, e.g. 1.5");
+  run_cmd->add_option("--hostname", run.hostname, "hostname inside")->capture_default_str();
+  run_cmd->add_option("--uid-base", run.uid_base,
+                      "host uid/gid that root inside maps to; 65536 ids from there (default: "
+                      "the 'nsbox' entry of /etc/subuid, else 1610612736)");
+  run_cmd->add_flag("--tty,-t", run.tty, "give the command a terminal inside the jail");
+  run_cmd->add_flag("--dry-run", run.dry_run, "print the jail's plan and exit");
+  run_cmd->add_option("command", run.command, "the command and its arguments")->required();
+  run_cmd->positionals_at_end();
+
+  bool doctor_json = false;
+  auto* doctor_cmd =
+      app.add_subcommand("doctor", "Probe the kernel and say which isolation layers work here");
+  doctor_cmd->add_flag("--json", doctor_json, "machine-readable output");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "nsbox: %s\n", e.what());
+    std::fprintf(
+        stderr, "Run 'nsbox %s--help' for usage.\n",
+        app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
+    return nsbox::isolate::kExitSetupFailed;
+  }
+  if (auto st = nsbox::log::SetLevel(log_level); !st.ok()) {
+    std::fprintf(stderr, "nsbox: --log-level: %s\n", st.error().message().c_str());
+    return nsbox::isolate::kExitSetupFailed;
+  }
+  if (*run_cmd) return nsbox::runtime::Run(run);
+  if (*doctor_cmd) return nsbox::runtime::RunDoctor(doctor_json, stdout);
+  return nsbox::isolate::kExitSetupFailed;
+}

@@ -1,0 +1,376 @@
+#include "runtime/run.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <termios.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "base/unique_fd.h"
+#include "exec/command.h"
+#include "fs/path.h"
+#include "images/image.h"
+#include "isolate/capabilities.h"
+#include "isolate/cgroup.h"
+#include "isolate/idmap.h"
+#include "isolate/jail.h"
+#include "isolate/mount_plan.h"
+#include "isolate/seccomp.h"
+#include "policy/capabilities.h"
+#include "policy/environment.h"
+#include "policy/limits.h"
+#include "policy/seccomp_profile.h"
+#include "runtime/units.h"
+
+namespace nsbox::runtime {
+
+namespace {
+
+using isolate::kExitSetupFailed;
+
+constexpr uint64_t kDefaultPids = 4096;
+
+int Fail(const Error& error) {
+  std::fprintf(stderr, "nsbox run: %s\n", error.message().c_str());
+  return kExitSetupFailed;
+}
+
+// Everything `nsbox run` decided before starting anything: plain values, printed by --dry-run.
+struct RunPlan {
+  images::Image image;
+  UniqueFd workspace;  // O_PATH fd of the workspace: the jail binds this very directory
+  std::string workspace_path;
+  isolate::CgroupLimits limits;
+  isolate::JailSpec spec;
+};
+
+Result<RunPlan> MakePlan(const RunOptions& o) {
+  RunPlan plan;
+  if (o.command.empty()) {
+    return Error(EINVAL, "no command given (usage: nsbox run [OPTIONS] -- COMMAND [ARGS...])");
+  }
+  if (o.hostname.empty() || o.hostname.size() > 64 ||
+      o.hostname.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   "0123456789-.") != std::string::npos) {
+    return Error(EINVAL,
+                 "--hostname '" + o.hostname + "': expected 1 to 64 letters, digits, '-' or '.'");
+  }
+  if (o.memory) {
+    NSBOX_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes("--memory", *o.memory));
+    if (bytes < (4ULL << 20)) {
+      return Error(EINVAL, "--memory '" + *o.memory + "': at least 4M is needed to start");
+    }
+    plan.limits.memory_bytes = bytes;
+  }
+  if (o.pids) {
+    NSBOX_ASSIGN_OR_RETURN(uint64_t pids, ParseCount("--pids", *o.pids, 2, 4194304));
+    plan.limits.pids = pids;
+  } else {
+    // A default that stops a fork bomb long before the host feels it.
+    plan.limits.pids = kDefaultPids;
+  }
+  if (o.cpus) {
+    NSBOX_ASSIGN_OR_RETURN(double cpus, ParseDecimal("--cpus", *o.cpus, 0.01, 1024));
+    plan.limits.cpus = cpus;
+  }
+
+  auto& spec = plan.spec;
+  NSBOX_ASSIGN_OR_RETURN(spec.ids, isolate::DefaultIdMapping());
+  if (o.uid_base) {
+    NSBOX_ASSIGN_OR_RETURN(uint64_t base,
+                           ParseCount("--uid-base", *o.uid_base, 1, 0xffffffffULL - 65536));
+    spec.ids.uid = {0, static_cast<uint32_t>(base), isolate::kDefaultIdCount};
+    spec.ids.gid = spec.ids.uid;
+  }
+  NSBOX_TRY_CTX(isolate::ValidateIdRange(spec.ids.uid, "uid"), "--uid-base");
+
+  auto image = images::ResolveImage(o.image);
+  if (!image.ok()) return std::move(image).error().Context("--image");
+  plan.image = std::move(*image);
+
+  // The workspace is opened now, once: the bind uses this fd, so a symlink swapped in later
+  // cannot redirect it (CVE-2024-42472).
+  plan.workspace_path = o.workspace;
+  if (plan.workspace_path.empty()) {
+    char buf[4096];
+    if (::getcwd(buf, sizeof buf) == nullptr) {
+      return Error::Sys("getcwd", "", errno)
+          .Context("--workspace (default: the current directory)");
+    }
+    plan.workspace_path = buf;
+  }
+  int wfd = ::open(plan.workspace_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (wfd < 0) {
+    int err = errno;
+    return Error(err, "--workspace '" + plan.workspace_path + "': " +
+                          (err == ENOTDIR ? std::string("not a directory") : ErrnoText(err)));
+  }
+  plan.workspace.reset(wfd);
+  if (char* real = ::realpath(plan.workspace_path.c_str(), nullptr); real != nullptr) {
+    plan.workspace_path = real;
+    std::free(real);
+  }
+  struct stat st {};
+  if (::fstat(wfd, &st) == 0 && st.st_uid != spec.ids.uid.outside && !(st.st_mode & S_IWOTH)) {
+    // Root inside is spec.ids.uid.outside on the host; to it, a directory of another owner is
+    // "nobody"'s and not writable. Said once, so a read-only workspace is no mystery.
+    std::fprintf(stderr,
+                 "nsbox run: note: the workspace %s belongs to host uid %u; root in the jail is "
+                 "host uid %u and can only read it (chown -R %u:%u it to let commands write)\n",
+                 plan.workspace_path.c_str(), st.st_uid, spec.ids.uid.outside, spec.ids.uid.outside,
+                 spec.ids.gid.outside);
+  }
+
+  isolate::JailFsConfig fs;
+  fs.root = plan.image.root;
+  fs.hostname = o.hostname;
+  fs.workspace_source = plan.workspace_path;
+  fs.workspace_fd = wfd;
+  NSBOX_ASSIGN_OR_RETURN(fs.host_etc, isolate::ScanHostEtc("/etc"));
+  // The new root is assembled on a directory of the host that exists everywhere; nothing of it
+  // is visible outside the jail's mount namespace.
+  NSBOX_ASSIGN_OR_RETURN(spec.mounts, isolate::PlanMounts(fs));
+
+  spec.hostname = o.hostname;
+  spec.cwd = fs::ResolvePath("/workspace", o.cwd);
+  spec.argv = o.command;
+  policy::EnvironmentInput env;
+  env.hostname = o.hostname;
+  env.shell = plan.image.shell;
+  for (const auto& kv : o.env) {
+    NSBOX_ASSIGN_OR_RETURN(auto parsed, policy::ParseEnvAssignment(kv));
+    env.overrides.emplace_back(parsed.first, parsed.second);
+  }
+  spec.env = policy::BuildEnvironment(env);
+  spec.exec_candidates = exec::CommandCandidates(o.command[0], exec::PathOf(spec.env));
+  spec.tty = o.tty;
+  if (o.tty && ::isatty(STDIN_FILENO)) {
+    struct winsize ws {};
+    if (::ioctl(STDIN_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0) {
+      spec.tty_rows = ws.ws_row;
+      spec.tty_cols = ws.ws_col;
+    }
+  }
+  for (const auto& rule : policy::DefaultRlimits()) {
+    struct rlimit host {};
+    if (::getrlimit(static_cast<__rlimit_resource>(rule.resource), &host) < 0) {
+      return Error::Sys("getrlimit", rule.name, errno);
+    }
+    spec.rlimits.emplace_back(rule.resource, policy::ClampRlimit(rule, host));
+  }
+  return plan;
+}
+
+void PrintPlan(const RunPlan& plan, const isolate::CgroupPlan& cgroups) {
+  const auto& spec = plan.spec;
+  std::printf("image: %s\nworkspace: %s -> /workspace\ncwd: %s\nhostname: %s\n",
+              plan.image.name.c_str(), plan.workspace_path.c_str(), spec.cwd.c_str(),
+              spec.hostname.c_str());
+  std::printf("uid_map: %sgid_map: %s", isolate::IdMapText(spec.ids.uid).c_str(),
+              isolate::IdMapText(spec.ids.gid).c_str());
+  std::printf("mounts (assembled under %s):\n", spec.mounts.staging.c_str());
+  for (const auto& op : spec.mounts.ops) std::printf("  %s\n", op.Describe().c_str());
+  std::printf("cgroups:\n");
+  for (const auto& dir : cgroups.dirs) {
+    std::printf("  mkdir %s\n", dir.path().c_str());
+    for (const auto& w : dir.writes) {
+      std::printf("    %s = %s%s\n", w.file.c_str(), w.value.c_str(),
+                  w.optional ? " (if present)" : "");
+    }
+  }
+  std::printf("environment:\n");
+  for (const auto& kv : spec.env) std::printf("  %s\n", kv.c_str());
+  std::printf("rlimits:\n");
+  for (const auto& rule : policy::DefaultRlimits()) {
+    for (const auto& [res, lim] : spec.rlimits) {
+      if (res != rule.resource) continue;
+      std::printf("  %s %llu %llu\n", rule.name, static_cast<unsigned long long>(lim.rlim_cur),
+                  static_cast<unsigned long long>(lim.rlim_max));
+    }
+  }
+  std::printf("command:");
+  for (const auto& a : spec.argv) std::printf(" %s", a.c_str());
+  std::printf("\n");
+}
+
+// Puts the caller's terminal in raw mode for --tty and restores it on every way out.
+class RawTerminal {
+ public:
+  RawTerminal() {
+    if (::isatty(STDIN_FILENO) && ::tcgetattr(STDIN_FILENO, &saved_) == 0) {
+      struct termios raw = saved_;
+      ::cfmakeraw(&raw);
+      active_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+    }
+  }
+  ~RawTerminal() {
+    if (active_) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+  RawTerminal(const RawTerminal&) = delete;
+  RawTerminal& operator=(const RawTerminal&) = delete;
+
+ private:
+  struct termios saved_ {};
+  bool active_ = false;
+};
+
+// Copies what is readable on `from` to `to`; false at EOF or error (EIO: the terminal's last
+// user is gone).
+bool Pump(int from, int to) {
+  char buf[65536];
+  ssize_t n = ::read(from, buf, sizeof buf);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (n <= 0) return false;
+  return WriteAll(to, std::string_view(buf, static_cast<size_t>(n)), "terminal").ok();
+}
+
+// Waits for the jail's PID 1, forwarding the caller's signals to it and, with a terminal,
+// relaying bytes and window sizes. Returns PID 1's status.
+Result<ExitStatus> Supervise(isolate::Jail& jail, int sigfd, UniqueFd tty_master) {
+  std::unique_ptr<RawTerminal> raw;
+  bool stdin_open = tty_master.valid();
+  bool master_open = tty_master.valid();
+  if (tty_master.valid()) {
+    raw = std::make_unique<RawTerminal>();
+    ::fcntl(tty_master.get(), F_SETFL, ::fcntl(tty_master.get(), F_GETFL) | O_NONBLOCK);
+  }
+  for (;;) {
+    struct pollfd fds[4] = {{sigfd, POLLIN, 0},
+                            {jail.pidfd().fd(), POLLIN, 0},
+                            {master_open ? tty_master.get() : -1, POLLIN, 0},
+                            {stdin_open ? STDIN_FILENO : -1, POLLIN, 0}};
+    if (::poll(fds, 4, -1) < 0) {
+      if (errno == EINTR) continue;
+      return Error::Sys("poll", "nsbox run", errno);
+    }
+    if (fds[0].revents & POLLIN) {
+      struct signalfd_siginfo si {};
+      if (::read(sigfd, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+        int sig = static_cast<int>(si.ssi_signo);
+        if (sig == SIGWINCH && master_open) {
+          struct winsize ws {};
+          if (::ioctl(STDIN_FILENO, TIOCGWINSZ, &ws) == 0) {
+            ::ioctl(tty_master.get(), TIOCSWINSZ, &ws);
+          }
+        } else if (sig != SIGWINCH) {
+          NSBOX_TRY_CTX(jail.Signal(sig), "forward a signal");
+        }
+      }
+    }
+    if (master_open && (fds[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+      master_open = Pump(tty_master.get(), STDOUT_FILENO);
+    }
+    if (stdin_open && (fds[3].revents & (POLLIN | POLLHUP | POLLERR))) {
+      stdin_open = Pump(STDIN_FILENO, tty_master.get());
+    }
+    if (fds[1].revents & POLLIN) {
+      // PID 1 is gone: drain what the terminal still holds, then collect its status.
+      while (master_open && Pump(tty_master.get(), STDOUT_FILENO)) {
+        struct pollfd p = {tty_master.get(), POLLIN, 0};
+        if (::poll(&p, 1, 0) <= 0) break;
+      }
+      return jail.Wait();
+    }
+  }
+}
+
+}  // namespace
+
+int Run(const RunOptions& options) {
+  if (::geteuid() != 0) {
+    return Fail(Error::Msg(
+        "needs root: it writes the uid/gid maps of the jail's user namespace and creates "
+        "cgroups (run it with sudo; `nsbox doctor` says what else this host needs)"));
+  }
+  auto planned = MakePlan(options);
+  if (!planned.ok()) return Fail(planned.error());
+  RunPlan& plan = *planned;
+
+  auto layout = isolate::LoadCgroupLayout();
+  if (!layout.ok()) return Fail(std::move(layout).error().Context("cgroups"));
+  auto cgroup_plan =
+      isolate::PlanCgroups(*layout, plan.limits, "nsbox-run-" + std::to_string(::getpid()));
+  if (!cgroup_plan.ok()) return Fail(std::move(cgroup_plan).error().Context("cgroups"));
+
+  if (options.dry_run) {
+    PrintPlan(plan, *cgroup_plan);
+    return 0;
+  }
+
+  auto seccomp = isolate::CompileSeccomp(policy::DefaultSeccompProfile());
+  if (!seccomp.ok()) return Fail(std::move(seccomp).error().Context("seccomp"));
+  auto caps = isolate::PlanCapabilities(policy::DefaultCommandCapabilities());
+  if (!caps.ok()) return Fail(std::move(caps).error().Context("capabilities"));
+  plan.spec.seccomp = &*seccomp;
+  plan.spec.capabilities = &*caps;
+
+  // The caller's signals are read from a signalfd and forwarded to the jail; blocked before the
+  // jail starts so none is lost (or kills nsbox and leaves the cgroups behind).
+  sigset_t forwarded;
+  sigemptyset(&forwarded);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH}) {
+    sigaddset(&forwarded, sig);
+  }
+  ::sigprocmask(SIG_BLOCK, &forwarded, nullptr);
+  UniqueFd sigfd(::signalfd(-1, &forwarded, SFD_CLOEXEC | SFD_NONBLOCK));
+  if (!sigfd.valid()) return Fail(Error::Sys("signalfd", "", errno));
+
+  auto cgroups = isolate::Cgroups::Create(*cgroup_plan);
+  if (!cgroups.ok()) return Fail(std::move(cgroups).error().Context("create cgroups"));
+  plan.spec.cgroup_v2_fd = cgroups->v2_dir_fd();
+  plan.spec.place_in_cgroups = [&](pid_t pid, bool joined_v2) {
+    return cgroups->AddProcess(pid, !joined_v2);
+  };
+
+  auto jail = isolate::Jail::Start(plan.spec);
+  if (!jail.ok()) {
+    int code = Fail(jail.error());
+    if (jail.error().code() == EPERM || jail.error().code() == ENOSPC ||
+        jail.error().code() == EUSERS) {
+      std::fprintf(stderr,
+                   "nsbox run: `nsbox doctor` checks whether this host allows user "
+                   "namespaces and says how to enable them\n");
+    }
+    return code;
+  }
+  if (jail->exec_error() != 0) {
+    auto failure = exec::DescribeExecFailure(options.command[0], jail->exec_error());
+    std::fprintf(stderr, "%s\n", failure.message.c_str());
+    (void)jail->Wait();
+    (void)cgroups->Destroy();
+    return failure.exit_code;
+  }
+
+  auto status = Supervise(*jail, sigfd.get(), jail->TakeTtyMaster());
+  if (!status.ok()) return Fail(status.error());
+  bool oom = false;
+  if (plan.limits.memory_bytes) {
+    auto killed = cgroups->OomKilled();
+    oom = killed.ok() && *killed;
+  }
+  auto destroyed = cgroups->Destroy();
+  if (!destroyed.ok()) {
+    std::fprintf(stderr, "nsbox run: remove cgroups: %s\n", destroyed.error().message().c_str());
+  }
+  if (oom) {
+    std::fprintf(stderr,
+                 "nsbox run: the command ran out of memory (--memory %s) and was "
+                 "killed\n",
+                 options.memory->c_str());
+  }
+  return status->ShellCode();
+}
+
+}  // namespace nsbox::runtime

@@ -1,0 +1,89 @@
+#include "runtime/units.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace nsbox::runtime {
+
+namespace {
+
+Error Bad(std::string_view flag, std::string_view value, std::string_view why) {
+  return Error(EINVAL, std::string(flag) + " '" + std::string(value) + "': " + std::string(why));
+}
+
+}  // namespace
+
+Result<uint64_t> ParseBytes(std::string_view flag, std::string_view value) {
+  uint64_t n = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec == std::errc::result_out_of_range) return Bad(flag, value, "too large");
+  if (ec != std::errc() || ptr == value.data()) {
+    return Bad(flag, value, "not a byte count (examples: 536870912, 512M, 2G)");
+  }
+  std::string_view suffix(ptr, static_cast<size_t>(value.data() + value.size() - ptr));
+  int shift = 0;
+  if (!suffix.empty()) {
+    switch (suffix[0]) {
+      case 'k':
+      case 'K':
+        shift = 10;
+        break;
+      case 'm':
+      case 'M':
+        shift = 20;
+        break;
+      case 'g':
+      case 'G':
+        shift = 30;
+        break;
+      case 't':
+      case 'T':
+        shift = 40;
+        break;
+      case 'b':
+      case 'B':
+        shift = 0;
+        break;
+      default:
+        return Bad(flag, value, "unknown unit (use K, M, G or T)");
+    }
+    std::string_view rest = suffix.substr(1);
+    bool ok =
+        shift == 0 ? rest.empty() : (rest.empty() || rest == "i" || rest == "B" || rest == "iB");
+    if (!ok) return Bad(flag, value, "unknown unit (use K, M, G or T)");
+  }
+  if (shift > 0 && n > (UINT64_MAX >> shift)) return Bad(flag, value, "too large");
+  return n << shift;
+}
+
+Result<uint64_t> ParseCount(std::string_view flag, std::string_view value, uint64_t min,
+                            uint64_t max) {
+  uint64_t n = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || ptr != value.data() + value.size()) {
+    return Bad(flag, value, "not a whole number");
+  }
+  if (n < min || n > max) {
+    return Bad(flag, value,
+               "out of range (" + std::to_string(min) + " to " + std::to_string(max) + ")");
+  }
+  return n;
+}
+
+Result<double> ParseDecimal(std::string_view flag, std::string_view value, double min, double max) {
+  double d = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), d);
+  if (ec != std::errc() || ptr != value.data() + value.size() || !std::isfinite(d)) {
+    return Bad(flag, value, "not a number");
+  }
+  if (d < min || d > max) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "out of range (%g to %g)", min, max);
+    return Bad(flag, value, buf);
+  }
+  return d;
+}
+
+}  // namespace nsbox::runtime

@@ -1,0 +1,20 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "base/error.h"
+
+namespace nsbox::runtime {
+
+// "512M", "1G", "1048576", "64KiB": a byte count with an optional binary suffix (K, M, G, T,
+// optionally followed by "i", "iB" or "B"). Errors name `flag` and the value.
+Result<uint64_t> ParseBytes(std::string_view flag, std::string_view value);
+// A whole number in [min, max].
+Result<uint64_t> ParseCount(std::string_view flag, std::string_view value, uint64_t min,
+                            uint64_t max);
+// A decimal number in [min, max] ("1.5").
+Result<double> ParseDecimal(std::string_view flag, std::string_view value, double min, double max);
+
+}  // namespace nsbox::runtime

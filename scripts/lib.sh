@@ -1,0 +1,46 @@
+# Shared by the scripts: install what is missing, configure and build. Sourced, not run.
+set -euo pipefail
+
+NSBOX_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Debian 12 packages the build, the tests and the benchmarks need.
+NSBOX_PACKAGES=(
+  g++ cmake ninja-build pkg-config
+  libseccomp-dev libcap-dev liburing-dev
+  libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
+  clang-format
+)
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+install_packages() {
+  local missing=()
+  for pkg in "${NSBOX_PACKAGES[@]}" "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$pkg")
+    fi
+  done
+  if ((${#missing[@]} == 0)); then
+    return 0
+  fi
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "nsbox: these Debian packages are missing: ${missing[*]}" >&2
+    echo "nsbox: run this script as root (sudo) so that it can install them" >&2
+    exit 1
+  fi
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+# build DIR [cmake options...]: configure (once) and build everything.
+build() {
+  local dir=$1
+  shift
+  if [[ ! -f "$NSBOX_ROOT/$dir/build.ninja" ]]; then
+    log "configuring $dir"
+    cmake -S "$NSBOX_ROOT" -B "$NSBOX_ROOT/$dir" -G Ninja "$@"
+  fi
+  log "building $dir"
+  cmake --build "$NSBOX_ROOT/$dir"
+}
