@@ -395,9 +395,10 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
         }
         return 0;
       }
-      // The host's /dev/null: the staged /dev may not be there yet, the host's always is.
+      // The host's /dev/null: the staged /dev may not be there yet, the host's always is. Not
+      // nodev, or opening it fails with EACCES instead of reading empty as Docker's masks do.
       if (::mount("/dev/null", staged, nullptr, MS_BIND, nullptr) < 0) return errno;
-      return RestrictBind(staged, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, false);
+      return RestrictBind(staged, MS_RDONLY | MS_NOSUID | MS_NOEXEC, false);
     }
     case Kind::kReadonlyPath: {
       struct stat st {};
