@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct MountOp {
     kMkdir,         // mkdir target (parents exist), mode
     kTouch,         // create an empty file to bind over
     kWriteFile,     // create target with `data` as content, mode
+    kCopyFile,      // create target with the content of the host file `source`, mode
     kSymlink,       // symlink at target pointing to `source`
     kTmpfs,         // mount a tmpfs with `data` options and `flags`
     kBind,          // bind `source` (a host path, or /proc/self/fd/N) onto target; `flags`
@@ -86,6 +88,7 @@ struct JailFsConfig {
     enum class Type { kFile, kDirectory, kSymlink } type;
     std::string name;     // "ld.so.cache"
     std::string pointee;  // kSymlink: the link's target
+    uint64_t size = 0;    // kFile: its size
   };
   std::vector<EtcEntry> host_etc;  // allowlisted host /etc entries that exist
   bool home_tmpfs = true;          // /root as a tmpfs (one-shot runs)

@@ -24,7 +24,8 @@ JailFsConfig Config() {
   c.workspace_source = "/home/me/project";
   c.workspace_fd = 7;
   c.hostname = "box";
-  c.host_etc = {{JailFsConfig::EtcEntry::Type::kFile, "ld.so.cache", ""},
+  c.host_etc = {{JailFsConfig::EtcEntry::Type::kFile, "ld.so.cache", "", 41779},
+                {JailFsConfig::EtcEntry::Type::kFile, "big", "", 1 << 20},
                 {JailFsConfig::EtcEntry::Type::kDirectory, "ssl", ""},
                 {JailFsConfig::EtcEntry::Type::kSymlink, "os-release", "../usr/lib/os-release"}};
   return c;
@@ -64,11 +65,12 @@ TEST(MountPlan, DescribesEveryMountExactly) {
   EXPECT_TRUE(Contains(d, "mask /proc/kcore"));
   EXPECT_TRUE(Contains(d, "mask /proc/keys"));
   EXPECT_TRUE(Contains(d, "read-only /proc/sys"));
-  EXPECT_TRUE(Contains(d, "bind /dev/null -> /dev/null (rw,nosuid,noexec)"));
+  EXPECT_TRUE(Contains(d, "bind /dev/null -> /dev/null (rw)"));
   EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5)"));
   EXPECT_TRUE(Contains(d, "symlink /dev/ptmx -> pts/ptmx"));
   EXPECT_TRUE(Contains(d, "tmpfs /dev/shm (rw,nosuid,nodev,noexec,mode=1777)"));
-  EXPECT_TRUE(Contains(d, "bind /etc/ld.so.cache -> /etc/ld.so.cache (ro,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "copy /etc/ld.so.cache -> /etc/ld.so.cache"));
+  EXPECT_TRUE(Contains(d, "bind /etc/big -> /etc/big (ro,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "rbind /etc/ssl -> /etc/ssl (ro,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "symlink /etc/os-release -> ../usr/lib/os-release"));
   // Nothing of /sys, and no host /etc entry that is not on the allowlist.
