@@ -1,0 +1,270 @@
+#pragma once
+
+// The control channel between the host side (nsbox run's tests today, nsboxd next) and
+// nsbox-init inside the jail: one SOCK_STREAM socketpair, binary frames, defined here once for
+// both sides (Chromium's syscall_broker/ keeps its protocol in one place the same way).
+//
+// A frame is a 16-byte header and a payload:
+//   u32 payload length | u16 type | u16 reserved (0) | u64 tag
+// little-endian. The tag names the request a response belongs to; requests are answered out
+// of order and many are in flight at once. File bytes travel raw (never base64); a file larger
+// than kInlineFileLimit travels as an fd passed with SCM_RIGHTS beside a kFileFd or
+// kWriteReady frame, so no transfer sits whole in either process's memory.
+//
+// Every length is bounded and checked: a payload over kMaxPayload is refused from its header
+// alone (the bytes are skipped), and a payload that does not decode exactly is answered with an
+// error. Nothing from the other side is trusted.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace nsbox::fs::proto {
+
+inline constexpr uint32_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 16;
+inline constexpr uint32_t kMaxPayload = 4u << 20;         // 4 MiB
+inline constexpr uint32_t kMaxOutputChunk = 256u << 10;   // exec output per frame
+inline constexpr uint64_t kInlineFileLimit = 256u << 10;  // readFile inline up to this
+inline constexpr uint32_t kMaxPathBytes = 64u << 10;      // decoding bound, not PATH_MAX
+inline constexpr uint32_t kMaxListEntries = 1u << 20;
+
+enum class Type : uint16_t {
+  // Requests: host -> init.
+  kHello = 1,         // Hello: the jail's configuration, first frame, once
+  kExec = 2,          // ExecRequest
+  kExecKill = 3,      // ExecKill: ends a running exec (its tag)
+  kReadFile = 10,     // PathRequest -> kFileData | kFileFd | kError
+  kWriteBegin = 11,   // PathRequest -> kWriteReady (+fd) | kError
+  kWriteCommit = 12,  // (empty; the kWriteBegin's tag) -> kOk | kError
+  kWriteAbort = 13,   // (empty) -> kOk
+  kStat = 14,         // PathRequest -> kStatResult | kError
+  kReaddir = 15,      // ReaddirRequest -> kReaddirResult | kError
+  kExists = 16,       // PathRequest -> kBool
+  kMkdir = 17,        // MkdirRequest -> kOk | kError
+  kRm = 18,           // RmRequest -> kOk | kError
+  kPing = 30,         // -> kPong
+  kStopAll = 31,      // ends every command (reason "stopped") -> kOk once they are gone
+
+  // Responses: init -> host.
+  kOk = 100,
+  kError = 101,          // ErrorReply
+  kExecStarted = 110,    // ExecStarted
+  kExecOutput = 111,     // ExecOutput
+  kExecExit = 112,       // ExecExit (the last frame of an exec)
+  kFileData = 120,       // the whole file, raw, as the payload
+  kFileFd = 121,         // U64 size; an O_RDONLY fd of the file rides along
+  kWriteReady = 122,     // an O_WRONLY fd of the temp file rides along
+  kStatResult = 123,     // StatReply
+  kReaddirResult = 124,  // ReaddirReply
+  kBool = 125,           // one byte
+  kPong = 130,
+};
+
+std::string_view TypeName(Type type);
+bool IsRequest(Type type);
+bool IsResponse(Type type);
+
+struct Header {
+  uint32_t size = 0;
+  Type type = Type::kPing;
+  uint64_t tag = 0;
+};
+void EncodeHeader(const Header& h, char out[kHeaderSize]);
+Header DecodeHeader(const char in[kHeaderSize]);
+
+// A frame with its header, ready to send: EncodeFrame(type, tag, payload).
+std::string EncodeFrame(Type type, uint64_t tag, std::string_view payload);
+
+// ---- Bounded little-endian encoding -------------------------------------------------------
+
+class Writer {
+ public:
+  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
+  void U32(uint32_t v);
+  void U64(uint64_t v);
+  void I32(int32_t v) { U32(static_cast<uint32_t>(v)); }
+  void F64(double v);
+  void Bytes(std::string_view b);  // u32 length + bytes
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+// Every read checks the bytes left; after the first failure every read fails and ok() is
+// false. Decoders end with Done(): the payload must be consumed exactly.
+class Reader {
+ public:
+  explicit Reader(std::string_view in) : in_(in) {}
+  bool U8(uint8_t* v);
+  bool Bool(bool* v);
+  bool U32(uint32_t* v);
+  bool U64(uint64_t* v);
+  bool I32(int32_t* v);
+  bool F64(double* v);
+  bool Bytes(std::string* v, uint32_t max);
+  bool Done() const { return ok_ && in_.empty(); }
+  bool ok() const { return ok_; }
+
+ private:
+  bool Take(size_t n, const char** p);
+  std::string_view in_;
+  bool ok_ = true;
+};
+
+// ---- Messages ------------------------------------------------------------------------------
+
+struct Rlimit {
+  uint32_t resource = 0;
+  uint64_t soft = 0;
+  uint64_t hard = 0;
+};
+
+// The jail's configuration for nsbox-init, sent once as the first frame.
+struct Hello {
+  uint32_t version = kVersion;
+  std::string init_seccomp;     // raw struct sock_filter array for init itself ("" for none)
+  std::string command_seccomp;  // the same for every command
+  uint64_t capabilities = 0;    // the commands' capability set (a mask)
+  uint32_t last_cap = 0;        // /proc/sys/kernel/cap_last_cap of the host
+  std::vector<Rlimit> rlimits;  // for commands, already clamped
+  std::string shell;            // "/bin/bash" or "/bin/sh"
+};
+
+struct ExecRequest {
+  std::string command;           // run as `shell -c command`
+  std::string cwd;               // absolute
+  std::vector<std::string> env;  // "K=V", final
+  std::optional<std::string> stdin_data;
+  uint64_t timeout_ms = 0;  // 0: none
+  uint64_t output_limit = 64ull << 20;
+};
+
+struct ExecKill {
+  uint8_t reason = 0;  // exec::EndReason: kCancelled or kStopped
+};
+
+struct ExecStarted {
+  uint32_t pid = 0;  // inside the jail
+};
+
+struct ExecOutput {
+  uint8_t stream = 1;  // 1 stdout, 2 stderr
+  std::string data;
+};
+
+struct ExecExit {
+  int32_t exit_code = 0;
+  int32_t signal = 0;
+  uint8_t reason = 0;  // exec::EndReason
+  bool timed_out = false;
+  bool truncated = false;
+  bool cancelled = false;
+  uint64_t duration_ms = 0;
+};
+
+struct PathRequest {
+  std::string path;  // absolute, normalised; raw bytes
+};
+
+struct ReaddirRequest {
+  std::string path;
+  bool with_types = false;
+};
+
+struct MkdirRequest {
+  std::string path;
+  bool recursive = false;
+};
+
+struct RmRequest {
+  std::string path;
+  bool recursive = false;
+  bool force = false;
+};
+
+struct ErrorReply {
+  int32_t err = 0;      // errno; 0 for a protocol error
+  std::string syscall;  // "open", "scandir", ...
+  std::string path;
+  std::string message;  // Node's message
+  bool err_fs_eisdir = false;
+};
+
+struct StatReply {
+  bool is_file = false;
+  bool is_directory = false;
+  bool is_symbolic_link = false;
+  uint64_t size = 0;
+  double mtime_ms = 0;
+};
+
+struct ReaddirReply {
+  struct Entry {
+    std::string name;
+    uint8_t type = 0;  // fs::EntryType
+  };
+  std::vector<Entry> entries;
+};
+
+std::string Encode(const Hello& m);
+std::string Encode(const ExecRequest& m);
+std::string Encode(const ExecKill& m);
+std::string Encode(const ExecStarted& m);
+std::string Encode(const ExecOutput& m);
+std::string Encode(const ExecExit& m);
+std::string Encode(const PathRequest& m);
+std::string Encode(const ReaddirRequest& m);
+std::string Encode(const MkdirRequest& m);
+std::string Encode(const RmRequest& m);
+std::string Encode(const ErrorReply& m);
+std::string Encode(const StatReply& m);
+std::string Encode(const ReaddirReply& m);
+std::string EncodeU64(uint64_t v);
+std::string EncodeBool(bool v);
+
+// Each returns false unless `payload` is exactly one well-formed message.
+bool Decode(std::string_view payload, Hello* m);
+bool Decode(std::string_view payload, ExecRequest* m);
+bool Decode(std::string_view payload, ExecKill* m);
+bool Decode(std::string_view payload, ExecStarted* m);
+bool Decode(std::string_view payload, ExecOutput* m);
+bool Decode(std::string_view payload, ExecExit* m);
+bool Decode(std::string_view payload, PathRequest* m);
+bool Decode(std::string_view payload, ReaddirRequest* m);
+bool Decode(std::string_view payload, MkdirRequest* m);
+bool Decode(std::string_view payload, RmRequest* m);
+bool Decode(std::string_view payload, ErrorReply* m);
+bool Decode(std::string_view payload, StatReply* m);
+bool Decode(std::string_view payload, ReaddirReply* m);
+bool DecodeU64(std::string_view payload, uint64_t* v);
+bool DecodeBool(std::string_view payload, bool* v);
+
+// ---- Stream framing ------------------------------------------------------------------------
+
+// Cuts a byte stream into frames. Feed it what arrives; Next() yields complete frames. A header
+// announcing more than kMaxPayload yields a Frame with `oversized` set (its payload is skipped as
+// it arrives), so the receiver can answer that tag with an error and go on.
+class FrameReader {
+ public:
+  struct Frame {
+    Header header;
+    std::string payload;
+    bool oversized = false;
+  };
+  void Feed(std::string_view bytes);
+  std::optional<Frame> Next();
+  // Bytes buffered but not yet a whole frame.
+  size_t buffered() const { return buf_.size() - pos_; }
+
+ private:
+  std::string buf_;
+  size_t pos_ = 0;
+  uint64_t skip_ = 0;  // bytes of an oversized payload still to drop
+};
+
+}  // namespace nsbox::fs::proto

@@ -1,0 +1,151 @@
+#include "fs/protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace nsbox::fs::proto {
+namespace {
+
+TEST(Protocol, HeaderIsLittleEndianAndSixteenBytes) {
+  std::string f = EncodeFrame(Type::kStat, 0x0102030405060708ull, "ab");
+  ASSERT_EQ(f.size(), kHeaderSize + 2);
+  EXPECT_EQ(f.substr(0, 4), std::string("\x02\x00\x00\x00", 4));
+  EXPECT_EQ(f.substr(4, 4), std::string("\x0e\x00\x00\x00", 4));
+  EXPECT_EQ(f.substr(8, 8), std::string("\x08\x07\x06\x05\x04\x03\x02\x01", 8));
+  Header h = DecodeHeader(f.data());
+  EXPECT_EQ(h.size, 2u);
+  EXPECT_EQ(h.type, Type::kStat);
+  EXPECT_EQ(h.tag, 0x0102030405060708ull);
+}
+
+TEST(Protocol, ExecRequestRoundTrips) {
+  ExecRequest in;
+  in.command = "echo 'hi'\n";
+  in.cwd = "/workspace/sub";
+  in.env = {"A=1", "EMPTY=", std::string("BIN=\xff\x00x", 7)};
+  in.stdin_data = std::string("\0in", 3);
+  in.timeout_ms = 30000;
+  in.output_limit = 123;
+  ExecRequest out;
+  ASSERT_TRUE(Decode(Encode(in), &out));
+  EXPECT_EQ(out.command, in.command);
+  EXPECT_EQ(out.cwd, in.cwd);
+  EXPECT_EQ(out.env, in.env);
+  EXPECT_EQ(out.stdin_data, in.stdin_data);
+  EXPECT_EQ(out.timeout_ms, 30000u);
+  EXPECT_EQ(out.output_limit, 123u);
+  in.stdin_data.reset();
+  ASSERT_TRUE(Decode(Encode(in), &out));
+  EXPECT_FALSE(out.stdin_data.has_value());
+}
+
+TEST(Protocol, EveryMessageRoundTrips) {
+  Hello h;
+  h.init_seccomp = std::string(16, '\1');
+  h.capabilities = 0xa80025fb;
+  h.last_cap = 40;
+  h.rlimits = {{7, 1024, 65536}};
+  h.shell = "/bin/bash";
+  Hello h2;
+  ASSERT_TRUE(Decode(Encode(h), &h2));
+  EXPECT_EQ(h2.init_seccomp, h.init_seccomp);
+  EXPECT_EQ(h2.rlimits.size(), 1u);
+  EXPECT_EQ(h2.rlimits[0].hard, 65536u);
+  EXPECT_EQ(h2.shell, "/bin/bash");
+
+  ExecExit e{-1, 9, 6, true, false, true, 812};
+  ExecExit e2;
+  ASSERT_TRUE(Decode(Encode(e), &e2));
+  EXPECT_EQ(e2.exit_code, -1);
+  EXPECT_EQ(e2.signal, 9);
+  EXPECT_EQ(e2.reason, 6);
+  EXPECT_TRUE(e2.timed_out);
+  EXPECT_TRUE(e2.cancelled);
+  EXPECT_EQ(e2.duration_ms, 812u);
+
+  StatReply s{true, false, true, 4096, 1700000000123.456};
+  StatReply s2;
+  ASSERT_TRUE(Decode(Encode(s), &s2));
+  EXPECT_TRUE(s2.is_file);
+  EXPECT_FALSE(s2.is_directory);
+  EXPECT_TRUE(s2.is_symbolic_link);
+  EXPECT_DOUBLE_EQ(s2.mtime_ms, 1700000000123.456);
+
+  ReaddirReply d;
+  d.entries = {{"a.txt", 0}, {std::string("\xff\xfe", 2), 3}};
+  ReaddirReply d2;
+  ASSERT_TRUE(Decode(Encode(d), &d2));
+  ASSERT_EQ(d2.entries.size(), 2u);
+  EXPECT_EQ(d2.entries[1].name, std::string("\xff\xfe", 2));
+
+  ErrorReply er{2, "open", "/workspace/a", "ENOENT: no such file or directory, open '/workspace/a'",
+                false};
+  ErrorReply er2;
+  ASSERT_TRUE(Decode(Encode(er), &er2));
+  EXPECT_EQ(er2.message, er.message);
+
+  RmRequest rm{"/x", true, true};
+  RmRequest rm2;
+  ASSERT_TRUE(Decode(Encode(rm), &rm2));
+  EXPECT_TRUE(rm2.recursive && rm2.force);
+}
+
+TEST(Protocol, RefusesTruncatedTrailingAndOutOfRangePayloads) {
+  std::string ok = Encode(ExecRequest{"true", "/", {}, std::nullopt, 0, 1});
+  ExecRequest out;
+  for (size_t n = 0; n < ok.size(); ++n) {
+    EXPECT_FALSE(Decode(ok.substr(0, n), &out)) << n;
+  }
+  EXPECT_FALSE(Decode(ok + "x", &out));
+  // A length prefix far beyond the payload.
+  std::string huge("\xff\xff\xff\x7f", 4);
+  PathRequest p;
+  EXPECT_FALSE(Decode(huge, &p));
+  // Booleans are 0 or 1.
+  std::string bad_bool = Encode(MkdirRequest{"/a", true});
+  bad_bool.back() = 2;
+  MkdirRequest m;
+  EXPECT_FALSE(Decode(bad_bool, &m));
+  // Output streams are 1 or 2; entry types 0..3.
+  ExecOutput o;
+  EXPECT_FALSE(Decode(Encode(ExecOutput{3, "x"}), &o));
+  ReaddirReply d;
+  EXPECT_FALSE(Decode(Encode(ReaddirReply{{{"a", 9}}}), &d));
+}
+
+TEST(FrameReader, ReassemblesFramesFedByteByByte) {
+  std::string stream = EncodeFrame(Type::kPing, 1, "") + EncodeFrame(Type::kStat, 2, "payload") +
+                       EncodeFrame(Type::kPing, 3, "");
+  FrameReader r;
+  std::vector<uint64_t> tags;
+  for (char c : stream) {
+    r.Feed(std::string_view(&c, 1));
+    while (auto f = r.Next()) {
+      tags.push_back(f->header.tag);
+      if (f->header.tag == 2) {
+        EXPECT_EQ(f->payload, "payload");
+      }
+    }
+  }
+  EXPECT_EQ(tags, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(r.buffered(), 0u);
+}
+
+TEST(FrameReader, SkipsAnOversizedPayloadAndGoesOn) {
+  char header[kHeaderSize];
+  EncodeHeader({kMaxPayload + 10, Type::kExec, 7}, header);
+  std::string stream(header, kHeaderSize);
+  stream += std::string(kMaxPayload + 10, 'x');
+  stream += EncodeFrame(Type::kPing, 8, "");
+  FrameReader r;
+  std::vector<std::pair<uint64_t, bool>> seen;
+  for (size_t i = 0; i < stream.size(); i += 65536) {
+    r.Feed(std::string_view(stream).substr(i, 65536));
+    while (auto f = r.Next()) seen.emplace_back(f->header.tag, f->oversized);
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], std::make_pair(uint64_t{7}, true));
+  EXPECT_EQ(seen[1], std::make_pair(uint64_t{8}, false));
+}
+
+}  // namespace
+}  // namespace nsbox::fs::proto
