@@ -1,0 +1,31 @@
+#pragma once
+
+// In-root path resolution for the file verbs (fs/file_ops.h): every lookup of a path that the
+// sandbox supplies starts at a held root directory fd and can never leave it. A symlink to "/"
+// or "../.." lands on `root`, ".." never climbs above it, and a /proc magic link is never
+// followed (security-references.md 1.11; CVE-2018-15664 is what a host-side lookup gets wrong).
+
+#include <string_view>
+
+#include "base/unique_fd.h"
+
+namespace nsbox::fs {
+
+// Opens `path` relative to `root` as if `root` were "/". `path` may be absolute or relative and
+// may hold ".", ".." and symlinks (the kernel's rules apply: ".." after a symlink is the parent
+// of the symlink's target, not a lexical fold). `flags` are open(2) flags without O_CREAT;
+// O_CLOEXEC is always added; O_NOFOLLOW means a symlink at the last component is not followed
+// (with O_PATH the link itself is opened, as the kernel does). Returns 0 and sets `out`, or an
+// errno: ENOENT, ENOTDIR, ELOOP (also for a magic link), ENAMETOOLONG, EACCES, EAGAIN (the
+// resolution kept racing with renames and gave up after a bounded number of retries), ...
+//
+// Uses openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) (Linux 5.6) and, where the kernel lacks
+// it (ENOSYS) or a test forces it, a component-by-component O_PATH|O_NOFOLLOW walk that reads
+// each symlink itself and resolves it in-root.
+int OpenInRoot(int root, std::string_view path, int flags, UniqueFd& out);
+
+// Whether OpenInRoot uses openat2 (the default, while the kernel has it).
+void SetUseOpenat2(bool enabled);
+bool UsesOpenat2();
+
+}  // namespace nsbox::fs
