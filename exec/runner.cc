@@ -1,0 +1,793 @@
+// The command runner of nsbox-init (api.md, exec). One command's life:
+//
+//   Start   mkdir <cgroup>/exec-<id>; pipes; Spawn (clone3 CLONE_INTO_CGROUP, vfork-like);
+//           on_start; a Read per output pipe, a PollIn on the pidfd, stdin Writes, the timeout.
+//   output  delivered as it comes through on_output, counted against output_limit.
+//   exit    the pidfd is readable: waitid reaps the main process. The pipes are read until EOF
+//           or for the 100 ms drain window, whichever is first; then on_exit, exactly once.
+//   after   the pipes are read and discarded until EOF (background processes never block on a
+//           full pipe); the cgroup is removed once it is empty (checked at once, then by a
+//           sweep every 500 ms while any is left); then the command is forgotten.
+//
+// Kill (timeout, cancel, stop): SIGTERM to the process group and to every process of the
+// cgroup (or of the session where there is no cgroup), SIGKILL 2 s later (cgroup.kill). The
+// output cap kills at once with SIGKILL: the output is lost anyway, and a tree that spews output
+// gets no grace. The answer comes when the main process has died: at once if it dies on SIGTERM.
+// A kill that arrives in the drain window (the main process had already exited on its own)
+// still reaches the tree, but the answer keeps the natural exit. Kill and KillAll on a command
+// already answered: Kill ignores it; KillAll (a sandbox stop) also kills its background processes.
+//
+// What the caller must know (runner.h cannot say it all):
+// - on_start runs inside Start, before it returns; on_output and on_exit from RunOnce.
+// - The reactor outlives the runner, and no callback destroys the runner.
+// - The destructor SIGKILLs everything, reaps, and calls on_exit (kStopped) for what was still
+//   running; output still in the pipes is not read. Exec cgroups are removed, waiting up to 1 s.
+// - The runner reaps its own children through their pidfds: nsbox-init, which as PID 1 must
+//   reap orphans, must not use waitpid(-1) or waitid(P_ALL) without WNOWAIT; it reaps by pid
+//   the exited children that are not the runner's (runner.h has no query for that yet).
+// - SIGPIPE: set to SIG_IGN by the constructor where it was SIG_DFL, so that feeding stdin to a
+//   command that closed it fails with EPIPE instead of killing nsbox-init.
+
+#include "exec/runner.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/cleanup.h"
+#include "base/files.h"
+#include "base/log.h"
+#include "base/pidfd.h"
+#include "base/syscalls.h"
+#include "exec/command.h"
+#include "exec/spawn.h"
+
+namespace nsbox::exec {
+
+std::string_view EndReasonName(EndReason reason) {
+  switch (reason) {
+    case EndReason::kExited:
+      return "exited";
+    case EndReason::kSignaled:
+      return "signaled";
+    case EndReason::kTimeout:
+      return "timeout";
+    case EndReason::kCancelled:
+      return "cancelled";
+    case EndReason::kOutputLimit:
+      return "output_limit";
+    case EndReason::kOom:
+      return "oom";
+    case EndReason::kStopped:
+      return "stopped";
+  }
+  return "unknown";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t kReadBufferSize = 64 * 1024;
+// perf-baselines.md 4.5: 1 MiB pipes read 3.4x faster across CPUs than the default 64 KiB.
+constexpr int kWantedPipeSize = 1 << 20;
+constexpr size_t kEnlargedPipeCommands = 16;
+constexpr milliseconds kDrainWindow{100};  // api.md
+constexpr milliseconds kKillGrace{2000};   // api.md: SIGKILL 2 s after SIGTERM
+// After SIGKILL: how often, and how many times, to check that the cgroup has emptied (and kill
+// again what is left, e.g. without cgroup.kill a process that forked between two passes).
+constexpr milliseconds kKillCheckInterval{20};
+constexpr int kKillChecks = 50;
+constexpr milliseconds kSweepInterval{500};  // removal of cgroups left busy by `server &`
+// The vfork child's stack: the runner's steps and the pre_exec hooks (capset, a seccomp
+// filter load) need a few KiB; touched pages only are ever backed.
+constexpr size_t kChildStackSize = 256 * 1024;
+
+// 1 MiB, or less where fs.pipe-max-size is lower (asking for more would fail with EPERM).
+int PipeSizeToAsk() {
+  auto text = ReadFile("/proc/sys/fs/pipe-max-size");
+  if (!text.ok()) return kWantedPipeSize;
+  long max = std::strtol(text->c_str(), nullptr, 10);
+  if (max <= 0) return kWantedPipeSize;
+  return static_cast<int>(std::min<long>(max, kWantedPipeSize));
+}
+
+Status MakePipe(UniqueFd* read_end, UniqueFd* write_end) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) < 0) return Error::Sys("pipe2", "", errno);
+  read_end->reset(fds[0]);
+  write_end->reset(fds[1]);
+  return Ok();
+}
+
+Status SetNonBlocking(int fd) {
+  int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return Error::Sys("fcntl", "O_NONBLOCK", errno);
+  }
+  return Ok();
+}
+
+ExitStatus FromSiginfo(const siginfo_t& info) {
+  ExitStatus st;
+  if (info.si_code == CLD_EXITED) {
+    st.code = info.si_status;
+  } else {
+    st.signaled = true;
+    st.signal = info.si_status;
+    st.core_dumped = info.si_code == CLD_DUMPED;
+  }
+  return st;
+}
+
+void SleepMs(long ms) {
+  struct timespec ts {
+    ms / 1000, (ms % 1000) * 1000000
+  };
+  while (::nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+struct Runner::Impl {
+  struct Stream {
+    UniqueFd fd;
+    std::unique_ptr<char[]> buf;  // reused by every read of the stream
+    OpId op = 0;
+    bool eof = false;
+  };
+
+  struct Command {
+    Impl* impl = nullptr;  // null once the runner is gone: late completions only release
+    uint64_t id = 0;
+    CommandEvents events;
+    pid_t pid = -1;  // also the process group and session id (setsid)
+    UniqueFd pidfd;  // closed once the main process is reaped
+    UniqueFd cgroup;
+    std::string cgroup_name;
+    Stream out, err;
+    UniqueFd in;
+    std::string stdin_data;
+    size_t stdin_done = 0;
+    OpId write_op = 0, poll_op = 0, timeout_op = 0, grace_op = 0, drain_op = 0, check_op = 0;
+    uint64_t limit = 0;
+    uint64_t delivered = 0;
+    bool truncated = false;
+    std::optional<EndReason> kill_reason;  // the first kill wins
+    bool killed_running = false;           // the kill came before the main process exited
+    int kill_checks = 0;
+    bool main_exited = false;
+    ExitStatus status;
+    bool reported = false;
+    std::string start_failure;  // the stderr line of a command that could not be started
+    Clock::time_point started;
+    milliseconds timeout{0};
+  };
+  using CommandPtr = std::shared_ptr<Command>;
+
+  Impl(Reactor& r, int dir, ChildHooks h) : reactor(r), cgroup_dir(dir), hooks(h) {}
+
+  Result<uint64_t> Start(const CommandSpec& spec, CommandEvents events);
+  void ArmRead(const CommandPtr& cmd, int stream);
+  void OnRead(const CommandPtr& cmd, int stream, ssize_t n);
+  void Deliver(const CommandPtr& cmd, int stream, size_t n);
+  void ArmWrite(const CommandPtr& cmd);
+  void OnWrite(const CommandPtr& cmd, ssize_t n);
+  void ArmPoll(const CommandPtr& cmd);
+  void OnMainExit(const CommandPtr& cmd, int res);
+  void MaybeFinish(const CommandPtr& cmd);
+  void Finish(const CommandPtr& cmd);
+  CommandResult ComputeResult(const Command& cmd) const;
+  void BeginKill(const CommandPtr& cmd, EndReason reason);
+  void SignalTree(const CommandPtr& cmd, int sig);
+  void SendKill(const CommandPtr& cmd);
+  void OnKillCheck(const CommandPtr& cmd);
+  bool TryRemoveCgroup(Command& cmd);
+  void MaybeRetire(const CommandPtr& cmd);
+  void ScheduleSweep();
+  void Sweep();
+  void KillAll(EndReason reason);
+  void Shutdown();
+
+  // A Timer that survives the io_uring backend's "no SQE now" (-EAGAIN) by re-arming for what
+  // is left of the delay; `fn` runs with 0 when it fired, -ECANCELED when cancelled.
+  OpId ArmTimer(const CommandPtr& cmd, milliseconds delay, OpId Command::*slot,
+                void (*fn)(const CommandPtr&));
+
+  Reactor& reactor;
+  int cgroup_dir;
+  ChildHooks hooks;
+  std::unique_ptr<ChildStack> stack;
+  UniqueFd dev_null;
+  int pipe_size = 0;
+  uint64_t next_id = 1;
+  std::map<uint64_t, CommandPtr> commands;  // running, then lingering until retired
+  size_t running = 0;
+  OpId sweep_op = 0;
+  bool shutting_down = false;
+  // Checked by the sweep timer's callback, which may run after the runner is gone.
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
+};
+
+Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents events) {
+  if (spec.argv.empty()) return Error::Msg("start command: empty argv");
+  if (shutting_down) return Error::Msg("start command: the runner is shutting down");
+  if (stack == nullptr) {
+    auto created = ChildStack::Create(kChildStackSize);
+    if (!created.ok()) return std::move(created).error().Context("start command");
+    stack = std::move(created).value();
+  }
+  if (!dev_null.valid()) {
+    auto fd = OpenAt(AT_FDCWD, "/dev/null", O_RDWR);
+    if (!fd.ok()) return std::move(fd).error().Context("start command");
+    dev_null = std::move(fd).value();
+    pipe_size = PipeSizeToAsk();
+  }
+
+  auto cmd = std::make_shared<Command>();
+  cmd->impl = this;
+  cmd->id = next_id++;
+  CleanupStack undo;
+
+  if (cgroup_dir >= 0) {
+    // Its own cgroup, the command's kill scope. A stale exec-<id> (a runner before this one
+    // left it busy) is skipped, not reused: it may hold someone else's processes.
+    for (int tries = 0;; ++tries) {
+      cmd->cgroup_name = "exec-" + std::to_string(cmd->id);
+      if (::mkdirat(cgroup_dir, cmd->cgroup_name.c_str(), 0755) == 0) break;
+      if (errno != EEXIST || tries >= 1000) {
+        return Error::Sys("mkdir", cmd->cgroup_name, errno).Context("start command");
+      }
+      cmd->id = next_id++;
+    }
+    undo.Push([dir = cgroup_dir, name = cmd->cgroup_name] {
+      ::unlinkat(dir, name.c_str(), AT_REMOVEDIR);
+    });
+    auto fd = OpenAt(cgroup_dir, cmd->cgroup_name, O_RDONLY | O_DIRECTORY);
+    if (!fd.ok()) return std::move(fd).error().Context("start command");
+    cmd->cgroup = std::move(fd).value();
+  }
+
+  UniqueFd out_w, err_w, in_r;
+  NSBOX_TRY_CTX(MakePipe(&cmd->out.fd, &out_w), "start command: stdout pipe");
+  NSBOX_TRY_CTX(MakePipe(&cmd->err.fd, &err_w), "start command: stderr pipe");
+  NSBOX_TRY_CTX(SetNonBlocking(cmd->out.fd.get()), "start command: stdout pipe");
+  NSBOX_TRY_CTX(SetNonBlocking(cmd->err.fd.get()), "start command: stderr pipe");
+  // Pipe pages count against the sandbox user's fs.pipe-user-pages-soft (64 MiB by default;
+  // without CAP_SYS_RESOURCE in the initial namespace, as in a jail). Past it the kernel refuses
+  // to enlarge pipes and gives every new pipe, also the commands' own `a | b`, 2 pages. So only
+  // the first few concurrent commands get 1 MiB pipes, which keeps the runner's share at half
+  // the default budget. Best effort: EPERM leaves the default size, which only costs speed.
+  if (running < kEnlargedPipeCommands) {
+    for (int fd : {cmd->out.fd.get(), cmd->err.fd.get()}) {
+      (void)::fcntl(fd, F_SETPIPE_SZ, pipe_size);
+    }
+  }
+  if (spec.stdin_data.has_value()) {
+    NSBOX_TRY_CTX(MakePipe(&in_r, &cmd->in), "start command: stdin pipe");
+    NSBOX_TRY_CTX(SetNonBlocking(cmd->in.get()), "start command: stdin pipe");
+    cmd->stdin_data = *spec.stdin_data;
+  }
+
+  std::vector<const char*> argv;
+  argv.reserve(spec.argv.size() + 1);
+  for (const auto& a : spec.argv) argv.push_back(a.c_str());
+  argv.push_back(nullptr);
+  std::vector<const char*> envp;
+  envp.reserve(spec.env.size() + 1);
+  for (const auto& e : spec.env) envp.push_back(e.c_str());
+  envp.push_back(nullptr);
+
+  SpawnRequest request;
+  request.argv = argv.data();
+  request.envp = envp.data();
+  request.cwd = spec.cwd.empty() ? "/" : spec.cwd.c_str();
+  request.stdin_fd = in_r.valid() ? in_r.get() : dev_null.get();
+  request.stdout_fd = out_w.get();
+  request.stderr_fd = err_w.get();
+  request.cgroup_fd = cmd->cgroup.get();
+  request.hooks = hooks;
+  cmd->started = Clock::now();
+  auto spawned = Spawn(request, *stack);
+  if (!spawned.ok()) return std::move(spawned).error().Context("start " + spec.argv[0]);
+  undo.Release();
+  // Only the child holds the other ends now: EOF comes when its tree has closed them.
+  out_w.reset();
+  err_w.reset();
+  in_r.reset();
+
+  cmd->pid = spawned->pid;
+  cmd->pidfd = std::move(spawned->pidfd);
+  cmd->limit = spec.output_limit;
+  cmd->timeout = spec.timeout;
+  cmd->events = std::move(events);
+  cmd->out.buf.reset(new char[kReadBufferSize]);
+  cmd->err.buf.reset(new char[kReadBufferSize]);
+  if (spawned->failed_step == SpawnStep::kChdir) {
+    // As bash says it; the child has exited with 1 (api.md: "cannot be started").
+    cmd->start_failure = "nsbox: cd: " + spec.cwd + ": " + strerrordesc_np(spawned->err) + "\n";
+  } else if (spawned->failed_step == SpawnStep::kExec) {
+    cmd->start_failure = DescribeExecFailure(spec.argv[0], spawned->err).message + "\n";
+  }
+
+  commands.emplace(cmd->id, cmd);
+  ++running;
+  if (cmd->events.on_start) cmd->events.on_start(cmd->pid);
+  ArmRead(cmd, 1);
+  ArmRead(cmd, 2);
+  ArmPoll(cmd);
+  if (cmd->in.valid()) {
+    if (cmd->stdin_data.empty()) {
+      cmd->in.reset();  // nothing to feed: EOF at once
+    } else {
+      ArmWrite(cmd);
+    }
+  }
+  if (cmd->timeout.count() > 0 && !cmd->main_exited) {
+    ArmTimer(cmd, cmd->timeout, &Command::timeout_op, [](const CommandPtr& c) {
+      if (!c->main_exited) c->impl->BeginKill(c, EndReason::kTimeout);
+    });
+  }
+  return cmd->id;
+}
+
+OpId Runner::Impl::ArmTimer(const CommandPtr& cmd, milliseconds delay, OpId Command::*slot,
+                            void (*fn)(const CommandPtr&)) {
+  Clock::time_point deadline = Clock::now() + delay;
+  OpId id = reactor.Timer(delay, [cmd, slot, fn, deadline](int res) {
+    cmd.get()->*slot = 0;
+    Impl* impl = cmd->impl;
+    if (impl == nullptr || res == -ECANCELED) return;
+    if (res == -EAGAIN) {  // no submission slot: try again for what is left
+      auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now());
+      impl->ArmTimer(cmd, std::max(left, milliseconds(0)), slot, fn);
+      return;
+    }
+    fn(cmd);
+  });
+  cmd.get()->*slot = id;
+  return id;
+}
+
+void Runner::Impl::ArmRead(const CommandPtr& cmd, int stream) {
+  Stream& s = stream == 1 ? cmd->out : cmd->err;
+  s.op = reactor.Read(s.fd.get(), s.buf.get(), kReadBufferSize, [cmd, stream](ssize_t n) {
+    Stream& st = stream == 1 ? cmd->out : cmd->err;
+    st.op = 0;
+    if (cmd->impl == nullptr) return;
+    cmd->impl->OnRead(cmd, stream, n);
+  });
+}
+
+void Runner::Impl::OnRead(const CommandPtr& cmd, int stream, ssize_t n) {
+  Stream& s = stream == 1 ? cmd->out : cmd->err;
+  if (n == -EINTR || n == -EAGAIN) {
+    // Not ready after all, or no submission slot now: wait for data, then read again.
+    s.op = reactor.PollIn(s.fd.get(), [cmd, stream](int res) {
+      Stream& st = stream == 1 ? cmd->out : cmd->err;
+      st.op = 0;
+      if (cmd->impl == nullptr) return;
+      if (res == -ECANCELED) {
+        cmd->impl->OnRead(cmd, stream, res);
+        return;
+      }
+      cmd->impl->ArmRead(cmd, stream);
+    });
+    return;
+  }
+  if (n <= 0) {
+    // EOF, an error, or cancelled: this stream is done.
+    s.eof = true;
+    s.fd.reset();
+    s.buf.reset();
+    if (cmd->reported) {
+      MaybeRetire(cmd);
+    } else {
+      MaybeFinish(cmd);
+    }
+    return;
+  }
+  if (!cmd->reported && !cmd->truncated) Deliver(cmd, stream, static_cast<size_t>(n));
+  // After the answer, reading goes on and the bytes are dropped: a background process must
+  // never block on a full pipe.
+  if (s.fd.valid() && cmd->impl != nullptr) ArmRead(cmd, stream);
+}
+
+void Runner::Impl::Deliver(const CommandPtr& cmd, int stream, size_t n) {
+  Stream& s = stream == 1 ? cmd->out : cmd->err;
+  uint64_t room = cmd->limit - std::min(cmd->limit, cmd->delivered);
+  size_t give = static_cast<size_t>(std::min<uint64_t>(n, room));
+  if (give > 0) {
+    cmd->delivered += give;
+    if (cmd->events.on_output) cmd->events.on_output(stream, std::string_view(s.buf.get(), give));
+  }
+  if (n > room) {
+    cmd->truncated = true;
+    BeginKill(cmd, EndReason::kOutputLimit);
+  }
+}
+
+void Runner::Impl::ArmWrite(const CommandPtr& cmd) {
+  const char* data = cmd->stdin_data.data() + cmd->stdin_done;
+  size_t left = cmd->stdin_data.size() - cmd->stdin_done;
+  cmd->write_op = reactor.Write(cmd->in.get(), data, left, [cmd](ssize_t n) {
+    cmd->write_op = 0;
+    if (cmd->impl == nullptr) return;
+    cmd->impl->OnWrite(cmd, n);
+  });
+}
+
+void Runner::Impl::OnWrite(const CommandPtr& cmd, ssize_t n) {
+  if (n > 0) {
+    cmd->stdin_done += static_cast<size_t>(n);
+    if (cmd->stdin_done < cmd->stdin_data.size() && !cmd->reported) {
+      ArmWrite(cmd);
+      return;
+    }
+  } else if ((n == -EAGAIN || n == -EINTR) && !cmd->reported) {
+    // The pipe was full after all, or the reactor had no submission slot: wait for room.
+    cmd->write_op = reactor.PollOut(cmd->in.get(), [cmd](int res) {
+      cmd->write_op = 0;
+      if (cmd->impl == nullptr) return;
+      if (res == -ECANCELED || cmd->reported) {
+        cmd->impl->OnWrite(cmd, -ECANCELED);
+        return;
+      }
+      cmd->impl->ArmWrite(cmd);
+    });
+    return;
+  }
+  // All written, EPIPE (the command does not read its stdin: not an error), or cancelled: close,
+  // so the command sees EOF.
+  cmd->in.reset();
+  cmd->stdin_data = std::string();
+}
+
+void Runner::Impl::ArmPoll(const CommandPtr& cmd) {
+  cmd->poll_op = reactor.PollIn(cmd->pidfd.get(), [cmd](int res) {
+    cmd->poll_op = 0;
+    if (cmd->impl == nullptr) return;
+    cmd->impl->OnMainExit(cmd, res);
+  });
+}
+
+void Runner::Impl::OnMainExit(const CommandPtr& cmd, int res) {
+  if (res == -ECANCELED || cmd->main_exited) return;
+  siginfo_t info{};
+  if (::waitid(P_PIDFD, static_cast<id_t>(cmd->pidfd.get()), &info, WEXITED | WNOHANG) < 0) {
+    if (errno == EINTR) {
+      ArmPoll(cmd);
+      return;
+    }
+    // ECHILD: someone else reaped it (nsbox-init must leave the runner's children alone).
+    log::error("exec {}: waitid pid {}: {}", cmd->id, cmd->pid, ErrnoText(errno));
+    info.si_pid = cmd->pid;
+    info.si_code = CLD_KILLED;
+    info.si_status = SIGKILL;
+  } else if (info.si_pid == 0) {
+    ArmPoll(cmd);  // woken without an exit (-EAGAIN from the reactor, or spurious)
+    return;
+  }
+  cmd->main_exited = true;
+  cmd->status = FromSiginfo(info);
+  cmd->pidfd.reset();
+  if (cmd->timeout_op != 0) reactor.Cancel(cmd->timeout_op);
+  if (cmd->out.eof && cmd->err.eof) {
+    Finish(cmd);
+    return;
+  }
+  // Background processes (`server &`) may hold the pipes open for ever: what the main process
+  // wrote is read within the drain window, and the answer is not held back beyond it.
+  ArmTimer(cmd, kDrainWindow, &Command::drain_op, [](const CommandPtr& c) {
+    if (!c->reported) c->impl->Finish(c);
+  });
+}
+
+void Runner::Impl::MaybeFinish(const CommandPtr& cmd) {
+  if (!cmd->reported && cmd->main_exited && cmd->out.eof && cmd->err.eof) Finish(cmd);
+}
+
+CommandResult Runner::Impl::ComputeResult(const Command& cmd) const {
+  CommandResult r;
+  r.duration_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<milliseconds>(Clock::now() - cmd.started).count());
+  r.signal = cmd.status.signaled ? cmd.status.signal : 0;
+  r.exit_code = cmd.status.ShellCode();
+  r.truncated = cmd.truncated;
+  // A kill that came in the drain window (the main process had exited on its own) still
+  // reaches the background processes, but the answer is how the command ended. The output cap
+  // is the exception: the answer has lost output, and says so.
+  if (cmd.kill_reason.has_value() &&
+      (cmd.killed_running || *cmd.kill_reason == EndReason::kOutputLimit)) {
+    r.reason = *cmd.kill_reason;
+    switch (*cmd.kill_reason) {
+      case EndReason::kTimeout:
+        r.exit_code = 124;  // as timeout(1)
+        r.timed_out = true;
+        break;
+      case EndReason::kCancelled:
+        r.cancelled = true;
+        break;
+      case EndReason::kOutputLimit:
+        r.exit_code = 1;
+        break;
+      case EndReason::kStopped:
+        // api.md: a stop answers 137 and SIGKILL, whichever signal ended it.
+        r.exit_code = 128 + SIGKILL;
+        r.signal = SIGKILL;
+        break;
+      default:
+        break;
+    }
+    return r;
+  }
+  if (!cmd.status.signaled) {
+    r.reason = EndReason::kExited;
+    return r;
+  }
+  r.reason = EndReason::kSignaled;
+  if (cmd.status.signal == SIGKILL && cmd.cgroup.valid()) {
+    // Only where the memory controller is enabled for the exec cgroups; elsewhere there is no
+    // memory.events and an OOM kill reads as SIGKILL.
+    auto events = ReadFileAt(cmd.cgroup.get(), "memory.events");
+    if (events.ok() && ParseOomKills(*events) > 0) r.reason = EndReason::kOom;
+  }
+  return r;
+}
+
+void Runner::Impl::Finish(const CommandPtr& cmd) {
+  if (cmd->reported) return;
+  cmd->reported = true;
+  --running;
+  for (OpId* op : {&cmd->drain_op, &cmd->timeout_op}) {
+    if (*op != 0) reactor.Cancel(*op);
+  }
+  if (cmd->write_op != 0) {
+    reactor.Cancel(cmd->write_op);  // its callback closes stdin
+  } else {
+    cmd->in.reset();
+  }
+  CommandResult result = ComputeResult(*cmd);
+  // Nothing more is delivered after on_exit: release what the callbacks hold.
+  CommandEvents events = std::move(cmd->events);
+  cmd->events = CommandEvents();
+  if (events.on_output) {
+    if (!cmd->start_failure.empty()) events.on_output(2, cmd->start_failure);
+    if (cmd->kill_reason == EndReason::kTimeout && cmd->killed_running) {
+      events.on_output(
+          2, "nsbox: command timed out after " + std::to_string(cmd->timeout.count()) + " ms\n");
+    }
+    if (cmd->truncated) {
+      events.on_output(2, "nsbox: output exceeded " + std::to_string(cmd->limit) +
+                              " bytes; process tree killed\n");
+    }
+  }
+  if (events.on_exit) events.on_exit(result);
+  if (cmd->impl != nullptr) MaybeRetire(cmd);
+}
+
+void Runner::Impl::BeginKill(const CommandPtr& cmd, EndReason reason) {
+  if (cmd->reported || cmd->kill_reason.has_value()) return;
+  cmd->kill_reason = reason;
+  cmd->killed_running = !cmd->main_exited;
+  if (cmd->timeout_op != 0) reactor.Cancel(cmd->timeout_op);
+  if (reason == EndReason::kOutputLimit) {
+    SendKill(cmd);
+    return;
+  }
+  SignalTree(cmd, SIGTERM);
+  ArmTimer(cmd, kKillGrace, &Command::grace_op, [](const CommandPtr& c) { c->impl->SendKill(c); });
+}
+
+void Runner::Impl::SignalTree(const CommandPtr& cmd, int sig) {
+  if (!cmd->main_exited && cmd->pidfd.valid()) {
+    // SAFETY: pidfd_send_signal to our own child. The process group has the main process's
+    // pid (setsid), which cannot be reused while that process is our unreaped child, so
+    // kill(-pgid) reaches its group and nothing else.
+    sys::PidfdSendSignal(cmd->pidfd.get(), sig, nullptr, 0);
+    ::kill(-cmd->pid, sig);
+  }
+  if (!cmd->cgroup_name.empty()) {
+    // Also what left the process group (setsid, double fork): the cgroup holds them all. Once
+    // the cgroup is removed, nothing of the command is left.
+    if (!cmd->cgroup.valid()) return;
+    auto listed = SignalCgroupProcs(cmd->cgroup.get(), sig);
+    if (!listed.ok()) log::warn("exec {}: signal {}: {}", cmd->id, sig, listed.error().message());
+  } else {
+    // No cgroup: the session is the widest scope there is; setsid escapes it.
+    SignalSession(cmd->pid, sig, cmd->main_exited);
+  }
+}
+
+void Runner::Impl::SendKill(const CommandPtr& cmd) {
+  if (!cmd->main_exited && cmd->pidfd.valid()) {
+    // SAFETY: as in SignalTree.
+    sys::PidfdSendSignal(cmd->pidfd.get(), SIGKILL, nullptr, 0);
+    ::kill(-cmd->pid, SIGKILL);
+  }
+  if (!cmd->cgroup_name.empty()) {
+    if (!cmd->cgroup.valid()) return;  // removed: it was empty
+    // cgroup.kill (5.14) kills the whole subtree at once, forks in progress included. Before it:
+    // SIGKILL each listed process, again until none is left.
+    if (!CgroupKill(cmd->cgroup.get()).ok()) {
+      for (int pass = 0; pass < 20; ++pass) {
+        auto listed = SignalCgroupProcs(cmd->cgroup.get(), SIGKILL);
+        if (!listed.ok() || *listed == 0) break;
+      }
+    }
+    if (cmd->check_op == 0 && !shutting_down) {
+      ArmTimer(cmd, kKillCheckInterval, &Command::check_op,
+               [](const CommandPtr& c) { c->impl->OnKillCheck(c); });
+    }
+  } else {
+    SignalSession(cmd->pid, SIGKILL, cmd->main_exited);
+  }
+}
+
+void Runner::Impl::OnKillCheck(const CommandPtr& cmd) {
+  if (!cmd->cgroup.valid() || CgroupEmpty(cmd->cgroup.get())) {
+    if (cmd->reported) MaybeRetire(cmd);
+    return;
+  }
+  if (++cmd->kill_checks >= kKillChecks) {
+    log::warn("exec {}: cgroup {} still has processes after SIGKILL", cmd->id, cmd->cgroup_name);
+    return;  // the sweep keeps trying to remove it
+  }
+  SendKill(cmd);
+}
+
+bool Runner::Impl::TryRemoveCgroup(Command& cmd) {
+  if (!cmd.cgroup.valid()) return true;
+  // A cgroup with processes cannot be removed (EBUSY): background processes keep running in it
+  // until they end or the sandbox is stopped.
+  if (::unlinkat(cgroup_dir, cmd.cgroup_name.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT) {
+    if (errno != EBUSY) {
+      log::warn("exec {}: rmdir {}: {}", cmd.id, cmd.cgroup_name, ErrnoText(errno));
+    }
+    return false;
+  }
+  cmd.cgroup.reset();
+  return true;
+}
+
+void Runner::Impl::MaybeRetire(const CommandPtr& cmd) {
+  if (!cmd->reported || shutting_down) return;
+  if (!TryRemoveCgroup(*cmd)) {
+    ScheduleSweep();
+    return;
+  }
+  if (!cmd->out.eof || !cmd->err.eof) return;  // reading and discarding goes on
+  // A pending SIGKILL timer keeps its reference (at most 2 s): without a cgroup, what ignored
+  // SIGTERM and closed its stdio is still to be killed.
+  commands.erase(cmd->id);
+}
+
+void Runner::Impl::ScheduleSweep() {
+  if (sweep_op != 0 || shutting_down) return;
+  sweep_op = reactor.Timer(kSweepInterval, [this, alive = alive](int) {
+    if (!*alive) return;  // the runner is gone; `this` must not be touched
+    sweep_op = 0;
+    Sweep();
+  });
+}
+
+void Runner::Impl::Sweep() {
+  std::vector<CommandPtr> lingering;
+  for (const auto& [id, cmd] : commands) {
+    if (cmd->reported) lingering.push_back(cmd);
+  }
+  for (const auto& cmd : lingering) MaybeRetire(cmd);
+}
+
+void Runner::Impl::KillAll(EndReason reason) {
+  std::vector<CommandPtr> all;
+  all.reserve(commands.size());
+  for (const auto& [id, cmd] : commands) all.push_back(cmd);
+  for (const auto& cmd : all) {
+    if (!cmd->reported) {
+      BeginKill(cmd, reason);
+    } else if (cmd->grace_op == 0) {
+      // Answered already, but background processes of it may live on: the sandbox-wide kill
+      // reaches them too.
+      SignalTree(cmd, SIGTERM);
+      ArmTimer(cmd, kKillGrace, &Command::grace_op,
+               [](const CommandPtr& c) { c->impl->SendKill(c); });
+    }
+  }
+}
+
+void Runner::Impl::Shutdown() {
+  shutting_down = true;
+  *alive = false;
+  if (sweep_op != 0) reactor.Cancel(sweep_op);
+  std::vector<CommandPtr> all;
+  for (const auto& [id, cmd] : commands) all.push_back(cmd);
+  for (const auto& cmd : all) {
+    if (!cmd->kill_reason.has_value() && !cmd->reported) {
+      cmd->kill_reason = EndReason::kStopped;
+      cmd->killed_running = !cmd->main_exited;
+    }
+    SendKill(cmd);
+    if (!cmd->main_exited) {
+      siginfo_t info{};
+      while (::waitid(P_PIDFD, static_cast<id_t>(cmd->pidfd.get()), &info, WEXITED) < 0 &&
+             errno == EINTR) {
+      }
+      cmd->main_exited = true;
+      cmd->status = FromSiginfo(info);
+    }
+    // What is already in the pipes is not read: the sandbox is being stopped.
+    Finish(cmd);
+    for (OpId op : {cmd->out.op, cmd->err.op, cmd->poll_op, cmd->write_op, cmd->timeout_op,
+                    cmd->grace_op, cmd->drain_op, cmd->check_op}) {
+      if (op != 0) reactor.Cancel(op);
+    }
+    cmd->impl = nullptr;
+  }
+  // SIGKILLed processes leave their cgroup when they have exited, a moment later.
+  for (int waited = 0; waited < 1000; ++waited) {
+    bool busy = false;
+    for (const auto& cmd : all) {
+      if (cmd->cgroup.valid() && !TryRemoveCgroup(*cmd)) busy = true;
+    }
+    if (!busy) break;
+    if (waited % 100 == 99) {
+      for (const auto& cmd : all) {
+        if (cmd->cgroup.valid()) SendKill(cmd);
+      }
+    }
+    SleepMs(1);
+  }
+  for (const auto& cmd : all) {
+    if (cmd->cgroup.valid()) {
+      log::warn("exec {}: cgroup {} still busy at shutdown", cmd->id, cmd->cgroup_name);
+    }
+  }
+  commands.clear();
+}
+
+Runner::Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks)
+    : impl_(std::make_unique<Impl>(reactor, cgroup_dir, hooks)) {
+  // Writing stdin to a command that has closed it must fail with EPIPE, not kill nsbox-init
+  // with SIGPIPE. Only the default disposition is changed; a handler someone set stays.
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+Runner::~Runner() { impl_->Shutdown(); }
+
+Result<uint64_t> Runner::Start(const CommandSpec& spec, CommandEvents events) {
+  return impl_->Start(spec, std::move(events));
+}
+
+void Runner::Kill(uint64_t id, EndReason reason) {
+  auto it = impl_->commands.find(id);
+  if (it == impl_->commands.end()) return;
+  auto cmd = it->second;  // held: BeginKill may retire it
+  impl_->BeginKill(cmd, reason);
+}
+
+void Runner::KillAll(EndReason reason) { impl_->KillAll(reason); }
+
+size_t Runner::running() const { return impl_->running; }
+
+}  // namespace nsbox::exec

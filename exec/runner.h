@@ -1,0 +1,97 @@
+#pragma once
+
+// Runs commands inside the jail for nsbox-init: pipes read through the reactor, each command in
+// its own process group and, where there is a delegated cgroup v2 directory, its own child
+// cgroup entered at clone time, so that a kill reaches exactly its processes (api.md, exec).
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/error.h"
+#include "exec/reactor.h"
+
+namespace nsbox::exec {
+
+// How a command ended (api.md `reason`).
+enum class EndReason : uint8_t {
+  kExited,
+  kSignaled,     // a signal nsbox did not send
+  kTimeout,
+  kCancelled,
+  kOutputLimit,
+  kOom,          // the OOM killer ended it
+  kStopped,      // the sandbox was stopped or deleted under it
+};
+std::string_view EndReasonName(EndReason reason);  // "exited", "signaled", "timeout", ...
+
+struct CommandSpec {
+  std::vector<std::string> argv;  // argv[0] is the path executed: "/bin/bash", "-c", command
+  std::vector<std::string> env;   // "K=V", final
+  std::string cwd;                // absolute, inside the jail
+  std::optional<std::string> stdin_data;  // fed then closed; nullopt: /dev/null
+  std::chrono::milliseconds timeout{0};   // 0: none
+  uint64_t output_limit = 64ull << 20;    // stdout and stderr together
+};
+
+struct CommandResult {
+  int exit_code = 0;
+  int signal = 0;  // the signal that ended it (0: none)
+  EndReason reason = EndReason::kExited;
+  bool timed_out = false;
+  bool truncated = false;
+  bool cancelled = false;
+  uint64_t duration_ms = 0;
+};
+
+struct CommandEvents {
+  std::function<void(pid_t pid)> on_start;
+  // stream 1 (stdout) or 2 (stderr); raw bytes, in order per stream.
+  std::function<void(int stream, std::string_view bytes)> on_output;
+  // Exactly once, after the main process exited and its pipes were drained (or the drain window
+  // of 100 ms passed).
+  std::function<void(const CommandResult& result)> on_exit;
+};
+
+// What the child does last, between the runner's own steps (new session, stdio, cwd, umask,
+// closing fds) and execve: no_new_privs, capabilities, the seccomp filter. It runs in a vfork-
+// like child, so it must be async-signal-safe and must not allocate. Returns 0 or an errno.
+struct ChildHooks {
+  int (*pre_exec)(const void* ctx) = nullptr;
+  const void* ctx = nullptr;
+};
+
+class Runner {
+ public:
+  // `cgroup_dir`: an O_DIRECTORY fd of the delegated cgroup v2 directory under which every
+  // command gets its own child cgroup, or -1 where there is none (then kills go to the process
+  // group and to every process found with the command's session, through pidfds).
+  Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // Starts a command; the id names it for Kill. A command that cannot be started (its cwd is
+  // missing or not a directory, no such shell) still completes through `events`, with exit code
+  // 1 and the reason on stderr, as api.md says of spawn failures. Errors are for the runner's
+  // own failures (no pipes, no cgroup).
+  Result<uint64_t> Start(const CommandSpec& spec, CommandEvents events);
+  // SIGTERM to the command's tree, SIGKILL (cgroup.kill) 2 s later if anything is left; its
+  // on_exit then carries `reason`. Unknown or finished ids are ignored.
+  void Kill(uint64_t id, EndReason reason);
+  void KillAll(EndReason reason);
+  size_t running() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nsbox::exec

@@ -1,0 +1,114 @@
+#pragma once
+
+// The low-level half of the runner: starting one command in a vfork-like child that enters its
+// own cgroup at clone time, and reaching every process of a command's kill scope (its cgroup, or
+// its session where there is no cgroup) through pidfds. No event loop here; runner.cc drives it.
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/error.h"
+#include "base/unique_fd.h"
+#include "exec/runner.h"
+
+namespace nsbox::exec {
+
+// Where the child stopped before execve. Only kChdir and kExec are the command's own failures
+// (api.md: exit code 1 / 127 / 126 with the reason on stderr); the others are the runner's.
+enum class SpawnStep : uint8_t {
+  kNone,      // execve succeeded
+  kCgroup,    // writing "0" to cgroup.procs (the clone() fallback)
+  kSetsid,    // its own session and process group
+  kStdio,     // dup3 of stdin/stdout/stderr
+  kChdir,     // the command's cwd
+  kCloseFds,  // close_range(3, ~0U)
+  kPreExec,   // ChildHooks::pre_exec (no_new_privs, capabilities, seccomp)
+  kExec,      // execve
+};
+std::string_view SpawnStepName(SpawnStep step);
+
+// The exit codes the child leaves with when it fails before execve. 127 and 126 are the shell's
+// (DescribeExecFailure); 1 is api.md's "could not be started".
+inline constexpr int kExitNotStarted = 1;
+inline constexpr int kExitNotFound = 127;
+inline constexpr int kExitNotExecutable = 126;
+
+// A stack for the vfork-like child: mmap'ed once and reused by every spawn (the parent thread is
+// suspended while the child runs on it, so one is enough per thread), with a guard page below.
+class ChildStack {
+ public:
+  ChildStack() = default;
+  ChildStack(const ChildStack&) = delete;
+  ChildStack& operator=(const ChildStack&) = delete;
+  ~ChildStack();
+
+  static Result<std::unique_ptr<ChildStack>> Create(size_t size);
+  char* base() const { return base_; }  // lowest usable byte
+  size_t size() const { return size_; }
+
+ private:
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  char* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct SpawnRequest {
+  const char* const* argv = nullptr;  // NULL-terminated; argv[0] is the path executed
+  const char* const* envp = nullptr;  // NULL-terminated
+  const char* cwd = nullptr;
+  // The child's stdio; any value (also 0, 1, 2): the child moves them out of the way first.
+  int stdin_fd = -1;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  int cgroup_fd = -1;  // the command's own cgroup v2 directory, or -1
+  ChildHooks hooks;
+};
+
+struct SpawnResult {
+  pid_t pid = -1;
+  UniqueFd pidfd;
+  // kNone when execve succeeded; kChdir or kExec when the command could not be started (the
+  // child has exited with kExitNotStarted / kExitNotFound / kExitNotExecutable and is not reaped).
+  SpawnStep failed_step = SpawnStep::kNone;
+  int err = 0;
+  bool used_clone3 = false;  // false: the clone() + cgroup.procs fallback ran
+};
+
+// Starts the child and returns once it has called execve or exited (CLONE_VFORK). A failure of
+// the runner's own steps (cgroup, setsid, stdio, close_range, the pre_exec hook) is an Error and
+// the child is reaped; a missing cwd or program is a SpawnResult with `failed_step` set.
+Result<SpawnResult> Spawn(const SpawnRequest& request, ChildStack& stack);
+
+// Writes "1" to cgroup.kill (5.14): SIGKILL to the whole subtree, also to processes forked while
+// the kill runs. ENOENT where the kernel is older.
+Status CgroupKill(int cgroup_fd);
+// Signals every process listed in the cgroup's cgroup.procs through a pidfd, re-checking its
+// membership after opening the pidfd so that a reused pid is never signalled. Returns how many
+// processes were listed (0: the cgroup is empty).
+Result<size_t> SignalCgroupProcs(int cgroup_fd, int sig);
+// Signals every process whose session id is `sid` (scanning /proc) through a pidfd. Used where
+// there is no cgroup; setsid'ed processes escape it. `leader_reaped`: the session leader has
+// been reaped, so a process that now has pid `sid` is someone else and the session is empty.
+size_t SignalSession(pid_t sid, int sig, bool leader_reaped);
+// True when cgroup.events says "populated 0" (or the cgroup is gone).
+bool CgroupEmpty(int cgroup_fd);
+
+// The pids of a cgroup.procs text.
+std::vector<pid_t> ParsePids(std::string_view procs);
+// The `oom_kill` counter of a memory.events text (0 when absent).
+uint64_t ParseOomKills(std::string_view memory_events);
+
+// Test knobs, to run both paths on a kernel that has the new ones (conventions.md: "Both paths
+// are tested"): the clone() + cgroup.procs fallback instead of clone3, and the per-process
+// SIGKILL loop instead of cgroup.kill.
+void ForceCloneFallbackForTesting(bool on);
+void ForceNoCgroupKillForTesting(bool on);
+
+}  // namespace nsbox::exec

@@ -1,0 +1,592 @@
+// The runner against real processes: run as root on the host (no jail needed). Every case runs
+// on both reactor backends, with and without a cgroup v2 directory (a temporary child of this
+// process's own cgroup on the cgroup2 mount); variants the host cannot run are skipped loudly.
+
+#include "exec/runner.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "base/files.h"
+#include "exec/reactor.h"
+#include "exec/spawn.h"
+
+namespace nsbox::exec {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// ---- pure helpers -------------------------------------------------------------------------
+
+TEST(ParseOomKills, ReadsTheCounter) {
+  EXPECT_EQ(ParseOomKills("low 0\nhigh 0\nmax 3\noom 2\noom_kill 1\noom_group_kill 0\n"), 1u);
+  EXPECT_EQ(ParseOomKills("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n"), 0u);
+  EXPECT_EQ(ParseOomKills("oom_group_kill 4\noom_kill 17"), 17u);  // no final newline
+  EXPECT_EQ(ParseOomKills("oom 5\n"), 0u);                         // the other counter
+  EXPECT_EQ(ParseOomKills(""), 0u);
+  EXPECT_EQ(ParseOomKills("oom_kill x\n"), 0u);
+}
+
+TEST(ParsePids, OnePerLine) {
+  EXPECT_EQ(ParsePids("12\n345\n"), (std::vector<pid_t>{12, 345}));
+  EXPECT_EQ(ParsePids("7"), (std::vector<pid_t>{7}));
+  EXPECT_TRUE(ParsePids("").empty());
+  EXPECT_EQ(ParsePids("1\nx\n-3\n4\n"), (std::vector<pid_t>{1, 4}));
+}
+
+TEST(EndReasonName, MatchesApi) {
+  EXPECT_EQ(EndReasonName(EndReason::kExited), "exited");
+  EXPECT_EQ(EndReasonName(EndReason::kSignaled), "signaled");
+  EXPECT_EQ(EndReasonName(EndReason::kTimeout), "timeout");
+  EXPECT_EQ(EndReasonName(EndReason::kCancelled), "cancelled");
+  EXPECT_EQ(EndReasonName(EndReason::kOutputLimit), "output_limit");
+  EXPECT_EQ(EndReasonName(EndReason::kOom), "oom");
+  EXPECT_EQ(EndReasonName(EndReason::kStopped), "stopped");
+}
+
+// ---- fixture ------------------------------------------------------------------------------
+
+// A process that has exited: gone, or a zombie nobody has reaped yet (the host's PID 1 may be
+// slow to reap orphans).
+bool Gone(pid_t pid) {
+  if (::kill(pid, 0) < 0 && errno == ESRCH) return true;
+  auto stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat.ok()) return true;
+  size_t paren = stat->rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat->size()) return false;
+  char state = (*stat)[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
+// The cgroup2 directory of this process: the cgroup2 mount (the unified hierarchy of a hybrid
+// host) joined with the "0::" line of /proc/self/cgroup. Empty, with `why`, when there is none.
+std::string OwnCgroup2Dir(std::string* why) {
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  std::string line, mount;
+  while (std::getline(mountinfo, line)) {
+    size_t dash = line.find(" - ");
+    if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
+    std::istringstream fields(line);
+    std::string id, parent, devno, root, point;
+    fields >> id >> parent >> devno >> root >> point;
+    mount = point;
+    break;
+  }
+  if (mount.empty()) {
+    *why = "no cgroup2 mount in /proc/self/mountinfo";
+    return "";
+  }
+  std::ifstream self("/proc/self/cgroup");
+  while (std::getline(self, line)) {
+    if (line.rfind("0::", 0) == 0) return mount + (line.substr(3) == "/" ? "" : line.substr(3));
+  }
+  *why = "no 0:: line in /proc/self/cgroup";
+  return "";
+}
+
+struct Outcome {
+  std::string out, err;
+  CommandResult result;
+  int exits = 0;
+  pid_t pid = -1;
+  uint64_t id = 0;
+  milliseconds elapsed{0};
+};
+
+using Param = std::tuple<Reactor::Backend, bool>;
+
+class RunnerTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    auto [backend, with_cgroup] = GetParam();
+    auto reactor = CreateReactor(backend);
+    if (!reactor.ok()) {
+      GTEST_SKIP() << "SKIPPED LOUDLY: reactor backend " << BackendName(backend)
+                   << " unavailable: " << reactor.error().message();
+    }
+    reactor_ = std::move(reactor).value();
+    if (with_cgroup) {
+      std::string why;
+      std::string own = OwnCgroup2Dir(&why);
+      if (own.empty()) GTEST_SKIP() << "SKIPPED LOUDLY: no cgroup v2: " << why;
+      if (::geteuid() != 0) GTEST_SKIP() << "SKIPPED LOUDLY: cgroup variants need root";
+      static int serial = 0;
+      cgroup_path_ =
+          own + "/nsbox-runner-test-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
+      ASSERT_EQ(::mkdir(cgroup_path_.c_str(), 0755), 0) << cgroup_path_ << ": " << ErrnoText(errno);
+      cgroup_fd_.reset(::open(cgroup_path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      ASSERT_TRUE(cgroup_fd_.valid());
+    }
+    runner_ = std::make_unique<Runner>(*reactor_, cgroup_fd_.valid() ? cgroup_fd_.get() : -1,
+                                       ChildHooks{});
+  }
+
+  void TearDown() override {
+    runner_.reset();
+    ForceCloneFallbackForTesting(false);
+    ForceNoCgroupKillForTesting(false);
+    if (!cgroup_path_.empty()) {
+      // The runner removed its exec cgroups when it was destroyed; ours goes once they have.
+      for (int i = 0; i < 200 && ::rmdir(cgroup_path_.c_str()) < 0; ++i) ::usleep(5000);
+      struct stat st {};
+      EXPECT_NE(::stat(cgroup_path_.c_str(), &st), 0) << "left behind: " << cgroup_path_;
+    }
+  }
+
+  bool with_cgroup() const { return cgroup_fd_.valid(); }
+
+  static CommandSpec Bash(const std::string& script) {
+    CommandSpec spec;
+    spec.argv = {"/bin/bash", "-c", script};
+    spec.env = {"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"};
+    spec.cwd = "/tmp";
+    return spec;
+  }
+
+  // Starts a command whose outcome accumulates into *o.
+  uint64_t StartInto(const CommandSpec& spec, Outcome* o) {
+    CommandEvents ev;
+    auto start = Clock::now();
+    ev.on_start = [o](pid_t pid) { o->pid = pid; };
+    ev.on_output = [o](int stream, std::string_view bytes) {
+      EXPECT_EQ(o->exits, 0) << "output after on_exit";
+      (stream == 1 ? o->out : o->err).append(bytes);
+    };
+    ev.on_exit = [o, start](const CommandResult& r) {
+      o->result = r;
+      ++o->exits;
+      o->elapsed = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+    };
+    auto id = runner_->Start(spec, std::move(ev));
+    EXPECT_TRUE(id.ok()) << (id.ok() ? "" : id.error().message());
+    o->id = id.ok() ? *id : 0;
+    return o->id;
+  }
+
+  // Runs the loop until `done` or `limit`.
+  template <typename Pred>
+  bool Loop(Pred done, milliseconds limit = milliseconds(10000)) {
+    auto deadline = Clock::now() + limit;
+    while (!done()) {
+      if (Clock::now() > deadline) return false;
+      auto st = reactor_->RunOnce(milliseconds(10));
+      EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message());
+    }
+    return true;
+  }
+
+  Outcome Run(const CommandSpec& spec) {
+    Outcome o;
+    if (StartInto(spec, &o) == 0) return o;
+    EXPECT_TRUE(Loop([&] { return o.exits > 0; })) << "no answer";
+    // A few more turns: on_exit must not come twice.
+    for (int i = 0; i < 3; ++i) (void)reactor_->RunOnce(milliseconds(1));
+    EXPECT_EQ(o.exits, 1);
+    return o;
+  }
+
+  // The first line of `text` as a pid.
+  static pid_t FirstPid(const std::string& text) {
+    return static_cast<pid_t>(std::atoi(text.c_str()));
+  }
+
+  std::unique_ptr<Reactor> reactor_;
+  std::string cgroup_path_;
+  UniqueFd cgroup_fd_;
+  std::unique_ptr<Runner> runner_;
+};
+
+TEST_P(RunnerTest, EchoesToStdoutAndStderr) {
+  Outcome o = Run(Bash("echo out; echo err >&2"));
+  EXPECT_EQ(o.out, "out\n");
+  EXPECT_EQ(o.err, "err\n");
+  EXPECT_EQ(o.result.exit_code, 0);
+  EXPECT_EQ(o.result.signal, 0);
+  EXPECT_EQ(o.result.reason, EndReason::kExited);
+  EXPECT_FALSE(o.result.timed_out || o.result.truncated || o.result.cancelled);
+  EXPECT_GT(o.pid, 0);
+  EXPECT_EQ(runner_->running(), 0u);
+}
+
+TEST_P(RunnerTest, ReportsExitCodes) {
+  EXPECT_EQ(Run(Bash("exit 3")).result.exit_code, 3);
+  EXPECT_EQ(Run(Bash("exit 0")).result.exit_code, 0);
+  EXPECT_EQ(Run(Bash("false")).result.exit_code, 1);
+}
+
+TEST_P(RunnerTest, SignalDeathIs128PlusSignal) {
+  Outcome o = Run(Bash("ulimit -c 0; kill -SEGV $$"));
+  EXPECT_EQ(o.result.exit_code, 139);
+  EXPECT_EQ(o.result.signal, SIGSEGV);
+  EXPECT_EQ(o.result.reason, EndReason::kSignaled);
+}
+
+TEST_P(RunnerTest, CommandRunsInItsOwnSessionWithUmaskAndCleanFds) {
+  // sid == pid (setsid), umask 022, only 0, 1, 2 open (plus the one ls opens for the listing).
+  Outcome o =
+      Run(Bash("read -r _ _ _ _ _ sid _ < /proc/$$/stat; echo $sid; echo $$; umask; ls "
+               "/proc/self/fd | wc -l"));
+  std::istringstream lines(o.out);
+  std::string sid, pid, umask_text, fds;
+  lines >> sid >> pid >> umask_text >> fds;
+  EXPECT_EQ(sid, pid);
+  EXPECT_EQ(pid, std::to_string(o.pid));
+  EXPECT_EQ(umask_text, "0022");
+  EXPECT_EQ(fds, "4");
+}
+
+TEST_P(RunnerTest, SignalsAreDefaultAndUnblocked) {
+  // SIGPIPE is ignored in this process (the runner sets it): the command must not inherit that.
+  Outcome o = Run(Bash("grep -E '^Sig(Blk|Ign)' /proc/self/status"));
+  EXPECT_EQ(o.out, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+}
+
+TEST_P(RunnerTest, StdinRoundTrip) {
+  CommandSpec spec = Bash("cat");
+  spec.stdin_data = "hello\nworld";
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.out, "hello\nworld");
+  EXPECT_EQ(o.result.exit_code, 0);
+}
+
+TEST_P(RunnerTest, LargeStdinDoesNotBlockTheLoop) {
+  CommandSpec spec = Bash("wc -c");
+  spec.stdin_data = std::string(3 << 20, 'x');
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.out, std::to_string(3 << 20) + "\n");
+}
+
+TEST_P(RunnerTest, StdinNotReadIsNoError) {
+  CommandSpec spec = Bash("exec 0<&-; echo done");
+  spec.stdin_data = std::string(4 << 20, 'x');  // more than the pipe holds: EPIPE, ignored
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.out, "done\n");
+  EXPECT_EQ(o.result.exit_code, 0);
+}
+
+TEST_P(RunnerTest, NoStdinReadsDevNull) {
+  Outcome o = Run(Bash("cat; echo rc=$?; readlink /proc/self/fd/0"));
+  EXPECT_EQ(o.out, "rc=0\n/dev/null\n");
+}
+
+TEST_P(RunnerTest, MissingCwdIsExitOneWithMessage) {
+  CommandSpec spec = Bash("echo should not run");
+  spec.cwd = "/nonexistent/x";
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.result.exit_code, 1);
+  EXPECT_EQ(o.result.reason, EndReason::kExited);
+  EXPECT_EQ(o.out, "");
+  EXPECT_EQ(o.err, "nsbox: cd: /nonexistent/x: No such file or directory\n");
+}
+
+TEST_P(RunnerTest, CwdNotADirectory) {
+  CommandSpec spec = Bash("true");
+  spec.cwd = "/etc/passwd";
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.result.exit_code, 1);
+  EXPECT_EQ(o.err, "nsbox: cd: /etc/passwd: Not a directory\n");
+}
+
+TEST_P(RunnerTest, CommandNotFoundIs127) {
+  CommandSpec spec;
+  spec.argv = {"/nonexistent"};
+  spec.cwd = "/";
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.result.exit_code, 127);
+  EXPECT_EQ(o.err, "nsbox: /nonexistent: No such file or directory\n");
+}
+
+TEST_P(RunnerTest, NotExecutableIs126) {
+  CommandSpec spec;
+  spec.argv = {"/etc/passwd"};
+  spec.cwd = "/";
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.result.exit_code, 126);
+  EXPECT_EQ(o.err, "nsbox: /etc/passwd: Permission denied\n");
+}
+
+TEST_P(RunnerTest, TimeoutIs124AtTheDeadline) {
+  CommandSpec spec = Bash("echo before; sleep 10");
+  spec.timeout = milliseconds(200);
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.result.exit_code, 124);
+  EXPECT_TRUE(o.result.timed_out);
+  EXPECT_EQ(o.result.reason, EndReason::kTimeout);
+  EXPECT_EQ(o.out, "before\n");
+  EXPECT_EQ(o.err, "nsbox: command timed out after 200 ms\n");
+  EXPECT_GE(o.elapsed.count(), 190);
+  EXPECT_LT(o.elapsed.count(), 1500);
+}
+
+TEST_P(RunnerTest, TermIgnoredIsKilledAfterGrace) {
+  CommandSpec spec = Bash("trap '' TERM; sleep 10; echo survived");
+  spec.timeout = milliseconds(100);
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.result.exit_code, 124);
+  EXPECT_EQ(o.result.signal, SIGKILL);
+  EXPECT_EQ(o.out, "");
+  EXPECT_GE(o.elapsed.count(), 2000);
+  EXPECT_LT(o.elapsed.count(), 4000);
+}
+
+TEST_P(RunnerTest, TimeoutKillsEscapedGrandchild) {
+  if (!with_cgroup()) GTEST_SKIP() << "setsid escapes the process group and session";
+  CommandSpec spec = Bash("setsid bash -c 'echo $$; exec sleep 100' & sleep 10");
+  spec.timeout = milliseconds(300);
+  Outcome o = Run(spec);
+  pid_t grandchild = FirstPid(o.out);
+  ASSERT_GT(grandchild, 0);
+  EXPECT_EQ(o.result.reason, EndReason::kTimeout);
+  EXPECT_TRUE(Loop([&] { return Gone(grandchild); }, milliseconds(3000)))
+      << "grandchild " << grandchild << " survived";
+}
+
+TEST_P(RunnerTest, KillReachesDoubleForkedSetsidGrandchild) {
+  if (!with_cgroup()) GTEST_SKIP() << "setsid escapes the process group and session";
+  Outcome o;
+  // The grandchild says its pid once it has its own session (and outlived its parent).
+  StartInto(Bash("(setsid bash -c 'echo $$; exec sleep 100' &); sleep 10"), &o);
+  ASSERT_TRUE(Loop([&] { return o.out.find('\n') != std::string::npos; }));
+  pid_t grandchild = FirstPid(o.out);
+  ASSERT_GT(grandchild, 0);
+  EXPECT_EQ(::getsid(grandchild), grandchild);  // it did leave the session
+  runner_->Kill(o.id, EndReason::kCancelled);
+  ASSERT_TRUE(Loop([&] { return o.exits > 0; }));
+  EXPECT_TRUE(o.result.cancelled);
+  EXPECT_EQ(o.result.reason, EndReason::kCancelled);
+  EXPECT_EQ(o.result.signal, SIGTERM);
+  EXPECT_LT(o.elapsed.count(), 1500);
+  EXPECT_TRUE(Loop([&] { return Gone(grandchild); }, milliseconds(3000)));
+}
+
+TEST_P(RunnerTest, KillReachesBackgroundJobWithoutCgroup) {
+  // The process group and the session: what nsbox can reach without a cgroup.
+  Outcome o;
+  StartInto(Bash("sleep 100 >/dev/null 2>&1 & echo $!; sleep 10"), &o);
+  ASSERT_TRUE(Loop([&] { return !o.out.empty(); }));
+  pid_t bg = FirstPid(o.out);
+  runner_->Kill(o.id, EndReason::kCancelled);
+  ASSERT_TRUE(Loop([&] { return o.exits > 0; }));
+  EXPECT_TRUE(Loop([&] { return Gone(bg); }, milliseconds(3000)));
+}
+
+TEST_P(RunnerTest, StopIs137AndSigkill) {
+  Outcome o;
+  StartInto(Bash("sleep 10"), &o);
+  ASSERT_TRUE(Loop([&] { return o.pid > 0; }));
+  runner_->Kill(o.id, EndReason::kStopped);
+  ASSERT_TRUE(Loop([&] { return o.exits > 0; }));
+  EXPECT_EQ(o.result.exit_code, 137);
+  EXPECT_EQ(o.result.signal, SIGKILL);
+  EXPECT_EQ(o.result.reason, EndReason::kStopped);
+}
+
+TEST_P(RunnerTest, SiblingKeepsRunningWhenAnotherIsKilled) {
+  Outcome a, b;
+  StartInto(Bash("sleep 10"), &a);
+  StartInto(Bash("sleep 10"), &b);
+  EXPECT_EQ(runner_->running(), 2u);
+  runner_->Kill(a.id, EndReason::kCancelled);
+  ASSERT_TRUE(Loop([&] { return a.exits > 0; }));
+  // Give a stray kill time to land.
+  Loop([] { return false; }, milliseconds(100));
+  EXPECT_EQ(b.exits, 0);
+  EXPECT_EQ(::kill(b.pid, 0), 0);
+  EXPECT_EQ(runner_->running(), 1u);
+  runner_->Kill(12345678, EndReason::kCancelled);  // unknown: ignored
+  runner_->Kill(a.id, EndReason::kCancelled);      // finished: ignored
+  runner_->Kill(b.id, EndReason::kCancelled);
+  ASSERT_TRUE(Loop([&] { return b.exits > 0; }));
+  EXPECT_EQ(a.exits, 1);
+}
+
+TEST_P(RunnerTest, BackgroundJobDoesNotDelayTheAnswer) {
+  Outcome o = Run(Bash("sleep 5 & echo $!"));
+  pid_t bg = FirstPid(o.out);
+  ASSERT_GT(bg, 0);
+  EXPECT_EQ(o.result.exit_code, 0);
+  // The drain window (100 ms) and no more: the sleep holds the pipes for 5 s.
+  EXPECT_GE(o.elapsed.count(), 90);
+  EXPECT_LT(o.elapsed.count(), 1000);
+  EXPECT_EQ(::kill(bg, 0), 0) << "background process was killed";
+  // A sandbox-wide stop reaches it.
+  runner_->KillAll(EndReason::kStopped);
+  EXPECT_TRUE(Loop([&] { return Gone(bg); }, milliseconds(3000)));
+}
+
+TEST_P(RunnerTest, KillInTheDrainWindowKeepsTheNaturalExit) {
+  Outcome o;
+  StartInto(Bash("sleep 100 & echo $!; exit 3"), &o);
+  // The main process has exited; the background job holds the pipes, so the answer waits for
+  // the drain window. A kill now reaches the job but does not rewrite the exit.
+  ASSERT_TRUE(Loop([&] { return o.out.find('\n') != std::string::npos; }));
+  pid_t bg = FirstPid(o.out);
+  Loop([] { return false; }, milliseconds(30));
+  ASSERT_EQ(o.exits, 0);
+  runner_->Kill(o.id, EndReason::kCancelled);
+  ASSERT_TRUE(Loop([&] { return o.exits > 0; }));
+  EXPECT_EQ(o.result.exit_code, 3);
+  EXPECT_EQ(o.result.reason, EndReason::kExited);
+  EXPECT_FALSE(o.result.cancelled);
+  EXPECT_TRUE(Loop([&] { return Gone(bg); }, milliseconds(3000)));
+}
+
+TEST_P(RunnerTest, BackgroundOutputAfterTheAnswerIsDiscarded) {
+  // 8 MiB written after the answer: it would block on a full pipe if nobody read it.
+  std::string marker = "/tmp/nsbox-runner-test-" + std::to_string(::getpid()) + "-" +
+                       std::to_string(std::get<1>(GetParam())) +
+                       BackendName(std::get<0>(GetParam())).data();
+  ::unlink(marker.c_str());
+  Outcome o =
+      Run(Bash("(sleep 0.3; head -c 8388608 /dev/zero; head -c 8388608 /dev/zero >&2; "
+               "touch " +
+               marker + ") & echo answered"));
+  EXPECT_EQ(o.out, "answered\n");
+  struct stat st {};
+  EXPECT_TRUE(Loop([&] { return ::stat(marker.c_str(), &st) == 0; }, milliseconds(5000)))
+      << "background writer blocked";
+  ::unlink(marker.c_str());
+  if (with_cgroup()) {
+    // And its cgroup goes once it is empty (the sweep runs every 500 ms).
+    std::string dir = cgroup_path_ + "/exec-" + std::to_string(o.id);
+    EXPECT_TRUE(Loop([&] { return ::stat(dir.c_str(), &st) != 0; }, milliseconds(3000)));
+  }
+}
+
+TEST_P(RunnerTest, OutputLimitTruncatesAndKills) {
+  CommandSpec spec = Bash("yes");
+  spec.output_limit = 1 << 20;
+  Outcome o = Run(spec);
+  EXPECT_EQ(o.out.size(), 1u << 20);
+  EXPECT_EQ(o.out.substr(0, 4), "y\ny\n");
+  EXPECT_EQ(o.err, "nsbox: output exceeded 1048576 bytes; process tree killed\n");
+  EXPECT_EQ(o.result.exit_code, 1);
+  EXPECT_TRUE(o.result.truncated);
+  EXPECT_EQ(o.result.reason, EndReason::kOutputLimit);
+}
+
+TEST_P(RunnerTest, OutputLimitCountsBothStreams) {
+  CommandSpec spec = Bash("head -c 700 /dev/zero; head -c 700 /dev/zero >&2; sleep 10");
+  spec.output_limit = 1000;
+  Outcome o = Run(spec);
+  EXPECT_TRUE(o.result.truncated);
+  size_t message = std::string("nsbox: output exceeded 1000 bytes; process tree killed\n").size();
+  EXPECT_EQ(o.out.size() + o.err.size(), 1000u + message);
+  EXPECT_LT(o.elapsed.count(), 1500);
+}
+
+TEST_P(RunnerTest, InvalidUtf8PassesUnchanged) {
+  Outcome o = Run(Bash("printf '\\xff\\xfe\\x80abc\\xc3'; printf '\\xe2\\x82' >&2"));
+  EXPECT_EQ(o.out, std::string("\xff\xfe\x80"
+                               "abc\xc3"));
+  EXPECT_EQ(o.err, std::string("\xe2\x82"));
+}
+
+TEST_P(RunnerTest, TwoHundredConcurrentCommands) {
+  constexpr int kCount = 200;
+  std::vector<Outcome> outcomes(kCount);
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_NE(StartInto(Bash("echo " + std::to_string(i) + "; sleep 0.2"), &outcomes[i]), 0u);
+  }
+  EXPECT_EQ(runner_->running(), static_cast<size_t>(kCount));
+  ASSERT_TRUE(Loop(
+      [&] {
+        for (const auto& o : outcomes) {
+          if (o.exits == 0) return false;
+        }
+        return true;
+      },
+      milliseconds(20000)));
+  for (int i = 0; i < 3; ++i) (void)reactor_->RunOnce(milliseconds(1));
+  for (int i = 0; i < kCount; ++i) {
+    EXPECT_EQ(outcomes[i].exits, 1);
+    EXPECT_EQ(outcomes[i].out, std::to_string(i) + "\n");
+    EXPECT_EQ(outcomes[i].result.exit_code, 0);
+  }
+  EXPECT_EQ(runner_->running(), 0u);
+}
+
+TEST_P(RunnerTest, CommandIsInItsOwnCgroup) {
+  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant";
+  for (bool fallback : {false, true}) {
+    ForceCloneFallbackForTesting(fallback);
+    Outcome o = Run(Bash("grep '^0::' /proc/self/cgroup"));
+    std::string want = "/exec-" + std::to_string(o.id) + "\n";
+    ASSERT_GE(o.out.size(), want.size());
+    EXPECT_EQ(o.out.substr(o.out.size() - want.size()), want)
+        << (fallback ? "clone() fallback: " : "clone3: ") << o.out;
+  }
+}
+
+TEST_P(RunnerTest, CloneFallbackRunsCommands) {
+  ForceCloneFallbackForTesting(true);
+  Outcome o = Run(Bash("echo fallback; exit 5"));
+  EXPECT_EQ(o.out, "fallback\n");
+  EXPECT_EQ(o.result.exit_code, 5);
+  CommandSpec missing;
+  missing.argv = {"/nonexistent"};
+  missing.cwd = "/";
+  EXPECT_EQ(Run(missing).result.exit_code, 127);
+}
+
+TEST_P(RunnerTest, KillWithoutCgroupKillFile) {
+  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant";
+  ForceNoCgroupKillForTesting(true);
+  // The per-process SIGKILL loop: a TERM-ignoring tree with an escaped grandchild.
+  CommandSpec spec =
+      Bash("trap '' TERM; setsid bash -c 'echo $$; exec sleep 100' & sleep 0.2; yes");
+  spec.output_limit = 64 << 10;
+  Outcome o = Run(spec);
+  pid_t grandchild = FirstPid(o.out);
+  ASSERT_GT(grandchild, 0);
+  EXPECT_EQ(o.result.reason, EndReason::kOutputLimit);
+  EXPECT_LT(o.elapsed.count(), 1500);
+  EXPECT_TRUE(Loop([&] { return Gone(grandchild); }, milliseconds(3000)));
+}
+
+TEST_P(RunnerTest, DestructorStopsEverything) {
+  Outcome o;
+  StartInto(Bash("sleep 100 >/dev/null 2>&1 & echo $!; sleep 100"), &o);
+  ASSERT_TRUE(Loop([&] { return !o.out.empty(); }));
+  pid_t bg = FirstPid(o.out);
+  pid_t main_pid = o.pid;
+  runner_.reset();
+  EXPECT_EQ(o.exits, 1);
+  EXPECT_EQ(o.result.reason, EndReason::kStopped);
+  EXPECT_EQ(o.result.exit_code, 137);
+  EXPECT_TRUE(Gone(main_pid));
+  EXPECT_TRUE(Loop([&] { return Gone(bg); }, milliseconds(3000)));
+  // Late completions of the cancelled operations find no runner and only release.
+  for (int i = 0; i < 5; ++i) (void)reactor_->RunOnce(milliseconds(1));
+  EXPECT_EQ(reactor_->pending(), 0u);
+}
+
+std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
+  std::string name(BackendName(std::get<0>(info.param)));
+  std::erase(name, '_');
+  return name + (std::get<1>(info.param) ? "_Cgroup" : "_NoCgroup");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, RunnerTest,
+                         ::testing::Combine(::testing::Values(Reactor::Backend::kEpoll,
+                                                              Reactor::Backend::kIoUring),
+                                            ::testing::Bool()),
+                         ParamName);
+
+}  // namespace
+}  // namespace nsbox::exec
