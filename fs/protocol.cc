@@ -271,6 +271,7 @@ std::string Encode(const ExecRequest& m) {
   if (m.stdin_data) w.Bytes(*m.stdin_data);
   w.U64(m.timeout_ms);
   w.U64(m.output_limit);
+  PutStrings(w, m.argv);
   return w.Take();
 }
 
@@ -287,7 +288,8 @@ bool Decode(std::string_view payload, ExecRequest* m) {
     if (!r.Bytes(&data, kMaxPayload)) return false;
     m->stdin_data = std::move(data);
   }
-  return r.U64(&m->timeout_ms) && r.U64(&m->output_limit) && r.Done();
+  return r.U64(&m->timeout_ms) && r.U64(&m->output_limit) && GetStrings(r, &m->argv, kMaxPayload) &&
+         r.Done();
 }
 
 std::string Encode(const ExecKill& m) {

@@ -136,12 +136,16 @@ struct Hello {
 };
 
 struct ExecRequest {
-  std::string command;           // run as `shell -c command`
+  std::string command;           // run as `shell -c command` (unless argv is given)
   std::string cwd;               // absolute
   std::vector<std::string> env;  // "K=V", final
   std::optional<std::string> stdin_data;
   uint64_t timeout_ms = 0;  // 0: none
   uint64_t output_limit = 64ull << 20;
+  // When not empty: these arguments run directly, without a shell (`command` is ignored);
+  // argv[0] is searched in the PATH of `env` as execvp does when it has no '/'. For
+  // `nsbox exec ID -- CMD ARGS...`.
+  std::vector<std::string> argv;
 };
 
 struct ExecKill {

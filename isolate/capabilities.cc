@@ -74,4 +74,16 @@ int ApplyCapabilities(const CapabilityPlan& plan) noexcept {
   return 0;
 }
 
+Result<CapabilityPlan> PlanCapabilityMask(uint64_t keep, int last_cap) {
+  if (last_cap < 0 || last_cap > 63) {
+    return Error::Msg("capabilities: last capability " + std::to_string(last_cap) +
+                      " is out of range");
+  }
+  if (last_cap < 63 && (keep >> (last_cap + 1)) != 0) {
+    return Error::Msg("capabilities: the mask names capabilities above " +
+                      std::to_string(last_cap));
+  }
+  return CapabilityPlan(keep, last_cap);
+}
+
 }  // namespace nsbox::isolate

@@ -19,6 +19,7 @@ class CapabilityPlan {
 
  private:
   friend Result<CapabilityPlan> PlanCapabilities(const policy::CapabilitySet& set, int last_cap);
+  friend Result<CapabilityPlan> PlanCapabilityMask(uint64_t keep, int last_cap);
   CapabilityPlan(uint64_t keep, int last_cap) : keep_(keep), last_cap_(last_cap) {}
 
   uint64_t keep_;
@@ -28,6 +29,8 @@ class CapabilityPlan {
 // A plan for `set` on a kernel whose last capability is `last_cap`. An error if the set names a
 // capability the kernel does not have.
 Result<CapabilityPlan> PlanCapabilities(const policy::CapabilitySet& set, int last_cap);
+// A plan from a mask (as the host sends it to nsbox-init); an error for a bit above last_cap.
+Result<CapabilityPlan> PlanCapabilityMask(uint64_t keep, int last_cap);
 // The same, with last_cap read from /proc/sys/kernel/cap_last_cap. Call it in the parent.
 Result<CapabilityPlan> PlanCapabilities(const policy::CapabilitySet& set);
 

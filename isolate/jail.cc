@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/close_range.h>
 #include <linux/sched.h>
 #include <net/if.h>
 #include <sched.h>
@@ -49,6 +50,8 @@ enum class Step : uint32_t {
   kCapabilities,
   kSeccomp,
   kExec,
+  kInitCgroup,
+  kExecInit,
 };
 
 const char* StepName(Step step) {
@@ -97,6 +100,10 @@ const char* StepName(Step step) {
       return "load the seccomp filter";
     case Step::kExec:
       return "execve";
+    case Step::kInitCgroup:
+      return "move into the init cgroup";
+    case Step::kExecInit:
+      return "execute nsbox-init";
   }
   return "unknown step";
 }
@@ -121,6 +128,8 @@ constexpr uint32_t kGoMagic = 0x6e73626f;  // "nsbo"
 struct ChildPlan {
   const JailSpec* spec;
   int sync_fd;
+  int control_fd = -1;  // init mode: the jail's end of the control channel
+  std::vector<const char*> init_argv;
   std::vector<const char*> argv;
   std::vector<const char*> envp;
   std::vector<char> command_stack;
@@ -222,6 +231,46 @@ int CommandMain(void* arg) {
   ::_exit(exec_err == EACCES ? kExitNotExecutable : kExitNotFound);
 }
 
+// Init mode: PID 1 becomes nsbox-init. Never returns.
+[[noreturn]] void ExecInit(const ChildPlan& plan) {
+  const JailSpec& spec = *plan.spec;
+  int sync = plan.sync_fd;
+  constexpr int kControlFd = 3;
+  constexpr int kCgroupFd = 4;
+  if (spec.cgroup_v2_fd >= 0) {
+    // Its own leaf, made now that the cgroup namespace is rooted at the jail's directory (a
+    // migration outside the namespace's root would be refused).
+    if (::mkdirat(spec.cgroup_v2_fd, "init", 0755) < 0 && errno != EEXIST) {
+      ChildFail(sync, Step::kInitCgroup, errno);
+    }
+    int procs = ::openat(spec.cgroup_v2_fd, "init/cgroup.procs", O_WRONLY | O_CLOEXEC);
+    if (procs < 0) ChildFail(sync, Step::kInitCgroup, errno);
+    if (::write(procs, "0", 1) != 1) ChildFail(sync, Step::kInitCgroup, errno);
+    ::close(procs);
+  }
+  // Move the fds nsbox-init is given to their numbers, above anything they might sit on.
+  int control = ::fcntl(plan.control_fd, F_DUPFD_CLOEXEC, 10);
+  int cgroup = spec.cgroup_v2_fd >= 0 ? ::fcntl(spec.cgroup_v2_fd, F_DUPFD_CLOEXEC, 10) : -1;
+  int binary = ::fcntl(spec.init_fd, F_DUPFD_CLOEXEC, 10);
+  if (control < 0 || binary < 0 || (spec.cgroup_v2_fd >= 0 && cgroup < 0)) {
+    ChildFail(sync, Step::kStdio, errno);
+  }
+  int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null < 0) ChildFail(sync, Step::kStdio, errno);
+  // stdin and stdout lead nowhere; stderr stays the host side's, for nsbox-init's log.
+  if (::dup2(null, 0) < 0 || ::dup2(null, 1) < 0 || ::dup2(control, kControlFd) < 0) {
+    ChildFail(sync, Step::kStdio, errno);
+  }
+  if (cgroup >= 0 && ::dup2(cgroup, kCgroupFd) < 0) ChildFail(sync, Step::kStdio, errno);
+  // Everything else closes at exec: no fd of the host reaches the jail (CVE-2024-21626).
+  if (sys::CloseRange(5, ~0U, CLOSE_RANGE_CLOEXEC) < 0) ChildFail(sync, Step::kStdio, errno);
+  char* const empty_env[] = {nullptr};
+  // On success the sync socket closes with the exec (CLOEXEC): the host reads that as "started".
+  ::syscall(SYS_execveat, binary, "", const_cast<char* const*>(plan.init_argv.data()), empty_env,
+            AT_EMPTY_PATH);
+  ChildFail(sync, Step::kExecInit, errno);
+}
+
 // PID 1 of the jail. Never returns.
 [[noreturn]] void InitMain(const ChildPlan& plan) {
   const JailSpec& spec = *plan.spec;
@@ -258,6 +307,8 @@ int CommandMain(void* arg) {
   // memory, fds or environment (CVE-2016-9962).
   if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) ChildFail(sync, Step::kDumpable, errno);
   if (::chdir(spec.cwd.c_str()) < 0) ChildFail(sync, Step::kChdir, errno);
+
+  if (spec.init_fd >= 0) ExecInit(plan);
 
   int tty_slave = -1;
   if (spec.tty) {
@@ -370,9 +421,11 @@ Result<UniqueFd> ReceiveFd(int sock, Report* report) {
 }  // namespace
 
 Result<Jail> Jail::Start(const JailSpec& spec) {
-  if (spec.argv.empty() || spec.exec_candidates.empty()) {
+  bool init_mode = spec.init_fd >= 0;
+  if (!init_mode && (spec.argv.empty() || spec.exec_candidates.empty())) {
     return Error::Msg("no command to run");
   }
+  if (init_mode && spec.init_argv.empty()) return Error::Msg("no argv for nsbox-init");
 
   ChildPlan plan;
   plan.spec = &spec;
@@ -393,6 +446,17 @@ Result<Jail> Jail::Start(const JailSpec& spec) {
   UniqueFd parent_end(sv[0]);
   UniqueFd child_end(sv[1]);
   plan.sync_fd = child_end.get();
+  UniqueFd control_host, control_jail;
+  if (init_mode) {
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+      return Error::Sys("socketpair", "control channel", errno);
+    }
+    control_host.reset(sv[0]);
+    control_jail.reset(sv[1]);
+    plan.control_fd = control_jail.get();
+    for (const auto& a : spec.init_argv) plan.init_argv.push_back(a.c_str());
+    plan.init_argv.push_back(nullptr);
+  }
 
   // PID 1 blocks the signals it forwards and waits for them with sigwaitinfo; blocked from birth
   // so that none is lost between clone and its loop. Its dispositions are reset to the default
@@ -446,6 +510,7 @@ Result<Jail> Jail::Start(const JailSpec& spec) {
   }
   ::sigprocmask(SIG_SETMASK, &saved_mask, nullptr);
   child_end.reset();
+  control_jail.reset();
 
   Jail jail;
   if (pidfd == -2) {
@@ -472,6 +537,16 @@ Result<Jail> Jail::Start(const JailSpec& spec) {
   for (;;) {
     Report report{};
     NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, ReceiveFd(parent_end.get(), &report));
+    if (report.kind == ReportKind{} && init_mode) {
+      // EOF without a report: in init mode, the exec of nsbox-init closed the sync socket, unless
+      // PID 1 died.
+      ExitStatus st;
+      auto exited = jail.init_.TryWait(&st);
+      if (exited.ok() && !*exited) {
+        jail.control_ = std::move(control_host);
+        return jail;
+      }
+    }
     if (report.kind == ReportKind{}) {
       // EOF without a report: PID 1 died (killed from outside, or the OOM killer).
       auto st = jail.init_.Wait();

@@ -40,6 +40,14 @@ struct JailSpec {
   // An O_DIRECTORY fd of the jail's cgroup v2 directory: the child is born in it
   // (clone3 CLONE_INTO_CGROUP), so there is no moment where it runs outside. -1 for none.
   int cgroup_v2_fd = -1;
+  // Init mode: instead of running `argv`, PID 1 sets the jail up and then executes this binary
+  // (an O_PATH fd the host opened on nsbox-init, so nothing inside the jail can replace it) with
+  // `init_argv`, an empty environment, the control channel on fd 3 and, when cgroup_v2_fd >= 0,
+  // the jail's cgroup v2 directory on fd 4. PID 1 first moves itself into a leaf "init" of that
+  // directory, so the directory is free to hold a cgroup per command (cgroup v2's "no internal
+  // processes" rule). -1: command mode.
+  int init_fd = -1;
+  std::vector<std::string> init_argv;
   // Called with the child's host pid before it goes on, to place it in the cgroups it could not
   // be born in (v1 hierarchies; v2 too when clone3 is not available: `joined_v2` says which).
   std::function<Status(pid_t pid, bool joined_v2)> place_in_cgroups;
@@ -57,6 +65,8 @@ class Jail {
   const Pidfd& pidfd() const { return init_.pidfd(); }
   // The master side of the terminal (when spec.tty), owned by the caller after Start.
   UniqueFd TakeTtyMaster() { return std::move(tty_master_); }
+  // Init mode: the host's end of the control channel (a SOCK_STREAM socket).
+  UniqueFd TakeControl() { return std::move(control_); }
   // errno of the failed execve of the command (ENOENT: not found, EACCES: not executable); 0 when
   // it started. When set, PID 1 exits with 127 or 126 as a shell would.
   int exec_error() const { return exec_error_; }
@@ -70,6 +80,7 @@ class Jail {
  private:
   ChildProcess init_;
   UniqueFd tty_master_;
+  UniqueFd control_;
   int exec_error_ = 0;
 };
 

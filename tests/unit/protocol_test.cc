@@ -25,6 +25,7 @@ TEST(Protocol, ExecRequestRoundTrips) {
   in.stdin_data = std::string("\0in", 3);
   in.timeout_ms = 30000;
   in.output_limit = 123;
+  in.argv = {"/bin/true", "--version"};
   ExecRequest out;
   ASSERT_TRUE(Decode(Encode(in), &out));
   EXPECT_EQ(out.command, in.command);
@@ -33,6 +34,7 @@ TEST(Protocol, ExecRequestRoundTrips) {
   EXPECT_EQ(out.stdin_data, in.stdin_data);
   EXPECT_EQ(out.timeout_ms, 30000u);
   EXPECT_EQ(out.output_limit, 123u);
+  EXPECT_EQ(out.argv, in.argv);
   in.stdin_data.reset();
   ASSERT_TRUE(Decode(Encode(in), &out));
   EXPECT_FALSE(out.stdin_data.has_value());
@@ -90,7 +92,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
 }
 
 TEST(Protocol, RefusesTruncatedTrailingAndOutOfRangePayloads) {
-  std::string ok = Encode(ExecRequest{"true", "/", {}, std::nullopt, 0, 1});
+  std::string ok = Encode(ExecRequest{"true", "/", {}, std::nullopt, 0, 1, {}});
   ExecRequest out;
   for (size_t n = 0; n < ok.size(); ++n) {
     EXPECT_FALSE(Decode(ok.substr(0, n), &out)) << n;

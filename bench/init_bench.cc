@@ -1,0 +1,216 @@
+// nsbox-bench: nsbox-init's figures, side by side with the kernel floor in one run (medians).
+//
+//   sudo build/bench/nsbox-bench [--sandboxes N] [--runs N]
+//
+// - exec of /bin/true through the control channel (argv, no shell), and the same through
+//   `bash -c`, against a bare vfork + execve + waitpid of /bin/true on the host;
+// - a 4 KiB readFile round trip;
+// - stdout capture of 1 GiB written in 64 KiB chunks;
+// - idle nsbox-init memory: PSS plus kernel memory per sandbox with N sandboxes idle.
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "isolate/idmap.h"
+#include "runtime/sandbox.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nsbox::fs::proto::ExecRequest;
+
+double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+struct Stats {
+  double median, p10, p90;
+};
+
+Stats Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) { return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))]; };
+  return {at(0.5), at(0.1), at(0.9)};
+}
+
+void Print(const char* what, const Stats& s, const char* unit = "us") {
+  std::printf("| %s | %.1f | %.1f | %.1f | %s |\n", what, s.median, s.p10, s.p90, unit);
+}
+
+double VforkExecTrue() {
+  auto t0 = Clock::now();
+  pid_t pid = vfork();
+  if (pid == 0) {
+    char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
+    char* const envp[] = {nullptr};
+    execve("/bin/true", argv, envp);
+    _exit(127);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  return Micros(Clock::now() - t0);
+}
+
+// kB of the kernel's own memory that a sandbox can grow: slab, stacks, page tables, per-CPU.
+long KernelKb() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  long value;
+  std::string unit;
+  long total = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "SUnreclaim:" || key == "SReclaimable:" || key == "KernelStack:" ||
+        key == "PageTables:" || key == "Percpu:") {
+      total += value;
+    }
+  }
+  return total;
+}
+
+long PssKb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Pss:", 0) == 0) return std::atol(line.c_str() + 4);
+  }
+  return -1;
+}
+
+std::unique_ptr<nsbox::runtime::Sandbox> Start(const std::string& workspace,
+                                               const std::string& name) {
+  nsbox::runtime::SandboxOptions o;
+  o.jail.workspace = workspace;
+  o.jail.warn_unwritable_workspace = false;
+  o.cgroup_name = name;
+  auto box = nsbox::runtime::Sandbox::Start(o);
+  if (!box.ok()) {
+    std::fprintf(stderr, "nsbox-bench: %s\n", box.error().message().c_str());
+    std::exit(1);
+  }
+  return std::move(*box);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int sandboxes = 200;
+  int runs = 500;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--sandboxes") == 0) sandboxes = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--runs") == 0) runs = std::atoi(argv[i + 1]);
+  }
+  auto ids = nsbox::isolate::DefaultIdMapping();
+  if (!ids.ok()) return 1;
+  std::string workspace = "/var/tmp/nsbox-bench-" + std::to_string(getpid());
+  std::filesystem::create_directories(workspace);
+  chown(workspace.c_str(), ids->uid.outside, ids->gid.outside);
+
+  auto box = Start(workspace, "nsbox-bench-" + std::to_string(getpid()));
+  auto& client = box->client();
+  std::printf("nsbox-bench: %d runs each; machine: %ld CPUs\n\n", runs,
+              sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf("| operation | median | p10 | p90 | unit |\n|---|---|---|---|---|\n");
+
+  // 1. exec /bin/true, interleaved with the bare vfork + execve of the same binary.
+  ExecRequest direct;
+  direct.argv = {"/bin/true"};
+  direct.cwd = "/workspace";
+  direct.env = {"PATH=/usr/bin:/bin"};
+  ExecRequest shell = direct;
+  shell.argv.clear();
+  shell.command = "/bin/true";
+  std::vector<double> t_direct, t_shell, t_vfork;
+  for (int i = 0; i < runs; ++i) {
+    auto t0 = Clock::now();
+    auto r = client.Exec(direct);
+    t_direct.push_back(Micros(Clock::now() - t0));
+    if (!r.ok() || r.value().exit_code != 0) {
+      std::fprintf(stderr, "exec failed\n");
+      return 1;
+    }
+    t_vfork.push_back(VforkExecTrue());
+    t0 = Clock::now();
+    (void)client.Exec(shell);
+    t_shell.push_back(Micros(Clock::now() - t0));
+  }
+  auto s_direct = Summarize(t_direct);
+  auto s_vfork = Summarize(t_vfork);
+  Print("exec `/bin/true` through nsbox-init (argv)", s_direct);
+  Print("exec `bash -c /bin/true` through nsbox-init", Summarize(t_shell));
+  Print("bare vfork + execve + waitpid of /bin/true on the host", s_vfork);
+
+  // 2. 4 KiB readFile.
+  if (!client.WriteFile("/workspace/4k", std::string(4096, 'x')).ok()) return 1;
+  std::vector<double> t_read;
+  for (int i = 0; i < runs * 4; ++i) {
+    auto t0 = Clock::now();
+    auto r = client.ReadFile("/workspace/4k");
+    t_read.push_back(Micros(Clock::now() - t0));
+    if (!r.ok() || r.value().size() != 4096) return 1;
+  }
+  Print("readFile of 4 KiB", Summarize(t_read));
+
+  // 3. Capture: 1 GiB written in 64 KiB chunks.
+  std::vector<double> gbps;
+  for (int i = 0; i < 5; ++i) {
+    ExecRequest dd;
+    dd.argv = {"dd", "if=/dev/zero", "bs=64k", "count=16384", "status=none"};
+    dd.cwd = "/workspace";
+    dd.env = {"PATH=/usr/bin:/bin"};
+    dd.output_limit = 2ull << 30;
+    uint64_t bytes = 0;
+    nsbox::fs::InitClient::ExecCallbacks cb;
+    cb.on_output = [&bytes](int stream, std::string_view data) {
+      if (stream == 1) bytes += data.size();
+    };
+    auto t0 = Clock::now();
+    auto r = client.Exec(dd, cb);
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!r.ok() || bytes != (1ull << 30)) {
+      std::fprintf(stderr, "capture: %llu bytes\n", static_cast<unsigned long long>(bytes));
+      return 1;
+    }
+    gbps.push_back(static_cast<double>(bytes) / secs / 1e9);
+  }
+  Print("stdout capture, 1 GiB in 64 KiB writes (5 runs)", Summarize(gbps), "GB/s");
+  box.reset();
+
+  // 4. Idle memory.
+  sync();
+  long kernel_before = KernelKb();
+  std::vector<std::unique_ptr<nsbox::runtime::Sandbox>> boxes;
+  for (int i = 0; i < sandboxes; ++i) {
+    boxes.push_back(
+        Start(workspace, "nsbox-bench-" + std::to_string(getpid()) + "-" + std::to_string(i)));
+  }
+  sleep(2);
+  long pss = 0;
+  for (auto& b : boxes) pss += PssKb(b->init_pid());
+  long kernel_after = KernelKb();
+  double per_box_kib =
+      (static_cast<double>(pss) + static_cast<double>(kernel_after - kernel_before)) / sandboxes;
+  std::printf(
+      "| idle nsbox-init, %d sandboxes: PSS %.1f KiB + kernel %.1f KiB | %.1f | | | KiB per "
+      "sandbox |\n",
+      sandboxes, static_cast<double>(pss) / sandboxes,
+      static_cast<double>(kernel_after - kernel_before) / sandboxes, per_box_kib);
+  std::printf("\nexec overhead over the bare vfork+execve (medians): %.1f us\n",
+              s_direct.median - s_vfork.median);
+  boxes.clear();
+  std::filesystem::remove_all(workspace);
+  return 0;
+}

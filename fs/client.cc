@@ -1,0 +1,388 @@
+#include "fs/client.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "base/files.h"
+
+namespace nsbox::fs {
+
+namespace {
+
+using proto::Type;
+
+FsError TransportError(std::string_view what) {
+  FsError e;
+  e.err = EPIPE;
+  e.message = "nsbox-init: " + std::string(what);
+  return e;
+}
+
+// One response, handed from the reader thread to a waiting caller.
+struct Slot {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  FsOutcome<InitClient::RawReply> reply{FsError{}};
+  UniqueFd fd;
+};
+
+}  // namespace
+
+FsError ReplyError(const InitClient::RawReply& reply, std::string_view expected) {
+  if (reply.type == Type::kError) {
+    proto::ErrorReply er;
+    if (proto::Decode(reply.payload, &er)) {
+      return FsError{er.err, er.syscall, er.path, er.message, er.err_fs_eisdir};
+    }
+  }
+  FsError e;
+  e.err = EPROTO;
+  e.message = "nsbox-init answered " + std::string(proto::TypeName(reply.type)) + " where " +
+              std::string(expected) + " was expected";
+  return e;
+}
+
+InitClient::InitClient(UniqueFd control) : control_(std::move(control)) {
+  reader_ = std::thread([this] { ReaderLoop(); });
+}
+
+InitClient::~InitClient() {
+  // shutdown wakes the reader's recvmsg; nsbox-init sees the channel close.
+  ::shutdown(control_.get(), SHUT_RDWR);
+  if (reader_.joinable()) reader_.join();
+}
+
+bool InitClient::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !closed_;
+}
+
+Status InitClient::Send(Type type, uint64_t tag, std::string_view payload) {
+  std::string frame = proto::EncodeFrame(type, tag, payload);
+  std::lock_guard<std::mutex> lock(send_mu_);
+  size_t off = 0;
+  while (off < frame.size()) {
+    ssize_t n = ::send(control_.get(), frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::Sys("send", "nsbox-init control channel", errno);
+    }
+    off += static_cast<size_t>(n);
+  }
+  return Ok();
+}
+
+Status InitClient::SendRaw(std::string_view bytes) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  return WriteAll(control_.get(), bytes, "nsbox-init control channel");
+}
+
+void InitClient::Register(uint64_t tag, Handler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handlers_[tag] = std::make_shared<Handler>(std::move(handler));
+}
+
+uint64_t InitClient::Register(Handler handler) {
+  uint64_t tag = NextTag();
+  Register(tag, std::move(handler));
+  return tag;
+}
+
+FsOutcome<InitClient::RawReply> InitClient::Call(Type type, std::string_view payload, UniqueFd* fd,
+                                                 uint64_t tag) {
+  auto slot = std::make_shared<Slot>();
+  Handler handler = [slot](const proto::FrameReader::Frame& frame, UniqueFd received) {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    slot->reply = RawReply{frame.header.type, frame.payload};
+    slot->fd = std::move(received);
+    slot->done = true;
+    slot->cv.notify_all();
+    return true;
+  };
+  if (tag == 0) {
+    tag = Register(std::move(handler));
+  } else {
+    Register(tag, std::move(handler));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {
+      handlers_.erase(tag);
+      return TransportError("the control channel is closed");
+    }
+  }
+  if (auto st = Send(type, tag, payload); !st.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    handlers_.erase(tag);
+    return TransportError(st.error().message());
+  }
+  std::unique_lock<std::mutex> lock(slot->mu);
+  slot->cv.wait(lock, [&] { return slot->done; });
+  if (fd != nullptr) *fd = std::move(slot->fd);
+  return std::move(slot->reply);
+}
+
+FsOutcome<InitClient::RawReply> InitClient::AwaitReply(uint64_t tag) {
+  auto slot = std::make_shared<Slot>();
+  Register(tag, [slot](const proto::FrameReader::Frame& frame, UniqueFd) {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    slot->reply = RawReply{frame.header.type, frame.payload};
+    slot->done = true;
+    slot->cv.notify_all();
+    return true;
+  });
+  std::unique_lock<std::mutex> lock(slot->mu);
+  slot->cv.wait(lock, [&] { return slot->done; });
+  return std::move(slot->reply);
+}
+
+void InitClient::FailAll(const FsError& error) {
+  std::map<uint64_t, std::shared_ptr<Handler>> handlers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    handlers.swap(handlers_);
+  }
+  // A synthetic error frame for each: Call's slots and exec handlers both understand it.
+  proto::ErrorReply er{error.err, error.syscall, error.path, error.message, false};
+  for (auto& [tag, handler] : handlers) {
+    proto::FrameReader::Frame frame{{0, Type::kError, tag}, proto::Encode(er), false};
+    (*handler)(frame, UniqueFd());
+  }
+}
+
+void InitClient::ReaderLoop() {
+  proto::FrameReader frames;
+  std::deque<UniqueFd> fds;  // received in order; each belongs to the next fd-carrying frame
+  std::string buf(256 * 1024, '\0');
+  for (;;) {
+    struct iovec iov {
+      buf.data(), buf.size()
+    };
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
+    struct msghdr msg {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n = ::recvmsg(control_.get(), &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        fds.emplace_back(fd);
+      }
+    }
+    if (n <= 0) {
+      FailAll(TransportError(n == 0 ? "the control channel closed (nsbox-init exited)"
+                                    : "reading the control channel failed: " + ErrnoText(errno)));
+      return;
+    }
+    frames.Feed(std::string_view(buf.data(), static_cast<size_t>(n)));
+    while (auto frame = frames.Next()) {
+      UniqueFd fd;
+      if (frame->header.type == Type::kFileFd || frame->header.type == Type::kWriteReady) {
+        if (!fds.empty()) {
+          fd = std::move(fds.front());
+          fds.pop_front();
+        }
+      }
+      std::shared_ptr<Handler> handler;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = handlers_.find(frame->header.tag);
+        if (it != handlers_.end()) handler = it->second;
+      }
+      if (handler == nullptr) continue;  // a late frame for an abandoned request
+      if ((*handler)(*frame, std::move(fd))) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = handlers_.find(frame->header.tag);
+        if (it != handlers_.end() && it->second == handler) handlers_.erase(it);
+      }
+    }
+  }
+}
+
+Status InitClient::SendHello(const proto::Hello& hello) {
+  return Send(Type::kHello, 0, proto::Encode(hello));
+}
+
+uint64_t InitClient::StartExec(const proto::ExecRequest& request, ExecCallbacks callbacks,
+                               std::function<void(FsOutcome<proto::ExecExit>)> done) {
+  auto cb = std::make_shared<ExecCallbacks>(std::move(callbacks));
+  auto finish = std::make_shared<std::function<void(FsOutcome<proto::ExecExit>)>>(std::move(done));
+  uint64_t tag = Register([cb, finish](const proto::FrameReader::Frame& frame, UniqueFd) {
+    switch (frame.header.type) {
+      case Type::kExecStarted: {
+        proto::ExecStarted m;
+        if (proto::Decode(frame.payload, &m) && cb->on_started) cb->on_started(m.pid);
+        return false;
+      }
+      case Type::kExecOutput: {
+        proto::ExecOutput m;
+        if (proto::Decode(frame.payload, &m) && cb->on_output) cb->on_output(m.stream, m.data);
+        return false;
+      }
+      case Type::kExecExit: {
+        proto::ExecExit m;
+        if (proto::Decode(frame.payload, &m)) {
+          (*finish)(m);
+        } else {
+          (*finish)(ReplyError({frame.header.type, frame.payload}, "exec-exit"));
+        }
+        return true;
+      }
+      default:
+        (*finish)(ReplyError({frame.header.type, frame.payload}, "exec events"));
+        return true;
+    }
+  });
+  bool closed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed = closed_;
+    if (closed) handlers_.erase(tag);
+  }
+  if (closed) {
+    (*finish)(TransportError("the control channel is closed"));
+  } else if (auto st = Send(Type::kExec, tag, proto::Encode(request)); !st.ok()) {
+    std::shared_ptr<Handler> handler;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = handlers_.find(tag);
+      if (it != handlers_.end()) {
+        handler = it->second;
+        handlers_.erase(it);
+      }
+    }
+    if (handler != nullptr) (*finish)(TransportError(st.error().message()));
+  }
+  return tag;
+}
+
+FsOutcome<proto::ExecExit> InitClient::Exec(const proto::ExecRequest& request,
+                                            ExecCallbacks callbacks) {
+  auto slot = std::make_shared<Slot>();
+  auto result = std::make_shared<FsOutcome<proto::ExecExit>>(FsError{});
+  StartExec(request, std::move(callbacks), [slot, result](FsOutcome<proto::ExecExit> r) {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    *result = std::move(r);
+    slot->done = true;
+    slot->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(slot->mu);
+  slot->cv.wait(lock, [&] { return slot->done; });
+  return std::move(*result);
+}
+
+void InitClient::KillExec(uint64_t tag, uint8_t reason) {
+  (void)Send(Type::kExecKill, tag, proto::Encode(proto::ExecKill{reason}));
+}
+
+FsOutcome<std::string> InitClient::ReadFile(const std::string& path) {
+  UniqueFd fd;
+  auto r = Call(Type::kReadFile, proto::Encode(proto::PathRequest{path}), &fd);
+  if (!r.ok()) return r.error();
+  if (r.value().type == Type::kFileData) return std::move(r.value().payload);
+  uint64_t size = 0;
+  if (r.value().type != Type::kFileFd || !proto::DecodeU64(r.value().payload, &size) ||
+      !fd.valid()) {
+    return ReplyError(r.value(), "file-data");
+  }
+  // A large file: read it here, through the fd nsbox-init opened inside the jail.
+  std::string out;
+  out.reserve(static_cast<size_t>(size));
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return FsError{errno, "read", path, ErrnoText(errno) + ", read '" + path + "'"};
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+FsOutcome<Unit> InitClient::WriteFile(const std::string& path, std::string_view data) {
+  UniqueFd fd;
+  uint64_t tag = NextTag();
+  auto r = Call(Type::kWriteBegin, proto::Encode(proto::PathRequest{path}), &fd, tag);
+  if (!r.ok()) return r.error();
+  if (r.value().type != Type::kWriteReady || !fd.valid())
+    return ReplyError(r.value(), "write-ready");
+  if (auto st = WriteAll(fd.get(), data, path); !st.ok()) {
+    (void)Call(Type::kWriteAbort, "", nullptr, tag);
+    return FsError{st.error().code(), "write", path, st.error().message()};
+  }
+  fd.reset();
+  auto c = Call(Type::kWriteCommit, "", nullptr, tag);
+  if (!c.ok()) return c.error();
+  if (c.value().type != Type::kOk) return ReplyError(c.value(), "ok");
+  return Unit{};
+}
+
+FsOutcome<proto::StatReply> InitClient::Stat(const std::string& path) {
+  auto r = Call(Type::kStat, proto::Encode(proto::PathRequest{path}));
+  if (!r.ok()) return r.error();
+  proto::StatReply s;
+  if (r.value().type != Type::kStatResult || !proto::Decode(r.value().payload, &s)) {
+    return ReplyError(r.value(), "stat-result");
+  }
+  return s;
+}
+
+FsOutcome<proto::ReaddirReply> InitClient::Readdir(const std::string& path, bool with_types) {
+  auto r = Call(Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}));
+  if (!r.ok()) return r.error();
+  proto::ReaddirReply d;
+  if (r.value().type != Type::kReaddirResult || !proto::Decode(r.value().payload, &d)) {
+    return ReplyError(r.value(), "readdir-result");
+  }
+  return d;
+}
+
+FsOutcome<bool> InitClient::Exists(const std::string& path) {
+  auto r = Call(Type::kExists, proto::Encode(proto::PathRequest{path}));
+  if (!r.ok()) return r.error();
+  bool b = false;
+  if (r.value().type != Type::kBool || !proto::DecodeBool(r.value().payload, &b)) {
+    return ReplyError(r.value(), "bool");
+  }
+  return b;
+}
+
+namespace {
+
+FsOutcome<Unit> ExpectOk(FsOutcome<InitClient::RawReply> r) {
+  if (!r.ok()) return r.error();
+  if (r.value().type != Type::kOk) return ReplyError(r.value(), "ok");
+  return Unit{};
+}
+
+}  // namespace
+
+FsOutcome<Unit> InitClient::Mkdir(const std::string& path, bool recursive) {
+  return ExpectOk(Call(Type::kMkdir, proto::Encode(proto::MkdirRequest{path, recursive})));
+}
+
+FsOutcome<Unit> InitClient::Rm(const std::string& path, bool recursive, bool force) {
+  return ExpectOk(Call(Type::kRm, proto::Encode(proto::RmRequest{path, recursive, force})));
+}
+
+FsOutcome<Unit> InitClient::Ping() {
+  auto r = Call(Type::kPing, "");
+  if (!r.ok()) return r.error();
+  if (r.value().type != Type::kPong) return ReplyError(r.value(), "pong");
+  return Unit{};
+}
+
+FsOutcome<Unit> InitClient::StopAll() { return ExpectOk(Call(Type::kStopAll, "")); }
+
+}  // namespace nsbox::fs

@@ -1,0 +1,100 @@
+#pragma once
+
+// The host side of the control channel: what nsboxd (and the tests) use to drive a sandbox's
+// nsbox-init. Thread-safe; a reader thread dispatches responses by tag, so many requests are in
+// flight at once. Files larger than the inline limit arrive as fds (SCM_RIGHTS) and are read or
+// written here directly: no transfer passes whole through nsbox-init's memory.
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "base/error.h"
+#include "base/unique_fd.h"
+#include "fs/file_ops.h"
+#include "fs/protocol.h"
+
+namespace nsbox::fs {
+
+class InitClient {
+ public:
+  // Takes the host's end of the control channel and starts the reader thread.
+  explicit InitClient(UniqueFd control);
+  // Closes the channel (nsbox-init then ends every process of the sandbox and exits) and joins
+  // the reader thread; every pending call fails with EPIPE.
+  ~InitClient();
+  InitClient(const InitClient&) = delete;
+  InitClient& operator=(const InitClient&) = delete;
+
+  // The first frame: the jail's configuration. Confirmed by the Ping that follows it.
+  Status SendHello(const proto::Hello& hello);
+
+  struct ExecCallbacks {
+    std::function<void(uint32_t pid)> on_started;
+    std::function<void(int stream, std::string_view data)> on_output;
+  };
+  // Starts a command; callbacks and `done` run on the reader thread. Returns the exec's tag,
+  // which KillExec takes.
+  uint64_t StartExec(const proto::ExecRequest& request, ExecCallbacks callbacks,
+                     std::function<void(FsOutcome<proto::ExecExit>)> done);
+  // Runs a command to its end (blocking), delivering output through the callbacks.
+  FsOutcome<proto::ExecExit> Exec(const proto::ExecRequest& request, ExecCallbacks callbacks = {});
+  // Ends a running exec (reason exec::EndReason kCancelled or kStopped); its exit follows.
+  void KillExec(uint64_t tag, uint8_t reason);
+
+  FsOutcome<std::string> ReadFile(const std::string& path);
+  FsOutcome<Unit> WriteFile(const std::string& path, std::string_view data);
+  FsOutcome<proto::StatReply> Stat(const std::string& path);
+  FsOutcome<proto::ReaddirReply> Readdir(const std::string& path, bool with_types);
+  FsOutcome<bool> Exists(const std::string& path);
+  FsOutcome<Unit> Mkdir(const std::string& path, bool recursive);
+  FsOutcome<Unit> Rm(const std::string& path, bool recursive, bool force);
+  FsOutcome<Unit> Ping();
+  FsOutcome<Unit> StopAll();
+
+  // For tests of hostile input: any bytes on the channel, and the next response to `tag`.
+  struct RawReply {
+    proto::Type type;
+    std::string payload;
+  };
+  Status SendRaw(std::string_view bytes);
+  FsOutcome<RawReply> AwaitReply(uint64_t tag);
+  uint64_t NextTag() { return next_tag_.fetch_add(1); }
+
+  // False once the channel has closed (nsbox-init exited).
+  bool connected() const;
+
+ private:
+  using Handler = std::function<bool(const proto::FrameReader::Frame& frame, UniqueFd fd)>;
+
+  uint64_t Register(Handler handler);
+  void Register(uint64_t tag, Handler handler);
+  Status Send(proto::Type type, uint64_t tag, std::string_view payload);
+  FsOutcome<RawReply> Call(proto::Type type, std::string_view payload, UniqueFd* fd = nullptr,
+                           uint64_t tag = 0);
+  void ReaderLoop();
+  void FailAll(const FsError& error);
+
+  UniqueFd control_;
+  std::thread reader_;
+  mutable std::mutex mu_;
+  std::mutex send_mu_;
+  std::map<uint64_t, std::shared_ptr<Handler>> handlers_;
+  bool closed_ = false;
+  std::atomic<uint64_t> next_tag_{1};
+};
+
+// The FsError of a reply that was not the expected type (a kError, or a protocol violation).
+FsError ReplyError(const InitClient::RawReply& reply, std::string_view expected);
+
+}  // namespace nsbox::fs

@@ -1,0 +1,687 @@
+#include "runtime/init_server.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "base/files.h"
+#include "base/syscalls.h"
+#include "exec/command.h"
+
+namespace nsbox::runtime {
+
+namespace proto = fs::proto;
+using proto::Type;
+
+namespace {
+constexpr size_t kReadBufSize = 128 * 1024;
+}  // namespace
+
+// ---- What every command gets before execve -----------------------------------------------
+
+struct InitServer::ChildSecurity {
+  std::optional<isolate::SeccompProgram> seccomp;
+  std::optional<isolate::CapabilityPlan> capabilities;
+  struct Limit {
+    int resource;
+    struct rlimit value;
+  };
+  std::vector<Limit> rlimits;
+
+  // exec::ChildHooks::pre_exec: async-signal-safe, runs in the vfork-like child.
+  static int PreExec(const void* ctx) {
+    const auto* self = static_cast<const ChildSecurity*>(ctx);
+    for (const auto& l : self->rlimits) {
+      if (::setrlimit(static_cast<__rlimit_resource>(l.resource), &l.value) < 0) return errno;
+    }
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return errno;
+    if (self->capabilities) {
+      int err = isolate::ApplyCapabilities(*self->capabilities);
+      if (err != 0) return err;
+    }
+    // Last: the filter would otherwise have to allow the steps above.
+    if (self->seccomp) return isolate::LoadSeccomp(*self->seccomp);
+    return 0;
+  }
+};
+
+namespace {
+
+Result<isolate::SeccompProgram> ProgramFromBytes(const std::string& bytes) {
+  if (bytes.size() % sizeof(struct sock_filter) != 0 || bytes.empty() ||
+      bytes.size() / sizeof(struct sock_filter) > 4096) {
+    return Error::Msg("a seccomp program of " + std::to_string(bytes.size()) +
+                      " bytes is not a whole number of BPF instructions (1 to 4096)");
+  }
+  std::vector<struct sock_filter> insns(bytes.size() / sizeof(struct sock_filter));
+  std::memcpy(insns.data(), bytes.data(), bytes.size());
+  return isolate::SeccompProgram(std::move(insns));
+}
+
+// argv[0] as execvp finds it in the PATH of the command's own environment; the name itself when
+// nothing executable is found, so that the runner reports execve's error for it.
+std::string FindExecutable(const std::string& name, const std::vector<std::string>& env) {
+  for (const auto& candidate : exec::CommandCandidates(name, exec::PathOf(env))) {
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return name;
+}
+
+}  // namespace
+
+// ---- Worker threads for the file verbs -----------------------------------------------------
+
+// The file verbs block on the file system; they run here so that one slow or large operation
+// never stalls the loop or the other verbs. Started on first use (an idle sandbox keeps none).
+class InitServer::Workers {
+ public:
+  explicit Workers(size_t max) : max_(max) {}
+  ~Workers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  void Submit(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+    if (idle_ == 0 && threads_.size() < max_) {
+      threads_.emplace_back([this] { Loop(); });
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty()) return;  // stop_
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  }
+
+  size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool stop_ = false;
+};
+
+// ---- The server ----------------------------------------------------------------------------
+
+InitServer::InitServer(exec::Reactor& reactor, UniqueFd control, int cgroup_dir, UniqueFd root,
+                       proto::Hello hello, proto::FrameReader frames)
+    : reactor_(reactor),
+      control_(std::move(control)),
+      cgroup_dir_(cgroup_dir),
+      root_(std::move(root)),
+      hello_(std::move(hello)),
+      security_(std::make_unique<ChildSecurity>()),
+      workers_(std::make_unique<Workers>(4)),
+      frames_(std::move(frames)) {
+  read_buf_.reset(new char[kReadBufSize]);
+}
+
+InitServer::~InitServer() = default;
+
+Status InitServer::Run() {
+  if (!hello_.command_seccomp.empty()) {
+    NSBOX_ASSIGN_OR_RETURN(auto program, ProgramFromBytes(hello_.command_seccomp));
+    security_->seccomp = std::move(program);
+  }
+  NSBOX_ASSIGN_OR_RETURN(auto caps, isolate::PlanCapabilityMask(hello_.capabilities,
+                                                                static_cast<int>(hello_.last_cap)));
+  security_->capabilities = caps;
+  for (const auto& r : hello_.rlimits) {
+    security_->rlimits.push_back(
+        {static_cast<int>(r.resource), {static_cast<rlim_t>(r.soft), static_cast<rlim_t>(r.hard)}});
+  }
+  runner_ = std::make_unique<exec::Runner>(
+      reactor_, cgroup_dir_, exec::ChildHooks{&ChildSecurity::PreExec, security_.get()});
+
+  // Orphans re-parented to PID 1 are reaped on SIGCHLD; commands' own main processes are
+  // reaped by the runner through their pidfds.
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+  sigchld_.reset(::signalfd(-1, &chld, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!sigchld_.valid()) return Error::Sys("signalfd", "SIGCHLD", errno);
+  std::function<void(ssize_t)> on_sigchld = [this, &on_sigchld](ssize_t n) {
+    if (n == -ECANCELED || closed_) return;
+    ReapOrphans();
+    reactor_.Read(sigchld_.get(), sigchld_buf_, sizeof sigchld_buf_, on_sigchld);
+  };
+  reactor_.Read(sigchld_.get(), sigchld_buf_, sizeof sigchld_buf_, on_sigchld);
+
+  // Requests that arrived with the hello.
+  while (auto frame = frames_.Next()) OnFrame(std::move(*frame));
+  ReadControl();
+  while (!closed_) {
+    NSBOX_TRY(reactor_.RunOnce(std::nullopt));
+  }
+  // The host side is gone: end every process of the sandbox. The workspace stays.
+  runner_->KillAll(exec::EndReason::kStopped);
+  runner_.reset();
+  workers_.reset();
+  return Ok();
+}
+
+void InitServer::ReadControl() {
+  reactor_.Read(control_.get(), read_buf_.get(), kReadBufSize, [this](ssize_t n) {
+    if (n <= 0) {
+      if (n == -EINTR || n == -EAGAIN) {
+        ReadControl();
+        return;
+      }
+      closed_ = true;
+      return;
+    }
+    frames_.Feed(std::string_view(read_buf_.get(), static_cast<size_t>(n)));
+    while (auto frame = frames_.Next()) OnFrame(std::move(*frame));
+    if (!closed_) ReadControl();
+  });
+}
+
+void InitServer::ReapOrphans() {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/task/%d/children", static_cast<int>(::gettid()));
+  auto children = ReadFile(path);
+  if (!children.ok()) return;
+  const char* p = children->c_str();
+  while (*p != '\0') {
+    char* end;
+    long pid = std::strtol(p, &end, 10);
+    if (end == p) break;
+    p = end;
+    while (*p == ' ') ++p;
+    if (command_pids_.count(static_cast<pid_t>(pid)) != 0) continue;
+    siginfo_t info{};
+    ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
+  }
+}
+
+void InitServer::Send(Type type, uint64_t tag, std::string_view payload, UniqueFd fd) {
+  if (closed_) return;
+  out_.push_back({proto::EncodeFrame(type, tag, payload), std::move(fd), 0});
+  if (out_.size() == 1) Flush();
+}
+
+void InitServer::SendError(uint64_t tag, const fs::FsError& e) {
+  Send(Type::kError, tag,
+       proto::Encode(proto::ErrorReply{e.err, e.syscall, e.path, e.message, e.node_err_fs_eisdir}));
+}
+
+void InitServer::SendProtocolError(uint64_t tag, int err, std::string message) {
+  Send(Type::kError, tag, proto::Encode(proto::ErrorReply{err, "", "", std::move(message), false}));
+}
+
+void InitServer::Flush() {
+  while (!out_.empty() && !waiting_writable_) {
+    Outgoing& o = out_.front();
+    struct iovec iov {
+      o.bytes.data() + o.sent, o.bytes.size() - o.sent
+    };
+    struct msghdr msg {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (o.sent == 0 && o.fd.valid()) {
+      // The fd rides with the frame's first byte; the host takes it for this frame.
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      int fd = o.fd.get();
+      std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    ssize_t n = ::sendmsg(control_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        waiting_writable_ = true;
+        reactor_.PollOut(control_.get(), [this](int) {
+          waiting_writable_ = false;
+          Flush();
+        });
+        return;
+      }
+      closed_ = true;  // EPIPE, ECONNRESET: the host side is gone
+      out_.clear();
+      return;
+    }
+    o.sent += static_cast<size_t>(n);
+    if (o.sent == o.bytes.size()) out_.pop_front();
+  }
+}
+
+void InitServer::OnFrame(proto::FrameReader::Frame frame) {
+  const uint64_t tag = frame.header.tag;
+  if (frame.oversized) {
+    SendProtocolError(tag, E2BIG,
+                      "request of " + std::to_string(frame.header.size) + " bytes exceeds the " +
+                          std::to_string(proto::kMaxPayload) + "-byte limit");
+    return;
+  }
+  switch (frame.header.type) {
+    case Type::kPing:
+      Send(Type::kPong, tag, "");
+      return;
+    case Type::kHello:
+      SendProtocolError(tag, EINVAL, "hello may be sent once, first");
+      return;
+    case Type::kExec:
+      HandleExec(tag, frame.payload);
+      return;
+    case Type::kExecKill: {
+      proto::ExecKill kill;
+      if (!proto::Decode(frame.payload, &kill) ||
+          (kill.reason != static_cast<uint8_t>(exec::EndReason::kCancelled) &&
+           kill.reason != static_cast<uint8_t>(exec::EndReason::kStopped))) {
+        SendProtocolError(tag, EINVAL, "malformed exec-kill request");
+        return;
+      }
+      auto it = execs_.find(tag);
+      if (it != execs_.end()) runner_->Kill(it->second, static_cast<exec::EndReason>(kill.reason));
+      return;
+    }
+    case Type::kStopAll:
+      if (execs_.empty()) {
+        Send(Type::kOk, tag, "");
+      } else {
+        stop_all_tags_.push_back(tag);
+        runner_->KillAll(exec::EndReason::kStopped);
+      }
+      return;
+    case Type::kReadFile:
+    case Type::kWriteBegin:
+    case Type::kWriteCommit:
+    case Type::kWriteAbort:
+    case Type::kStat:
+    case Type::kReaddir:
+    case Type::kExists:
+    case Type::kMkdir:
+    case Type::kRm:
+      HandleFileVerb(frame);
+      return;
+    default:
+      SendProtocolError(
+          tag, EINVAL,
+          "unknown request type " + std::to_string(static_cast<unsigned>(frame.header.type)));
+      return;
+  }
+}
+
+void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
+  proto::ExecRequest req;
+  if (!proto::Decode(payload, &req)) {
+    SendProtocolError(tag, EINVAL, "malformed exec request");
+    return;
+  }
+  if (execs_.count(tag) != 0) {
+    SendProtocolError(tag, EEXIST, "an exec with tag " + std::to_string(tag) + " is running");
+    return;
+  }
+  exec::CommandSpec spec;
+  if (req.argv.empty()) {
+    spec.argv = {hello_.shell, "-c", std::move(req.command)};
+  } else {
+    spec.argv = std::move(req.argv);
+    spec.argv[0] = FindExecutable(spec.argv[0], req.env);
+  }
+  spec.env = std::move(req.env);
+  spec.cwd = std::move(req.cwd);
+  spec.stdin_data = std::move(req.stdin_data);
+  spec.timeout = std::chrono::milliseconds(req.timeout_ms);
+  spec.output_limit = req.output_limit;
+
+  auto pid = std::make_shared<pid_t>(0);
+  exec::CommandEvents events;
+  events.on_start = [this, tag, pid](pid_t p) {
+    *pid = p;
+    command_pids_.insert(p);
+    Send(Type::kExecStarted, tag, proto::Encode(proto::ExecStarted{static_cast<uint32_t>(p)}));
+  };
+  events.on_output = [this, tag](int stream, std::string_view bytes) {
+    while (!bytes.empty()) {
+      size_t n = std::min<size_t>(bytes.size(), proto::kMaxOutputChunk);
+      Send(Type::kExecOutput, tag,
+           proto::Encode(
+               proto::ExecOutput{static_cast<uint8_t>(stream), std::string(bytes.substr(0, n))}));
+      bytes.remove_prefix(n);
+    }
+  };
+  events.on_exit = [this, tag, pid](const exec::CommandResult& r) {
+    command_pids_.erase(*pid);
+    execs_.erase(tag);
+    proto::ExecExit exit{r.exit_code,  r.signal,    static_cast<uint8_t>(r.reason),
+                         r.timed_out,  r.truncated, r.cancelled,
+                         r.duration_ms};
+    Send(Type::kExecExit, tag, proto::Encode(exit));
+    if (execs_.empty()) {
+      for (uint64_t t : stop_all_tags_) Send(Type::kOk, t, "");
+      stop_all_tags_.clear();
+    }
+  };
+  auto id = runner_->Start(spec, std::move(events));
+  if (!id.ok()) {
+    SendProtocolError(tag, id.error().code(), id.error().message());
+    return;
+  }
+  // on_exit may already have run (a spawn failure completes at once); keep the map true.
+  if (*pid == 0 || command_pids_.count(*pid) != 0) execs_[tag] = *id;
+}
+
+void InitServer::HandleFileVerb(const proto::FrameReader::Frame& frame) {
+  const uint64_t tag = frame.header.tag;
+  const int root = root_.get();
+  auto reply = [this](std::function<void()> fn) { reactor_.Post(std::move(fn)); };
+
+  switch (frame.header.type) {
+    case Type::kReadFile: {
+      proto::PathRequest req;
+      if (!proto::Decode(frame.payload, &req)) break;
+      workers_->Submit([this, tag, root, reply, path = std::move(req.path)] {
+        auto opened = fs::OpenForRead(root, path);
+        if (!opened.ok()) {
+          reply([this, tag, e = opened.error()] { SendError(tag, e); });
+          return;
+        }
+        auto& f = opened.value();
+        if (f.size > proto::kInlineFileLimit) {
+          reply([this, tag, size = f.size, fd = std::make_shared<UniqueFd>(std::move(f.fd))] {
+            Send(Type::kFileFd, tag, proto::EncodeU64(size), std::move(*fd));
+          });
+          return;
+        }
+        // Small: inline. Read to EOF (the file may have changed since the stat), but never
+        // more than the inline limit; a file that grew past it goes by fd after all.
+        std::string data;
+        data.resize(static_cast<size_t>(f.size) + 1);
+        size_t have = 0;
+        for (;;) {
+          if (have == data.size()) {
+            if (data.size() > proto::kInlineFileLimit) break;
+            data.resize(std::min<size_t>(data.size() * 2 + 4096, proto::kInlineFileLimit + 1));
+          }
+          ssize_t n =
+              ::pread(f.fd.get(), data.data() + have, data.size() - have, static_cast<off_t>(have));
+          if (n < 0 && errno == EINTR) continue;
+          if (n < 0) {
+            fs::FsError e{errno, "read", path, ErrnoName(errno) + ": " + strerror(errno) + ", read",
+                          false};
+            reply([this, tag, e] { SendError(tag, e); });
+            return;
+          }
+          if (n == 0) break;
+          have += static_cast<size_t>(n);
+        }
+        if (have > proto::kInlineFileLimit) {
+          reply([this, tag, fd = std::make_shared<UniqueFd>(std::move(f.fd)), have] {
+            Send(Type::kFileFd, tag, proto::EncodeU64(have), std::move(*fd));
+          });
+          return;
+        }
+        data.resize(have);
+        reply([this, tag, data = std::move(data)] { Send(Type::kFileData, tag, data); });
+      });
+      return;
+    }
+    case Type::kWriteBegin: {
+      proto::PathRequest req;
+      if (!proto::Decode(frame.payload, &req)) break;
+      if (writes_.count(tag) != 0) {
+        SendProtocolError(tag, EEXIST, "a write with tag " + std::to_string(tag) + " is open");
+        return;
+      }
+      workers_->Submit([this, tag, root, reply, path = std::move(req.path)] {
+        auto begun = fs::BeginWrite(root, path);
+        if (!begun.ok()) {
+          reply([this, tag, e = begun.error()] { SendError(tag, e); });
+          return;
+        }
+        auto pending = std::make_shared<fs::PendingWrite>(std::move(begun.value()));
+        reply([this, tag, pending] {
+          UniqueFd for_host(::fcntl(pending->fd.get(), F_DUPFD_CLOEXEC, 0));
+          if (!for_host.valid()) {
+            fs::AbortWrite(*pending);
+            SendProtocolError(tag, errno, "dup the temp file: " + ErrnoText(errno));
+            return;
+          }
+          writes_.emplace(tag, std::move(*pending));
+          Send(Type::kWriteReady, tag, "", std::move(for_host));
+        });
+      });
+      return;
+    }
+    case Type::kWriteCommit:
+    case Type::kWriteAbort: {
+      if (!frame.payload.empty()) break;
+      auto it = writes_.find(tag);
+      if (it == writes_.end()) {
+        SendProtocolError(tag, ENOENT, "no open write with tag " + std::to_string(tag));
+        return;
+      }
+      auto pending = std::make_shared<fs::PendingWrite>(std::move(it->second));
+      writes_.erase(it);
+      bool commit = frame.header.type == Type::kWriteCommit;
+      workers_->Submit([this, tag, reply, pending, commit] {
+        if (!commit) {
+          fs::AbortWrite(*pending);
+          reply([this, tag] { Send(Type::kOk, tag, ""); });
+          return;
+        }
+        auto done = fs::CommitWrite(*pending);
+        if (!done.ok()) {
+          fs::AbortWrite(*pending);
+          reply([this, tag, e = done.error()] { SendError(tag, e); });
+        } else {
+          reply([this, tag] { Send(Type::kOk, tag, ""); });
+        }
+      });
+      return;
+    }
+    case Type::kStat: {
+      proto::PathRequest req;
+      if (!proto::Decode(frame.payload, &req)) break;
+      workers_->Submit([this, tag, root, reply, path = std::move(req.path)] {
+        auto st = fs::Stat(root, path);
+        if (!st.ok()) {
+          reply([this, tag, e = st.error()] { SendError(tag, e); });
+          return;
+        }
+        const auto& s = st.value();
+        proto::StatReply r{s.is_file, s.is_directory, s.is_symbolic_link, s.size, s.mtime_ms};
+        reply([this, tag, r] { Send(Type::kStatResult, tag, proto::Encode(r)); });
+      });
+      return;
+    }
+    case Type::kReaddir: {
+      proto::ReaddirRequest req;
+      if (!proto::Decode(frame.payload, &req)) break;
+      workers_->Submit([this, tag, root, reply, req = std::move(req)] {
+        auto entries = fs::Readdir(root, req.path);
+        if (!entries.ok()) {
+          reply([this, tag, e = entries.error()] { SendError(tag, e); });
+          return;
+        }
+        proto::ReaddirReply r;
+        for (auto& e : entries.value()) {
+          r.entries.push_back({std::move(e.name), static_cast<uint8_t>(e.type)});
+        }
+        std::string payload = proto::Encode(r);
+        if (payload.size() > proto::kMaxPayload) {
+          reply([this, tag, n = r.entries.size()] {
+            SendProtocolError(
+                tag, E2BIG,
+                "the directory has too many entries to list (" + std::to_string(n) + ")");
+          });
+          return;
+        }
+        reply([this, tag, payload = std::move(payload)] {
+          Send(Type::kReaddirResult, tag, payload);
+        });
+      });
+      return;
+    }
+    case Type::kExists: {
+      proto::PathRequest req;
+      if (!proto::Decode(frame.payload, &req)) break;
+      workers_->Submit([this, tag, root, reply, path = std::move(req.path)] {
+        bool exists = fs::Exists(root, path);
+        reply([this, tag, exists] { Send(Type::kBool, tag, proto::EncodeBool(exists)); });
+      });
+      return;
+    }
+    case Type::kMkdir: {
+      proto::MkdirRequest req;
+      if (!proto::Decode(frame.payload, &req)) break;
+      workers_->Submit([this, tag, root, reply, req = std::move(req)] {
+        auto r = fs::Mkdir(root, req.path, req.recursive);
+        if (!r.ok()) {
+          reply([this, tag, e = r.error()] { SendError(tag, e); });
+        } else {
+          reply([this, tag] { Send(Type::kOk, tag, ""); });
+        }
+      });
+      return;
+    }
+    case Type::kRm: {
+      proto::RmRequest req;
+      if (!proto::Decode(frame.payload, &req)) break;
+      workers_->Submit([this, tag, root, reply, req = std::move(req)] {
+        auto r = fs::Rm(root, req.path, req.recursive, req.force);
+        if (!r.ok()) {
+          reply([this, tag, e = r.error()] { SendError(tag, e); });
+        } else {
+          reply([this, tag] { Send(Type::kOk, tag, ""); });
+        }
+      });
+      return;
+    }
+    default:
+      break;
+  }
+  SendProtocolError(tag, EINVAL,
+                    "malformed " + std::string(proto::TypeName(frame.header.type)) + " request");
+}
+
+// ---- main ----------------------------------------------------------------------------------
+
+namespace {
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "nsbox-init: %s\n", message.c_str());
+  ::_exit(1);
+}
+
+// Reads the first frame, the hello. Frames that arrived behind it stay in `frames`.
+Result<proto::Hello> ReadHello(int fd, proto::FrameReader& frames) {
+  char buf[65536];
+  for (;;) {
+    if (auto frame = frames.Next()) {
+      proto::Hello hello;
+      if (frame->header.type != Type::kHello || frame->oversized ||
+          !proto::Decode(frame->payload, &hello)) {
+        return Error::Msg("the first frame is not a well-formed hello (" +
+                          std::string(proto::TypeName(frame->header.type)) + ")");
+      }
+      if (hello.version != proto::kVersion) {
+        return Error::Msg("protocol version " + std::to_string(hello.version) +
+                          " (this nsbox-init speaks " + std::to_string(proto::kVersion) + ")");
+      }
+      return hello;
+    }
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::Sys("read", "control channel", errno);
+    if (n == 0) return Error::Msg("the control channel closed before the hello");
+    frames.Feed(std::string_view(buf, static_cast<size_t>(n)));
+  }
+}
+
+}  // namespace
+
+int InitMain(int argc, char** argv) {
+  int control_fd = -1;
+  int cgroup_fd = -1;
+  std::optional<exec::Reactor::Backend> backend;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string flag = argv[i];
+    std::string value = argv[i + 1];
+    if (flag == "--control-fd") {
+      control_fd = std::atoi(value.c_str());
+    } else if (flag == "--cgroup-fd") {
+      cgroup_fd = std::atoi(value.c_str());
+    } else if (flag == "--reactor" && (value == "epoll" || value == "io_uring")) {
+      // nsbox-init's environment is empty, so the choice of NSBOX_REACTOR comes as a flag.
+      backend =
+          value == "epoll" ? exec::Reactor::Backend::kEpoll : exec::Reactor::Backend::kIoUring;
+    } else {
+      Die("unknown argument " + flag + " " + value +
+          " (expected --control-fd N [--cgroup-fd N] [--reactor epoll|io_uring])");
+    }
+  }
+  if (control_fd < 0) Die("no --control-fd");
+
+  // Protect PID 1 from the commands it runs: not dumpable (its /proc entries belong to the host's
+  // root, so no command reads its memory, fds or environment: CVE-2016-9962); no fd of it leaks
+  // (everything is CLOEXEC and the runner closes the rest); a write to a closed pipe is an
+  // error, not a death.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  ::signal(SIGPIPE, SIG_IGN);
+  ::fcntl(control_fd, F_SETFD, FD_CLOEXEC);
+  if (cgroup_fd >= 0) ::fcntl(cgroup_fd, F_SETFD, FD_CLOEXEC);
+
+  proto::FrameReader frames;
+  auto hello = ReadHello(control_fd, frames);
+  if (!hello.ok()) Die(hello.error().message());
+
+  int root = ::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) Die("open /: " + ErrnoText(errno));
+  if (!hello->init_seccomp.empty()) {
+    auto program = ProgramFromBytes(hello->init_seccomp);
+    if (!program.ok()) Die(program.error().message());
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) Die("no_new_privs: " + ErrnoText(errno));
+    int err = isolate::LoadSeccomp(*program);
+    if (err != 0) Die("load the seccomp filter: " + ErrnoText(err));
+  }
+  ::fcntl(control_fd, F_SETFL, ::fcntl(control_fd, F_GETFL) | O_NONBLOCK);
+
+  auto reactor = backend ? exec::CreateReactor(*backend) : exec::CreateReactor();
+  if (!reactor.ok()) Die(reactor.error().message());
+  InitServer server(**reactor, UniqueFd(control_fd), cgroup_fd, UniqueFd(root), std::move(*hello),
+                    std::move(frames));
+  auto st = server.Run();
+  if (!st.ok()) Die(st.error().message());
+  return 0;
+}
+
+}  // namespace nsbox::runtime

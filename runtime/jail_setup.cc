@@ -1,0 +1,149 @@
+#include "runtime/jail_setup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "exec/command.h"
+#include "fs/path.h"
+#include "policy/environment.h"
+#include "policy/limits.h"
+#include "runtime/units.h"
+
+namespace nsbox::runtime {
+
+namespace {
+
+constexpr uint64_t kDefaultPids = 4096;
+
+}  // namespace
+
+Result<PreparedJail> PrepareJail(const JailOptions& o) {
+  PreparedJail plan;
+  if (o.hostname.empty() || o.hostname.size() > 64 ||
+      o.hostname.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   "0123456789-.") != std::string::npos) {
+    return Error(EINVAL,
+                 "--hostname '" + o.hostname + "': expected 1 to 64 letters, digits, '-' or '.'");
+  }
+  if (o.memory) {
+    NSBOX_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes("--memory", *o.memory));
+    if (bytes < (4ULL << 20)) {
+      return Error(EINVAL, "--memory '" + *o.memory + "': at least 4M is needed to start");
+    }
+    plan.limits.memory_bytes = bytes;
+  }
+  if (o.pids) {
+    NSBOX_ASSIGN_OR_RETURN(uint64_t pids, ParseCount("--pids", *o.pids, 2, 4194304));
+    plan.limits.pids = pids;
+  } else {
+    // A default that stops a fork bomb long before the host feels it.
+    plan.limits.pids = kDefaultPids;
+  }
+  if (o.cpus) {
+    NSBOX_ASSIGN_OR_RETURN(double cpus, ParseDecimal("--cpus", *o.cpus, 0.01, 1024));
+    plan.limits.cpus = cpus;
+  }
+
+  auto& spec = plan.spec;
+  NSBOX_ASSIGN_OR_RETURN(spec.ids, isolate::DefaultIdMapping());
+  if (o.uid_base) {
+    NSBOX_ASSIGN_OR_RETURN(uint64_t base,
+                           ParseCount("--uid-base", *o.uid_base, 1, 0xffffffffULL - 65536));
+    spec.ids.uid = {0, static_cast<uint32_t>(base), isolate::kDefaultIdCount};
+    spec.ids.gid = spec.ids.uid;
+  }
+  NSBOX_TRY_CTX(isolate::ValidateIdRange(spec.ids.uid, "uid"), "--uid-base");
+
+  auto image = images::ResolveImage(o.image);
+  if (!image.ok()) return std::move(image).error().Context("--image");
+  plan.image = std::move(*image);
+
+  // The workspace is opened now, once: the bind uses this fd, so a symlink swapped in later
+  // cannot redirect it (CVE-2024-42472).
+  plan.workspace_path = o.workspace;
+  if (plan.workspace_path.empty()) {
+    char buf[4096];
+    if (::getcwd(buf, sizeof buf) == nullptr) {
+      return Error::Sys("getcwd", "", errno)
+          .Context("--workspace (default: the current directory)");
+    }
+    plan.workspace_path = buf;
+  }
+  int wfd = ::open(plan.workspace_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (wfd < 0) {
+    int err = errno;
+    return Error(err, "--workspace '" + plan.workspace_path + "': " +
+                          (err == ENOTDIR ? std::string("not a directory") : ErrnoText(err)));
+  }
+  plan.workspace.reset(wfd);
+  if (char* real = ::realpath(plan.workspace_path.c_str(), nullptr); real != nullptr) {
+    plan.workspace_path = real;
+    std::free(real);
+  }
+  struct stat st {};
+  if (o.warn_unwritable_workspace && ::fstat(wfd, &st) == 0 && st.st_uid != spec.ids.uid.outside &&
+      !(st.st_mode & S_IWOTH)) {
+    // Root inside is spec.ids.uid.outside on the host; to it, a directory of another owner is
+    // "nobody"'s and not writable. Said once, so a read-only workspace is no mystery.
+    std::fprintf(stderr,
+                 "nsbox run: note: the workspace %s belongs to host uid %u; root in the jail is "
+                 "host uid %u and can only read it (chown -R %u:%u it to let commands write)\n",
+                 plan.workspace_path.c_str(), st.st_uid, spec.ids.uid.outside, spec.ids.uid.outside,
+                 spec.ids.gid.outside);
+  }
+
+  isolate::JailFsConfig fs;
+  fs.root = plan.image.root;
+  fs.hostname = o.hostname;
+  fs.workspace_source = plan.workspace_path;
+  fs.workspace_fd = wfd;
+  if (!o.home.empty()) {
+    fs.home_tmpfs = false;
+    fs.home_source = o.home;
+  }
+  NSBOX_ASSIGN_OR_RETURN(fs.host_etc, isolate::ScanHostEtc("/etc"));
+  // The new root is assembled on a directory of the host that exists everywhere; nothing of it
+  // is visible outside the jail's mount namespace.
+  NSBOX_ASSIGN_OR_RETURN(spec.mounts, isolate::PlanMounts(fs));
+
+  spec.hostname = o.hostname;
+  spec.cwd = fs::ResolvePath("/workspace", o.cwd);
+  spec.argv = o.command;
+  policy::EnvironmentInput env;
+  env.hostname = o.hostname;
+  env.shell = plan.image.shell;
+  for (const auto& kv : o.env) {
+    NSBOX_ASSIGN_OR_RETURN(auto parsed, policy::ParseEnvAssignment(kv));
+    env.overrides.emplace_back(parsed.first, parsed.second);
+  }
+  spec.env = policy::BuildEnvironment(env);
+  if (!o.command.empty()) {
+    spec.exec_candidates = exec::CommandCandidates(o.command[0], exec::PathOf(spec.env));
+  }
+  spec.tty = o.tty;
+  if (o.tty && ::isatty(STDIN_FILENO)) {
+    struct winsize ws {};
+    if (::ioctl(STDIN_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0) {
+      spec.tty_rows = ws.ws_row;
+      spec.tty_cols = ws.ws_col;
+    }
+  }
+  for (const auto& rule : policy::DefaultRlimits()) {
+    struct rlimit host {};
+    if (::getrlimit(static_cast<__rlimit_resource>(rule.resource), &host) < 0) {
+      return Error::Sys("getrlimit", rule.name, errno);
+    }
+    spec.rlimits.emplace_back(rule.resource, policy::ClampRlimit(rule, host));
+  }
+  return plan;
+}
+
+}  // namespace nsbox::runtime

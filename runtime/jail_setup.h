@@ -1,0 +1,46 @@
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/unique_fd.h"
+#include "images/image.h"
+#include "isolate/cgroup.h"
+#include "isolate/jail.h"
+
+namespace nsbox::runtime {
+
+// What a jail is asked to be, as the user said it (flags of `nsbox run`, a sandbox's
+// configuration). Values are strings where the user typed them, so that errors name them.
+struct JailOptions {
+  std::string image = "host";
+  std::string workspace;  // host directory bound at /workspace; default: the current directory
+  std::string home;       // host directory bound at /root; empty: a tmpfs
+  std::string cwd;        // inside; relative to /workspace; default /workspace
+  std::string hostname = "nsbox";
+  std::vector<std::string> env;  // "K=V"
+  std::optional<std::string> memory;
+  std::optional<std::string> pids;
+  std::optional<std::string> cpus;
+  std::optional<std::string> uid_base;
+  bool tty = false;
+  std::vector<std::string> command;  // empty for a jail that runs nsbox-init
+  bool warn_unwritable_workspace = true;
+};
+
+// Everything decided before anything is started: plain values (`nsbox run --dry-run` prints
+// them). The workspace is opened once, here: the jail binds this very directory.
+struct PreparedJail {
+  images::Image image;
+  UniqueFd workspace;
+  std::string workspace_path;
+  isolate::CgroupLimits limits;
+  isolate::JailSpec spec;
+};
+
+// Validates the options (errors name the flag and the value) and plans the jail.
+Result<PreparedJail> PrepareJail(const JailOptions& options);
+
+}  // namespace nsbox::runtime

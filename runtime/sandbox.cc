@@ -1,0 +1,135 @@
+#include "runtime/sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "isolate/capabilities.h"
+#include "isolate/seccomp.h"
+#include "policy/capabilities.h"
+#include "policy/seccomp_profile.h"
+
+namespace nsbox::runtime {
+
+namespace {
+
+std::string ProgramBytes(const isolate::SeccompProgram& program) {
+  auto insns = program.instructions();
+  return std::string(reinterpret_cast<const char*>(insns.data()),
+                     insns.size() * sizeof(struct sock_filter));
+}
+
+}  // namespace
+
+Result<std::string> DefaultInitBinary() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n < 0) return Error::Sys("readlink", "/proc/self/exe", errno);
+  std::string self(buf, static_cast<size_t>(n));
+  auto slash = self.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
+  for (const char* candidate : {"/nsbox-init", "/../runtime/nsbox-init"}) {
+    std::string path = dir + candidate;
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return Error(ENOENT, "nsbox-init not found beside " + self);
+}
+
+Result<fs::proto::Hello> MakeHello(const PreparedJail& prepared) {
+  fs::proto::Hello hello;
+  // Commands: the default profile. nsbox-init itself: the same, plus what only it needs — clone3
+  // to start each command inside its cgroup, and io_uring for its event loop. Filters stack, so a
+  // command gets both, and the stricter answer wins.
+  auto command_profile = policy::DefaultSeccompProfile();
+  NSBOX_ASSIGN_OR_RETURN(auto command_program, isolate::CompileSeccomp(command_profile));
+  auto init_profile = policy::DefaultSeccompProfile();
+  init_profile.Allow("clone3",
+                     "nsbox-init starts each command inside its cgroup (CLONE_INTO_CGROUP)");
+  init_profile.Allow("io_uring_setup", "nsbox-init's event loop");
+  init_profile.Allow("io_uring_enter", "nsbox-init's event loop");
+  init_profile.Allow("io_uring_register", "nsbox-init's event loop");
+  NSBOX_ASSIGN_OR_RETURN(auto init_program, isolate::CompileSeccomp(init_profile));
+  hello.command_seccomp = ProgramBytes(command_program);
+  hello.init_seccomp = ProgramBytes(init_program);
+  NSBOX_ASSIGN_OR_RETURN(auto caps,
+                         isolate::PlanCapabilities(policy::DefaultCommandCapabilities()));
+  hello.capabilities = caps.keep();
+  hello.last_cap = static_cast<uint32_t>(caps.last_cap());
+  for (const auto& [resource, limit] : prepared.spec.rlimits) {
+    hello.rlimits.push_back({static_cast<uint32_t>(resource), limit.rlim_cur, limit.rlim_max});
+  }
+  hello.shell = prepared.image.shell;
+  return hello;
+}
+
+Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
+  std::unique_ptr<Sandbox> box(new Sandbox());
+  NSBOX_ASSIGN_OR_RETURN(box->prepared_, PrepareJail(options.jail));
+  auto& spec = box->prepared_.spec;
+
+  std::string init_binary = options.init_binary;
+  if (init_binary.empty()) {
+    NSBOX_ASSIGN_OR_RETURN(init_binary, DefaultInitBinary());
+  }
+  // Opened here, on the host: the jail executes this very file, whatever its root holds.
+  UniqueFd init_fd(::open(init_binary.c_str(), O_PATH | O_CLOEXEC));
+  if (!init_fd.valid()) return Error::Sys("open", init_binary, errno).Context("nsbox-init");
+  NSBOX_ASSIGN_OR_RETURN(auto hello, MakeHello(box->prepared_));
+
+  NSBOX_ASSIGN_OR_RETURN(auto layout, isolate::LoadCgroupLayout());
+  NSBOX_ASSIGN_OR_RETURN(auto plan,
+                         isolate::PlanCgroups(layout, box->prepared_.limits, options.cgroup_name));
+  NSBOX_ASSIGN_OR_RETURN(box->cgroups_, isolate::Cgroups::Create(plan));
+  if (box->cgroups_.v2_dir_fd() >= 0) {
+    // nsbox-init makes a cgroup per command under the sandbox's: hand the directory to the
+    // jail's root (cgroup-v2 "Delegation"; the limits stay in files it does not own).
+    NSBOX_TRY_CTX(box->cgroups_.DelegateV2(spec.ids.uid.outside, spec.ids.gid.outside),
+                  "delegate the sandbox's cgroup");
+  }
+
+  spec.init_fd = init_fd.get();
+  spec.init_argv = {"nsbox-init", "--control-fd", "3"};
+  if (box->cgroups_.v2_dir_fd() >= 0) {
+    spec.init_argv.insert(spec.init_argv.end(), {"--cgroup-fd", "4"});
+  }
+  std::string reactor = options.reactor;
+  if (reactor.empty() && ::getenv("NSBOX_REACTOR") != nullptr) reactor = ::getenv("NSBOX_REACTOR");
+  if (!reactor.empty()) spec.init_argv.insert(spec.init_argv.end(), {"--reactor", reactor});
+  spec.cgroup_v2_fd = box->cgroups_.v2_dir_fd();
+  isolate::Cgroups* cgroups = &box->cgroups_;
+  spec.place_in_cgroups = [cgroups](pid_t pid, bool joined_v2) {
+    return cgroups->AddProcess(pid, !joined_v2);
+  };
+  NSBOX_ASSIGN_OR_RETURN(box->jail_, isolate::Jail::Start(spec));
+  box->client_ = std::make_unique<fs::InitClient>(box->jail_.TakeControl());
+  NSBOX_TRY_CTX(box->client_->SendHello(hello), "configure nsbox-init");
+  auto pong = box->client_->Ping();
+  if (!pong.ok()) {
+    return Error(pong.error().err, "nsbox-init did not answer: " + pong.error().message);
+  }
+  return box;
+}
+
+Sandbox::~Sandbox() { (void)Stop(); }
+
+Status Sandbox::Stop() {
+  if (stopped_) return Ok();
+  stopped_ = true;
+  client_.reset();  // closes the channel
+  if (jail_.pid() > 0) {
+    // nsbox-init kills its commands (SIGTERM, then SIGKILL after 2 s) and exits; it is given a
+    // little more, then killed, which kills everything else in its PID namespace.
+    struct pollfd p = {jail_.pidfd().fd(), POLLIN, 0};
+    if (::poll(&p, 1, 3000) == 0) (void)jail_.Signal(SIGKILL);
+    (void)jail_.Wait();
+  }
+  return cgroups_.Destroy();
+}
+
+}  // namespace nsbox::runtime

@@ -1,0 +1,62 @@
+#pragma once
+
+// A running sandbox: a jail whose PID 1 is nsbox-init, driven over the control channel. This is
+// what nsboxd will hold per sandbox id; the integration tests and benchmarks use it directly.
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+
+#include "base/error.h"
+#include "fs/client.h"
+#include "isolate/cgroup.h"
+#include "isolate/jail.h"
+#include "runtime/jail_setup.h"
+
+namespace nsbox::runtime {
+
+struct SandboxOptions {
+  JailOptions jail;         // workspace, home, hostname, limits...; `command` stays empty
+  std::string cgroup_name;  // the sandbox's cgroup directories (unique among running sandboxes)
+  std::string init_binary;  // path of nsbox-init; default: beside the running executable
+  // nsbox-init's event loop: "" (io_uring where the kernel allows it, else epoll), "epoll" or
+  // "io_uring". Default: NSBOX_REACTOR of the caller's environment, so tests run on both.
+  std::string reactor;
+};
+
+class Sandbox {
+ public:
+  // Starts the jail with nsbox-init as PID 1, sends it the configuration and waits for its
+  // first answer. Nothing is left behind when a step fails.
+  static Result<std::unique_ptr<Sandbox>> Start(const SandboxOptions& options);
+  // Stop(), if it was not called.
+  ~Sandbox();
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  fs::InitClient& client() { return *client_; }
+  pid_t init_pid() const { return jail_.pid(); }
+  const isolate::Cgroups& cgroups() const { return cgroups_; }
+
+  // Closes the channel: nsbox-init ends every process of the sandbox and exits (SIGKILL after a
+  // grace if it does not); then the cgroups are removed. The workspace stays.
+  Status Stop();
+
+ private:
+  Sandbox() = default;
+
+  PreparedJail prepared_;
+  isolate::Cgroups cgroups_;
+  isolate::Jail jail_;
+  std::unique_ptr<fs::InitClient> client_;
+  bool stopped_ = false;
+};
+
+// The hello nsbox-init gets: the commands' and its own seccomp programs, capabilities, rlimits.
+Result<fs::proto::Hello> MakeHello(const PreparedJail& prepared);
+
+// nsbox-init beside the running executable (/proc/self/exe's directory).
+Result<std::string> DefaultInitBinary();
+
+}  // namespace nsbox::runtime
