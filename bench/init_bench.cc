@@ -153,6 +153,15 @@ int main(int argc, char** argv) {
   Print("exec `bash -c /bin/true` through nsbox-init", Summarize(t_shell));
   Print("bare vfork + execve + waitpid of /bin/true on the host", s_vfork);
 
+  // The channel alone: a ping round trip (the floor under every verb).
+  std::vector<double> t_ping;
+  for (int i = 0; i < runs * 4; ++i) {
+    auto t0 = Clock::now();
+    (void)client.Ping();
+    t_ping.push_back(Micros(Clock::now() - t0));
+  }
+  Print("ping round trip (the control channel alone)", Summarize(t_ping));
+
   // 2. 4 KiB readFile.
   if (!client.WriteFile("/workspace/4k", std::string(4096, 'x')).ok()) return 1;
   std::vector<double> t_read;

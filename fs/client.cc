@@ -95,9 +95,9 @@ uint64_t InitClient::Register(Handler handler) {
 FsOutcome<InitClient::RawReply> InitClient::Call(Type type, std::string_view payload, UniqueFd* fd,
                                                  uint64_t tag) {
   auto slot = std::make_shared<Slot>();
-  Handler handler = [slot](const proto::FrameReader::Frame& frame, UniqueFd received) {
+  Handler handler = [slot](const proto::FrameReader::FrameView& frame, UniqueFd received) {
     std::lock_guard<std::mutex> lock(slot->mu);
-    slot->reply = RawReply{frame.header.type, frame.payload};
+    slot->reply = RawReply{frame.header.type, std::string(frame.payload)};
     slot->fd = std::move(received);
     slot->done = true;
     slot->cv.notify_all();
@@ -128,9 +128,9 @@ FsOutcome<InitClient::RawReply> InitClient::Call(Type type, std::string_view pay
 
 FsOutcome<InitClient::RawReply> InitClient::AwaitReply(uint64_t tag) {
   auto slot = std::make_shared<Slot>();
-  Register(tag, [slot](const proto::FrameReader::Frame& frame, UniqueFd) {
+  Register(tag, [slot](const proto::FrameReader::FrameView& frame, UniqueFd) {
     std::lock_guard<std::mutex> lock(slot->mu);
-    slot->reply = RawReply{frame.header.type, frame.payload};
+    slot->reply = RawReply{frame.header.type, std::string(frame.payload)};
     slot->done = true;
     slot->cv.notify_all();
     return true;
@@ -149,8 +149,9 @@ void InitClient::FailAll(const FsError& error) {
   }
   // A synthetic error frame for each: Call's slots and exec handlers both understand it.
   proto::ErrorReply er{error.err, error.syscall, error.path, error.message, false};
+  std::string payload = proto::Encode(er);
   for (auto& [tag, handler] : handlers) {
-    proto::FrameReader::Frame frame{{0, Type::kError, tag}, proto::Encode(er), false};
+    proto::FrameReader::FrameView frame{{0, Type::kError, tag}, payload, false};
     (*handler)(frame, UniqueFd());
   }
 }
@@ -186,7 +187,7 @@ void InitClient::ReaderLoop() {
       return;
     }
     frames.Feed(std::string_view(buf.data(), static_cast<size_t>(n)));
-    while (auto frame = frames.Next()) {
+    while (auto frame = frames.NextView()) {
       UniqueFd fd;
       if (frame->header.type == Type::kFileFd || frame->header.type == Type::kWriteReady) {
         if (!fds.empty()) {
@@ -218,7 +219,7 @@ uint64_t InitClient::StartExec(const proto::ExecRequest& request, ExecCallbacks 
                                std::function<void(FsOutcome<proto::ExecExit>)> done) {
   auto cb = std::make_shared<ExecCallbacks>(std::move(callbacks));
   auto finish = std::make_shared<std::function<void(FsOutcome<proto::ExecExit>)>>(std::move(done));
-  uint64_t tag = Register([cb, finish](const proto::FrameReader::Frame& frame, UniqueFd) {
+  uint64_t tag = Register([cb, finish](const proto::FrameReader::FrameView& frame, UniqueFd) {
     switch (frame.header.type) {
       case Type::kExecStarted: {
         proto::ExecStarted m;
@@ -226,8 +227,11 @@ uint64_t InitClient::StartExec(const proto::ExecRequest& request, ExecCallbacks 
         return false;
       }
       case Type::kExecOutput: {
-        proto::ExecOutput m;
-        if (proto::Decode(frame.payload, &m) && cb->on_output) cb->on_output(m.stream, m.data);
+        uint8_t stream = 0;
+        std::string_view data;
+        if (proto::DecodeExecOutputView(frame.payload, &stream, &data) && cb->on_output) {
+          cb->on_output(stream, data);
+        }
         return false;
       }
       case Type::kExecExit: {
@@ -235,12 +239,12 @@ uint64_t InitClient::StartExec(const proto::ExecRequest& request, ExecCallbacks 
         if (proto::Decode(frame.payload, &m)) {
           (*finish)(m);
         } else {
-          (*finish)(ReplyError({frame.header.type, frame.payload}, "exec-exit"));
+          (*finish)(ReplyError({frame.header.type, std::string(frame.payload)}, "exec-exit"));
         }
         return true;
       }
       default:
-        (*finish)(ReplyError({frame.header.type, frame.payload}, "exec events"));
+        (*finish)(ReplyError({frame.header.type, std::string(frame.payload)}, "exec events"));
         return true;
     }
   });

@@ -75,7 +75,9 @@ class InitClient {
   bool connected() const;
 
  private:
-  using Handler = std::function<bool(const proto::FrameReader::Frame& frame, UniqueFd fd)>;
+  // Runs on the reader thread; the frame's payload is valid only during the call. Returns true
+  // when the request is complete (its handler is then dropped).
+  using Handler = std::function<bool(const proto::FrameReader::FrameView& frame, UniqueFd fd)>;
 
   uint64_t Register(Handler handler);
   void Register(uint64_t tag, Handler handler);

@@ -453,6 +453,24 @@ bool Decode(std::string_view payload, ReaddirReply* m) {
   return r.Done();
 }
 
+bool DecodeExecOutputView(std::string_view payload, uint8_t* stream, std::string_view* data) {
+  Reader r(payload);
+  uint32_t n = 0;
+  if (!r.U8(stream) || (*stream != 1 && *stream != 2) || !r.U32(&n)) return false;
+  if (payload.size() != 5u + n) return false;
+  *data = payload.substr(5);
+  return true;
+}
+
+std::string EncodeExecOutputFrame(uint64_t tag, uint8_t stream, std::string_view data) {
+  std::string out(kHeaderSize + 5 + data.size(), '\0');
+  EncodeHeader({static_cast<uint32_t>(5 + data.size()), Type::kExecOutput, tag}, out.data());
+  out[kHeaderSize] = static_cast<char>(stream);
+  PutLe(out.data() + kHeaderSize + 1, data.size(), 4);
+  std::memcpy(out.data() + kHeaderSize + 5, data.data(), data.size());
+  return out;
+}
+
 std::string EncodeU64(uint64_t v) {
   Writer w;
   w.U64(v);
@@ -493,7 +511,7 @@ void FrameReader::Feed(std::string_view bytes) {
   buf_.append(bytes);
 }
 
-std::optional<FrameReader::Frame> FrameReader::Next() {
+std::optional<FrameReader::FrameView> FrameReader::NextView() {
   if (skip_ > 0 || buf_.size() - pos_ < kHeaderSize) return std::nullopt;
   Header h = DecodeHeader(buf_.data() + pos_);
   if (h.size > kMaxPayload) {
@@ -502,12 +520,18 @@ std::optional<FrameReader::Frame> FrameReader::Next() {
     size_t drop = static_cast<size_t>(std::min<uint64_t>(h.size, have));
     pos_ += drop;
     skip_ = h.size - drop;
-    return Frame{h, std::string(), true};
+    return FrameView{h, std::string_view(), true};
   }
   if (buf_.size() - pos_ - kHeaderSize < h.size) return std::nullopt;
-  Frame f{h, buf_.substr(pos_ + kHeaderSize, h.size), false};
+  FrameView f{h, std::string_view(buf_.data() + pos_ + kHeaderSize, h.size), false};
   pos_ += kHeaderSize + h.size;
   return f;
+}
+
+std::optional<FrameReader::Frame> FrameReader::Next() {
+  auto view = NextView();
+  if (!view) return std::nullopt;
+  return Frame{view->header, std::string(view->payload), view->oversized};
 }
 
 }  // namespace nsbox::fs::proto

@@ -246,6 +246,10 @@ bool Decode(std::string_view payload, ErrorReply* m);
 bool Decode(std::string_view payload, StatReply* m);
 bool Decode(std::string_view payload, ReaddirReply* m);
 bool DecodeU64(std::string_view payload, uint64_t* v);
+// ExecOutput without copying its data: `data` points into `payload`.
+bool DecodeExecOutputView(std::string_view payload, uint8_t* stream, std::string_view* data);
+// A whole kExecOutput frame built with one copy of `data` (the capture path's hot spot).
+std::string EncodeExecOutputFrame(uint64_t tag, uint8_t stream, std::string_view data);
 bool DecodeBool(std::string_view payload, bool* v);
 
 // ---- Stream framing ------------------------------------------------------------------------
@@ -260,8 +264,15 @@ class FrameReader {
     std::string payload;
     bool oversized = false;
   };
+  // A frame whose payload points into the reader's buffer: valid until the next Feed.
+  struct FrameView {
+    Header header;
+    std::string_view payload;
+    bool oversized = false;
+  };
   void Feed(std::string_view bytes);
   std::optional<Frame> Next();
+  std::optional<FrameView> NextView();
   // Bytes buffered but not yet a whole frame.
   size_t buffered() const { return buf_.size() - pos_; }
 

@@ -114,6 +114,19 @@ TEST(Protocol, RefusesTruncatedTrailingAndOutOfRangePayloads) {
   EXPECT_FALSE(Decode(Encode(ReaddirReply{{{"a", 9}}}), &d));
 }
 
+TEST(Protocol, ExecOutputFastPathsMatchTheGeneralEncoding) {
+  std::string data("\xff\x00out", 5);
+  std::string general = EncodeFrame(Type::kExecOutput, 9, Encode(ExecOutput{2, data}));
+  EXPECT_EQ(EncodeExecOutputFrame(9, 2, data), general);
+  uint8_t stream = 0;
+  std::string_view view;
+  ASSERT_TRUE(DecodeExecOutputView(general.substr(kHeaderSize), &stream, &view));
+  EXPECT_EQ(stream, 2);
+  EXPECT_EQ(view, data);
+  EXPECT_FALSE(DecodeExecOutputView(general.substr(kHeaderSize, general.size() - kHeaderSize - 1),
+                                    &stream, &view));
+}
+
 TEST(FrameReader, ReassemblesFramesFedByteByByte) {
   std::string stream = EncodeFrame(Type::kPing, 1, "") + EncodeFrame(Type::kStat, 2, "payload") +
                        EncodeFrame(Type::kPing, 3, "");
