@@ -221,4 +221,38 @@ std::optional<int> X8664SyscallNumberFallback(std::string_view name) {
 
 std::span<const SyscallNumber> X8664SyscallNumberFallbacks() { return kX8664Fallbacks; }
 
+namespace {
+
+struct InitOnly {
+  const char* name;
+  const char* reason;
+};
+constexpr InitOnly kInitOnly[] = {
+    {"clone3", "nsbox-init starts each command inside its cgroup (CLONE_INTO_CGROUP)"},
+    {"io_uring_setup", "nsbox-init's event loop"},
+    {"io_uring_enter", "nsbox-init's event loop"},
+    {"io_uring_register", "nsbox-init's event loop"},
+};
+
+}  // namespace
+
+SeccompProfile InitSeccompProfile() {
+  SeccompProfile p = DefaultSeccompProfile();
+  for (const auto& s : kInitOnly) p.Allow(s.name, s.reason);
+  return p;
+}
+
+SeccompProfile CommandOverInitSeccompProfile() {
+  SeccompProfile all = DefaultSeccompProfile();
+  SeccompProfile p;
+  for (const auto& rule : all.deny) {
+    for (const auto& s : kInitOnly) {
+      if (std::string_view(rule.name) == s.name) p.deny.push_back(rule);
+    }
+  }
+  // Everything else was decided by nsbox-init's filter, newer syscalls included.
+  p.enosys_above = 0xffff;
+  return p;
+}
+
 }  // namespace nsbox::policy

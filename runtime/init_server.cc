@@ -32,7 +32,6 @@ constexpr size_t kReadBufSize = 128 * 1024;
 
 struct InitServer::ChildSecurity {
   std::optional<isolate::SeccompProgram> seccomp;
-  std::optional<isolate::CapabilityPlan> capabilities;
   struct Limit {
     int resource;
     struct rlimit value;
@@ -46,10 +45,8 @@ struct InitServer::ChildSecurity {
       if (::setrlimit(static_cast<__rlimit_resource>(l.resource), &l.value) < 0) return errno;
     }
     if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) return errno;
-    if (self->capabilities) {
-      int err = isolate::ApplyCapabilities(*self->capabilities);
-      if (err != 0) return err;
-    }
+    // The capabilities are nsbox-init's own, already reduced to the commands' set (InitMain):
+    // a uid-0 command execs with exactly that set, without paying for the drops each time.
     // Last: the filter would otherwise have to allow the steps above.
     if (self->seccomp) return isolate::LoadSeccomp(*self->seccomp);
     return 0;
@@ -153,9 +150,6 @@ Status InitServer::Run() {
     NSBOX_ASSIGN_OR_RETURN(auto program, ProgramFromBytes(hello_.command_seccomp));
     security_->seccomp = std::move(program);
   }
-  NSBOX_ASSIGN_OR_RETURN(auto caps, isolate::PlanCapabilityMask(hello_.capabilities,
-                                                                static_cast<int>(hello_.last_cap)));
-  security_->capabilities = caps;
   for (const auto& r : hello_.rlimits) {
     security_->rlimits.push_back(
         {static_cast<int>(r.resource), {static_cast<rlim_t>(r.soft), static_cast<rlim_t>(r.hard)}});
@@ -369,11 +363,12 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
     Send(Type::kExecStarted, tag, proto::Encode(proto::ExecStarted{static_cast<uint32_t>(p)}));
   };
   events.on_output = [this, tag](int stream, std::string_view bytes) {
-    while (!bytes.empty()) {
+    while (!bytes.empty() && !closed_) {
       size_t n = std::min<size_t>(bytes.size(), proto::kMaxOutputChunk);
-      Send(Type::kExecOutput, tag,
-           proto::Encode(
-               proto::ExecOutput{static_cast<uint8_t>(stream), std::string(bytes.substr(0, n))}));
+      out_.push_back(
+          {proto::EncodeExecOutputFrame(tag, static_cast<uint8_t>(stream), bytes.substr(0, n)),
+           UniqueFd(), 0});
+      if (out_.size() == 1) Flush();
       bytes.remove_prefix(n);
     }
   };
@@ -666,6 +661,14 @@ int InitMain(int argc, char** argv) {
 
   int root = ::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (root < 0) Die("open /: " + ErrnoText(errno));
+  // nsbox-init keeps exactly the commands' capabilities: it needs nothing more (its cgroup is
+  // delegated to it, the file verbs need what commands have), so a file verb can never do what
+  // a command could not, and commands inherit the reduced bounding set.
+  auto caps = isolate::PlanCapabilityMask(hello->capabilities, static_cast<int>(hello->last_cap));
+  if (!caps.ok()) Die(caps.error().message());
+  if (int err = isolate::ApplyCapabilities(*caps); err != 0) {
+    Die("drop capabilities: " + ErrnoText(err));
+  }
   if (!hello->init_seccomp.empty()) {
     auto program = ProgramFromBytes(hello->init_seccomp);
     if (!program.ok()) Die(program.error().message());

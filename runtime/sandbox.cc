@@ -43,18 +43,12 @@ Result<std::string> DefaultInitBinary() {
 
 Result<fs::proto::Hello> MakeHello(const PreparedJail& prepared) {
   fs::proto::Hello hello;
-  // Commands: the default profile. nsbox-init itself: the same, plus what only it needs — clone3
-  // to start each command inside its cgroup, and io_uring for its event loop. Filters stack, so a
-  // command gets both, and the stricter answer wins.
-  auto command_profile = policy::DefaultSeccompProfile();
-  NSBOX_ASSIGN_OR_RETURN(auto command_program, isolate::CompileSeccomp(command_profile));
-  auto init_profile = policy::DefaultSeccompProfile();
-  init_profile.Allow("clone3",
-                     "nsbox-init starts each command inside its cgroup (CLONE_INTO_CGROUP)");
-  init_profile.Allow("io_uring_setup", "nsbox-init's event loop");
-  init_profile.Allow("io_uring_enter", "nsbox-init's event loop");
-  init_profile.Allow("io_uring_register", "nsbox-init's event loop");
-  NSBOX_ASSIGN_OR_RETURN(auto init_program, isolate::CompileSeccomp(init_profile));
+  // nsbox-init runs under the default profile less clone3 and io_uring, which only it needs; each
+  // command adds a small filter that takes exactly those back. Filters stack (the stricter
+  // answer wins), so a command runs under the whole default profile.
+  NSBOX_ASSIGN_OR_RETURN(auto init_program, isolate::CompileSeccomp(policy::InitSeccompProfile()));
+  NSBOX_ASSIGN_OR_RETURN(auto command_program,
+                         isolate::CompileSeccomp(policy::CommandOverInitSeccompProfile()));
   hello.command_seccomp = ProgramBytes(command_program);
   hello.init_seccomp = ProgramBytes(init_program);
   NSBOX_ASSIGN_OR_RETURN(auto caps,

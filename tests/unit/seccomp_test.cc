@@ -751,3 +751,42 @@ TEST(SeccompLiveTest, I386SyscallKillsTheProcess) {
 
 }  // namespace
 }  // namespace nsbox::isolate
+
+namespace nsbox::isolate {
+namespace {
+
+// The kernel's rule for stacked filters (kernel/seccomp.c, seccomp_run_filters): the answer with
+// the lowest action wins (KILL_PROCESS, as a negative s32, lowest of all); on a tie the most
+// recently installed filter's answer stands.
+uint32_t Stacked(uint32_t older, uint32_t newer) {
+  auto action = [](uint32_t r) { return static_cast<int32_t>(r & SECCOMP_RET_ACTION_FULL); };
+  return action(older) < action(newer) ? older : newer;
+}
+
+TEST(SeccompStackTest, InitsFilterPlusTheCommandsEqualsTheDefaultProfile) {
+  auto init = CompileSeccomp(policy::InitSeccompProfile());
+  auto over = CompileSeccomp(policy::CommandOverInitSeccompProfile());
+  ASSERT_TRUE(init.ok()) << init.error().message();
+  ASSERT_TRUE(over.ok()) << over.error().message();
+  // Small is the point: loading the whole default filter costs tens of microseconds per exec.
+  EXPECT_LT(over->size(), 32u);
+  EXPECT_EQ(Eval(*init, static_cast<uint32_t>(Nr("clone3"))), kAllow);
+  EXPECT_EQ(Eval(*init, static_cast<uint32_t>(Nr("io_uring_setup"))), kAllow);
+  const std::vector<std::array<uint64_t, 6>> args = {
+      {}, {0x10000000}, {0xffffffffull}, {17}, {0x5412}, {1, 0x5412}, {2, 0x541C}, {0x7E020000}};
+  for (uint32_t nr = 0; nr < 1024; ++nr) {
+    for (const auto& a : args) {
+      uint32_t want = Eval(DefaultProgram(), nr, a);
+      uint32_t got = Stacked(Eval(*init, nr, a), Eval(*over, nr, a));
+      ASSERT_EQ(got, want) << "syscall " << nr << " arg0 " << a[0] << " arg1 " << a[1];
+    }
+  }
+  for (uint32_t arch :
+       {static_cast<uint32_t>(AUDIT_ARCH_I386), static_cast<uint32_t>(AUDIT_ARCH_X86_64)}) {
+    uint32_t nr = arch == AUDIT_ARCH_I386 ? 20 : (kX32Bit | 39);
+    EXPECT_EQ(Stacked(Eval(*init, nr, {}, arch), Eval(*over, nr, {}, arch)), kKillProcess);
+  }
+}
+
+}  // namespace
+}  // namespace nsbox::isolate
