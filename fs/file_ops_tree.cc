@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +51,9 @@ int StatFollow(int root, const std::string& path, struct stat& st) {
 // and (in `at`) the path Node's error names.
 int MkdirRecursive(int root, const std::string& path, std::string& at) {
   std::vector<std::string> stack{path};
+  // Paths that already failed with ENOENT once: their parent was then made or found, so a second
+  // ENOENT is final (procfs answers it forever under /proc/self/fd, where Node would loop).
+  std::set<std::string> missing_once;
   for (int steps = 0; !stack.empty(); ++steps) {
     if (steps > kMaxMkdirSteps) {
       at = path;
@@ -62,6 +66,10 @@ int MkdirRecursive(int root, const std::string& path, std::string& at) {
     if (err == EACCES || err == ENOTDIR || err == EPERM) {
       at = next;
       return err;
+    }
+    if (err == ENOENT && !missing_once.insert(next).second) {
+      at = next;
+      return ENOENT;
     }
     if (err == ENOENT) {
       size_t slash = next.rfind('/');
