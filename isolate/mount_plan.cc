@@ -105,7 +105,7 @@ std::string MountOp::Describe() const {
       return std::string(recursive ? "rbind " : "bind ") + source + " -> " + target + " (" +
              FlagText(flags) + ")";
     case Kind::kProc:
-      return "proc " + target;
+      return "proc " + target + " (" + data + ")";
     case Kind::kDevpts:
       return "devpts " + target + " (" + data + ")";
     case Kind::kMaskPath:
@@ -245,7 +245,9 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
 
   // 5. A fresh /proc for the new PID namespace, with Docker's masked and read-only paths.
   p.Mkdir("/proc", 0555);
-  p.Add(Kind::kProc, "/proc").flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  auto& proc = p.Add(Kind::kProc, "/proc");
+  proc.flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  proc.data = "hidepid=ptraceable";
   for (const auto& rule : policy::ProcMaskedPaths()) p.Add(Kind::kMaskPath, rule.path);
   for (const auto& rule : policy::ProcReadonlyPaths()) p.Add(Kind::kReadonlyPath, rule.path);
 
@@ -431,7 +433,14 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
       return RestrictBind(staged, op.flags, op.recursive);
     }
     case Kind::kProc:
-      if (::mount("proc", staged, "proc", op.flags, nullptr) < 0) return errno;
+      // hidepid=ptraceable (Linux 5.8): a process's /proc entry is visible only to those who
+      // may ptrace it. nsbox-init is non-dumpable and no command holds CAP_SYS_PTRACE, so its
+      // /proc/1 (owned by the jail's root since Linux 4.11, so listable by it) disappears; the
+      // commands still see each other. Older kernels refuse the option: mount without it.
+      if (::mount("proc", staged, "proc", op.flags, op.data.c_str()) == 0) return 0;
+      if (errno != EINVAL || ::mount("proc", staged, "proc", op.flags, nullptr) < 0) {
+        return errno;
+      }
       return 0;
     case Kind::kDevpts:
       if (::mount("devpts", staged, "devpts", op.flags, op.data.c_str()) < 0) return errno;

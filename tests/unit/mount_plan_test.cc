@@ -61,7 +61,7 @@ TEST(MountPlan, DescribesEveryMountExactly) {
   EXPECT_TRUE(Contains(d, "bind /home/me/project -> /workspace (rw,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "tmpfs /tmp (rw,nosuid,nodev,mode=1777)"));
   EXPECT_TRUE(Contains(d, "tmpfs /root (rw,nosuid,nodev,mode=0700)"));
-  EXPECT_TRUE(Contains(d, "proc /proc"));
+  EXPECT_TRUE(Contains(d, "proc /proc (hidepid=ptraceable)"));
   EXPECT_TRUE(Contains(d, "mask /proc/kcore"));
   EXPECT_TRUE(Contains(d, "mask /proc/keys"));
   EXPECT_TRUE(Contains(d, "read-only /proc/sys"));
