@@ -126,7 +126,7 @@ FsOutcome<InitClient::RawReply> InitClient::Call(Type type, std::string_view pay
   return std::move(slot->reply);
 }
 
-FsOutcome<InitClient::RawReply> InitClient::AwaitReply(uint64_t tag) {
+InitClient::ReplyWait InitClient::ExpectReply(uint64_t tag) {
   auto slot = std::make_shared<Slot>();
   Register(tag, [slot](const proto::FrameReader::FrameView& frame, UniqueFd) {
     std::lock_guard<std::mutex> lock(slot->mu);
@@ -135,9 +135,17 @@ FsOutcome<InitClient::RawReply> InitClient::AwaitReply(uint64_t tag) {
     slot->cv.notify_all();
     return true;
   });
-  std::unique_lock<std::mutex> lock(slot->mu);
-  slot->cv.wait(lock, [&] { return slot->done; });
-  return std::move(slot->reply);
+  return [slot, tag](std::chrono::milliseconds timeout) -> FsOutcome<RawReply> {
+    std::unique_lock<std::mutex> lock(slot->mu);
+    if (!slot->cv.wait_for(lock, timeout, [&] { return slot->done; })) {
+      FsError e;
+      e.err = ETIMEDOUT;
+      e.message = "nsbox-init: no answer to tag " + std::to_string(tag) + " within " +
+                  std::to_string(timeout.count()) + " ms";
+      return e;
+    }
+    return std::move(slot->reply);
+  };
 }
 
 void InitClient::FailAll(const FsError& error) {

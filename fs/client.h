@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -68,7 +69,11 @@ class InitClient {
     std::string payload;
   };
   Status SendRaw(std::string_view bytes);
-  FsOutcome<RawReply> AwaitReply(uint64_t tag);
+  // Registers for the next response to `tag` now (call it before SendRaw, so that the answer
+  // cannot arrive unregistered and be dropped) and returns the wait for it, which gives up with
+  // ETIMEDOUT after `timeout`.
+  using ReplyWait = std::function<FsOutcome<RawReply>(std::chrono::milliseconds timeout)>;
+  ReplyWait ExpectReply(uint64_t tag);
   uint64_t NextTag() { return next_tag_.fetch_add(1); }
 
   // False once the channel has closed (nsbox-init exited).
