@@ -23,12 +23,12 @@ namespace nsbox::exec {
 // How a command ended (api.md `reason`).
 enum class EndReason : uint8_t {
   kExited,
-  kSignaled,     // a signal nsbox did not send
+  kSignaled,  // a signal nsbox did not send
   kTimeout,
   kCancelled,
   kOutputLimit,
-  kOom,          // the OOM killer ended it
-  kStopped,      // the sandbox was stopped or deleted under it
+  kOom,      // the OOM killer ended it
+  kStopped,  // the sandbox was stopped or deleted under it
 };
 std::string_view EndReasonName(EndReason reason);  // "exited", "signaled", "timeout", ...
 
