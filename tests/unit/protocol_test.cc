@@ -120,7 +120,8 @@ TEST(Protocol, ExecOutputFastPathsMatchTheGeneralEncoding) {
   EXPECT_EQ(EncodeExecOutputFrame(9, 2, data), general);
   uint8_t stream = 0;
   std::string_view view;
-  ASSERT_TRUE(DecodeExecOutputView(general.substr(kHeaderSize), &stream, &view));
+  const std::string payload = general.substr(kHeaderSize);  // the view points into it
+  ASSERT_TRUE(DecodeExecOutputView(payload, &stream, &view));
   EXPECT_EQ(stream, 2);
   EXPECT_EQ(view, data);
   EXPECT_FALSE(DecodeExecOutputView(general.substr(kHeaderSize, general.size() - kHeaderSize - 1),
