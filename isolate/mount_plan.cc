@@ -232,8 +232,9 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
 
   // 4. The writable places: /workspace (persistent), /root, /tmp.
   p.Mkdir("/workspace");
-  p.Bind(config.workspace_source, "/workspace", MS_NOSUID | MS_NODEV, false).source_fd =
-      config.workspace_fd;
+  auto& workspace = p.Bind(config.workspace_source, "/workspace", MS_NOSUID | MS_NODEV, false);
+  workspace.source_fd = config.workspace_fd;
+  workspace.source_is_tree = config.workspace_fd_is_tree;
   p.Mkdir("/root", 0700);
   if (config.home_tmpfs || config.home_source.empty()) {
     p.Tmpfs("/root", MS_NOSUID | MS_NODEV, "mode=0700");
@@ -423,6 +424,13 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
       return 0;
     case Kind::kBind: {
       unsigned long bind = MS_BIND | (op.recursive ? MS_REC : 0);
+      if (op.source_is_tree) {
+        // SAFETY: attaches the detached tree the host made; it is consumed by the move.
+        if (sys::MoveMount(op.source_fd, "", AT_FDCWD, staged, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
+          return errno;
+        }
+        return RestrictBind(staged, op.flags, op.recursive);
+      }
       if (opened_fd < 0) {
         if (::mount(op.source.c_str(), staged, nullptr, bind, nullptr) < 0) return errno;
       } else {
@@ -517,7 +525,10 @@ int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept {
   size_t pinned = 0;
   int err = 0;
   for (size_t i = 0; i < plan.ops.size() && err == 0; ++i) {
-    if (plan.ops[i].kind != Kind::kBind || plan.ops[i].source_fd < 0) continue;
+    if (plan.ops[i].kind != Kind::kBind || plan.ops[i].source_fd < 0 ||
+        plan.ops[i].source_is_tree) {
+      continue;
+    }
     if (pinned == kMaxPinned) {
       err = E2BIG;
     } else if ((err = OpenPinnedSource(plan.ops[i], &pinned_fd[pinned])) == 0) {

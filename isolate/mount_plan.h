@@ -49,6 +49,11 @@ struct MountOp {
   // is the same directory (device and inode), and binds that, so nothing swapped in between
   // can redirect the bind (CVE-2024-42472). -1 for none.
   int source_fd = -1;
+  // kBind: `source_fd` is a detached copy of the source made on the host with
+  // open_tree(OPEN_TREE_CLONE) (Linux 5.2): the child attaches it with move_mount, so the path
+  // is never walked again inside the jail, where a parent directory the jail's root may not
+  // traverse (a 0700 temp dir) would refuse it.
+  bool source_is_tree = false;
 
   // "bind /usr -> /usr (ro,nosuid,nodev)" for error messages and `nsbox run --dry-run`.
   std::string Describe() const;
@@ -83,6 +88,7 @@ struct JailFsConfig {
   // opened on it, against which the child checks what it binds.
   std::string workspace_source;
   int workspace_fd = -1;
+  bool workspace_fd_is_tree = false;  // workspace_fd came from open_tree(OPEN_TREE_CLONE)
   std::string hostname;
   struct EtcEntry {
     enum class Type { kFile, kDirectory, kSymlink } type;

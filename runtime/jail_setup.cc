@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/syscalls.h"
 #include "exec/command.h"
 #include "fs/path.h"
 #include "policy/environment.h"
@@ -105,6 +106,17 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
   fs.hostname = o.hostname;
   fs.workspace_source = plan.workspace_path;
   fs.workspace_fd = wfd;
+  // A detached copy of the workspace mount, made here with the caller's rights: the jail attaches
+  // it without walking the path, which may pass through directories its root cannot traverse.
+  // SAFETY: open_tree only reads the fd and returns a new one (or fails, then the path is used).
+  int tree = sys::OpenTree(wfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+  if (tree >= 0) {
+    plan.workspace_tree.reset(tree);
+    fs.workspace_fd = tree;
+    fs.workspace_fd_is_tree = true;
+  } else if (errno != ENOSYS) {
+    return Error::Sys("open_tree", plan.workspace_path, errno).Context("--workspace");
+  }
   if (!o.home.empty()) {
     fs.home_tmpfs = false;
     fs.home_source = o.home;

@@ -34,7 +34,8 @@ struct JailOptions {
 // them). The workspace is opened once, here: the jail binds this very directory.
 struct PreparedJail {
   images::Image image;
-  UniqueFd workspace;
+  UniqueFd workspace;       // O_PATH
+  UniqueFd workspace_tree;  // open_tree(OPEN_TREE_CLONE) of it, where the kernel has it
   std::string workspace_path;
   isolate::CgroupLimits limits;
   isolate::JailSpec spec;

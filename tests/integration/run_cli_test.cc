@@ -196,3 +196,33 @@ TEST(HarnessSelfTest, SeesAStrayCgroupAndATimeout) {
 
 }  // namespace
 }  // namespace nsbox::itest
+
+namespace nsbox::itest {
+namespace {
+
+// A workspace whose parent the jail's root may not traverse (mkdtemp makes 0700 directories,
+// owned by the host's root): the jail attaches a copy of the mount made on the host, so the path
+// is never walked inside. Control: the same path is not traversable by the mapped uid.
+TEST_F(RunCliTest, WorkspaceUnderADirectoryTheJailCannotTraverse) {
+  char tmpl[] = "/var/tmp/nsbox-itest-0700-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string parent = tmpl;
+  std::string ws = parent + "/ws";
+  ASSERT_EQ(::mkdir(ws.c_str(), 0755), 0);
+  auto ids = MappedIds();
+  ASSERT_EQ(::chown(ws.c_str(), ids.uid.outside, ids.gid.outside), 0);
+  struct stat st {};
+  ASSERT_EQ(::stat(parent.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u) << "control: the parent is closed to the mapped uid";
+  RunResult r = RunNsbox({"run", "--workspace", ws, "--", "sh", "-c", "echo hi > /workspace/f"});
+  EXPECT_EQ(r.exit_code, 0) << r.Describe();
+  struct stat f {};
+  EXPECT_EQ(::stat((ws + "/f").c_str(), &f), 0);
+  EXPECT_EQ(f.st_uid, ids.uid.outside);
+  ::unlink((ws + "/f").c_str());
+  ::rmdir(ws.c_str());
+  ::rmdir(parent.c_str());
+}
+
+}  // namespace
+}  // namespace nsbox::itest
