@@ -14,6 +14,8 @@ namespace {
 
 using proto::Type;
 
+constexpr size_t kReadBufferSize = 1 << 20;
+
 FsError TransportError(std::string_view what) {
   FsError e;
   e.err = EPIPE;
@@ -165,12 +167,15 @@ void InitClient::FailAll(const FsError& error) {
 }
 
 void InitClient::ReaderLoop() {
-  proto::FrameReader frames;
   std::deque<UniqueFd> fds;  // received in order; each belongs to the next fd-carrying frame
-  std::string buf(256 * 1024, '\0');
+  // Frames are parsed where they were received; only the partial frame at the end of a read is
+  // moved to the front (the capture path's bytes are otherwise copied once more per frame).
+  std::unique_ptr<char[]> buf(new char[kReadBufferSize]);
+  size_t capacity = kReadBufferSize;
+  size_t have = 0;
   for (;;) {
     struct iovec iov {
-      buf.data(), buf.size()
+      buf.get() + have, capacity - have
     };
     alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
     struct msghdr msg {};
@@ -194,28 +199,59 @@ void InitClient::ReaderLoop() {
                                     : "reading the control channel failed: " + ErrnoText(errno)));
       return;
     }
-    frames.Feed(std::string_view(buf.data(), static_cast<size_t>(n)));
-    while (auto frame = frames.NextView()) {
-      UniqueFd fd;
-      if (frame->header.type == Type::kFileFd || frame->header.type == Type::kWriteReady) {
-        if (!fds.empty()) {
-          fd = std::move(fds.front());
-          fds.pop_front();
+    have += static_cast<size_t>(n);
+    size_t pos = 0;
+    while (have - pos >= proto::kHeaderSize) {
+      proto::Header header = proto::DecodeHeader(buf.get() + pos);
+      if (header.size > proto::kMaxPayload) {
+        // nsbox-init never sends one: the stream cannot be trusted any more.
+        FailAll(TransportError("nsbox-init sent a frame of " + std::to_string(header.size) +
+                               " bytes, over the limit"));
+        return;
+      }
+      size_t whole = proto::kHeaderSize + header.size;
+      if (have - pos < whole) {
+        if (whole > capacity) {
+          // A frame larger than the buffer (up to kMaxPayload): grow once for it.
+          std::unique_ptr<char[]> bigger(new char[whole]);
+          std::memcpy(bigger.get(), buf.get() + pos, have - pos);
+          buf = std::move(bigger);
+          capacity = whole;
+          have -= pos;
+          pos = 0;
         }
+        break;
       }
-      std::shared_ptr<Handler> handler;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = handlers_.find(frame->header.tag);
-        if (it != handlers_.end()) handler = it->second;
-      }
-      if (handler == nullptr) continue;  // a late frame for an abandoned request
-      if ((*handler)(*frame, std::move(fd))) {
-        std::lock_guard<std::mutex> lock(mu_);
-        auto it = handlers_.find(frame->header.tag);
-        if (it != handlers_.end() && it->second == handler) handlers_.erase(it);
-      }
+      proto::FrameReader::FrameView frame{
+          header, std::string_view(buf.get() + pos + proto::kHeaderSize, header.size), false};
+      pos += whole;
+      Dispatch(frame, fds);
     }
+    if (pos > 0) {
+      std::memmove(buf.get(), buf.get() + pos, have - pos);
+      have -= pos;
+    }
+  }
+}
+
+void InitClient::Dispatch(const proto::FrameReader::FrameView& frame, std::deque<UniqueFd>& fds) {
+  UniqueFd fd;
+  if ((frame.header.type == Type::kFileFd || frame.header.type == Type::kWriteReady) &&
+      !fds.empty()) {
+    fd = std::move(fds.front());
+    fds.pop_front();
+  }
+  std::shared_ptr<Handler> handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handlers_.find(frame.header.tag);
+    if (it != handlers_.end()) handler = it->second;
+  }
+  if (handler == nullptr) return;  // a late frame for an abandoned request
+  if ((*handler)(frame, std::move(fd))) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handlers_.find(frame.header.tag);
+    if (it != handlers_.end() && it->second == handler) handlers_.erase(it);
   }
 }
 

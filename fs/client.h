@@ -90,6 +90,7 @@ class InitClient {
   FsOutcome<RawReply> Call(proto::Type type, std::string_view payload, UniqueFd* fd = nullptr,
                            uint64_t tag = 0);
   void ReaderLoop();
+  void Dispatch(const proto::FrameReader::FrameView& frame, std::deque<UniqueFd>& fds);
   void FailAll(const FsError& error);
 
   UniqueFd control_;
