@@ -64,7 +64,8 @@ double VforkExecTrue() {
   return Micros(Clock::now() - t0);
 }
 
-// kB of the kernel's own memory that a sandbox can grow: slab, stacks, page tables, per-CPU.
+// kB of the kernel's memory that a sandbox can grow: slab, stacks, page tables, per-CPU, and
+// the pages of its tmpfs mounts.
 long KernelKb() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -73,8 +74,9 @@ long KernelKb() {
   long total = 0;
   while (in >> key >> value) {
     std::getline(in, unit);
+    // Shmem too: what a sandbox keeps in its tmpfs mounts is its memory.
     if (key == "SUnreclaim:" || key == "SReclaimable:" || key == "KernelStack:" ||
-        key == "PageTables:" || key == "Percpu:") {
+        key == "PageTables:" || key == "Percpu:" || key == "Shmem:") {
       total += value;
     }
   }

@@ -19,9 +19,6 @@ namespace {
 
 using Kind = MountOp::Kind;
 
-// Host /etc files up to this size are copied into the jail's /etc, larger ones bound.
-constexpr uint64_t kCopyLimit = 256 * 1024;
-
 std::string FlagText(unsigned long flags) {
   std::string out = (flags & MS_RDONLY) ? "ro" : "rw";
   if (flags & MS_NOSUID) out += ",nosuid";
@@ -216,7 +213,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
         p.Bind("/etc/" + e.name, target, kRo, true);
         break;
       case JailFsConfig::EtcEntry::Type::kFile:
-        if (e.size <= kCopyLimit) {
+        if (e.size <= config.etc_copy_limit) {
           // Small files are copied into the root, which becomes read-only: a copy costs a few
           // syscalls where a bind costs two mounts at set-up and an unmount at teardown.
           auto& op = p.Add(Kind::kCopyFile, target);

@@ -98,7 +98,11 @@ struct JailFsConfig {
   };
   std::vector<EtcEntry> host_etc;  // allowlisted host /etc entries that exist
   bool home_tmpfs = true;          // /root as a tmpfs (one-shot runs)
-  std::string home_source;         // else: a host path bound read-write at /root
+  // Host /etc files up to this size are copied into the root instead of bound: faster to set
+  // up and tear down (nsbox run), but their bytes then sit in the jail's tmpfs for its whole
+  // life, so long-lived sandboxes set 0 and bind them all.
+  uint64_t etc_copy_limit = 256 * 1024;
+  std::string home_source;  // else: a host path bound read-write at /root
 };
 
 // Reads which allowlisted /etc entries the host has (lstat + readlink), for JailFsConfig.

@@ -104,6 +104,7 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
   isolate::JailFsConfig fs;
   fs.root = plan.image.root;
   fs.hostname = o.hostname;
+  if (!o.copy_etc_files) fs.etc_copy_limit = 0;
   fs.workspace_source = plan.workspace_path;
   fs.workspace_fd = wfd;
   // A detached copy of the workspace mount, made here with the caller's rights: the jail attaches

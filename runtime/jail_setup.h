@@ -28,6 +28,9 @@ struct JailOptions {
   bool tty = false;
   std::vector<std::string> command;  // empty for a jail that runs nsbox-init
   bool warn_unwritable_workspace = true;
+  // Copy small host /etc files into the jail (fast for a one-shot run) rather than bind them
+  // (no copy held in memory for a long-lived sandbox's whole life).
+  bool copy_etc_files = true;
 };
 
 // Everything decided before anything is started: plain values (`nsbox run --dry-run` prints

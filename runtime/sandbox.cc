@@ -64,7 +64,10 @@ Result<fs::proto::Hello> MakeHello(const PreparedJail& prepared) {
 
 Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   std::unique_ptr<Sandbox> box(new Sandbox());
-  NSBOX_ASSIGN_OR_RETURN(box->prepared_, PrepareJail(options.jail));
+  JailOptions jail = options.jail;
+  // A sandbox lives long: bind the host's /etc files rather than keep copies in its tmpfs.
+  jail.copy_etc_files = false;
+  NSBOX_ASSIGN_OR_RETURN(box->prepared_, PrepareJail(jail));
   auto& spec = box->prepared_.spec;
 
   std::string init_binary = options.init_binary;
