@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/mountinfo.h"
 #include "base/syscalls.h"
 #include "base/unique_fd.h"
 
@@ -344,23 +345,6 @@ void ProbeIoUring(Features& f) {
     io_uring_free_probe(probe);
   }
   io_uring_queue_exit(&ring);
-}
-
-bool IsOctal(char c) { return c >= '0' && c <= '7'; }
-
-// "\040" in a mountinfo path field is a space, and so on for tab, newline and backslash.
-std::string UnescapeMountField(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && IsOctal(s[i + 1]) && IsOctal(s[i + 2]) &&
-        IsOctal(s[i + 3])) {
-      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
 }
 
 struct MountLine {

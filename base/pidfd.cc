@@ -43,7 +43,7 @@ void ChildProcess::KillAndReap() {
   }
 }
 
-static ExitStatus FromSiginfo(const siginfo_t& info) {
+ExitStatus ExitStatusFromSiginfo(const siginfo_t& info) {
   ExitStatus st;
   if (info.si_code == CLD_EXITED) {
     st.code = info.si_status;
@@ -63,7 +63,7 @@ Result<ExitStatus> ChildProcess::Wait() {
     }
   }
   reaped_ = true;
-  return FromSiginfo(info);
+  return ExitStatusFromSiginfo(info);
 }
 
 Result<bool> ChildProcess::TryWait(ExitStatus* status) {
@@ -75,7 +75,7 @@ Result<bool> ChildProcess::TryWait(ExitStatus* status) {
     return false;
   }
   reaped_ = true;
-  *status = FromSiginfo(info);
+  *status = ExitStatusFromSiginfo(info);
   return true;
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include "base/error.h"
@@ -38,6 +39,9 @@ struct ExitStatus {
   // The shell's convention: the exit code, or 128 + the signal number.
   int ShellCode() const { return signaled ? 128 + signal : code; }
 };
+
+// The status waitid reported in `info` (si_code CLD_EXITED, CLD_KILLED or CLD_DUMPED).
+ExitStatus ExitStatusFromSiginfo(const siginfo_t& info);
 
 // A child process that is killed (SIGKILL) and reaped when the handle is dropped unreaped.
 class ChildProcess {

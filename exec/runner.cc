@@ -124,18 +124,6 @@ Status SetNonBlocking(int fd) {
   return Ok();
 }
 
-ExitStatus FromSiginfo(const siginfo_t& info) {
-  ExitStatus st;
-  if (info.si_code == CLD_EXITED) {
-    st.code = info.si_status;
-  } else {
-    st.signaled = true;
-    st.signal = info.si_status;
-    st.core_dumped = info.si_code == CLD_DUMPED;
-  }
-  return st;
-}
-
 void SleepMs(long ms) {
   struct timespec ts {
     ms / 1000, (ms % 1000) * 1000000
@@ -486,7 +474,7 @@ void Runner::Impl::OnMainExit(const CommandPtr& cmd, int res) {
     return;
   }
   cmd->main_exited = true;
-  cmd->status = FromSiginfo(info);
+  cmd->status = ExitStatusFromSiginfo(info);
   cmd->pidfd.reset();
   if (cmd->timeout_op != 0) reactor.Cancel(cmd->timeout_op);
   if (cmd->out.eof && cmd->err.eof) {
@@ -731,7 +719,7 @@ void Runner::Impl::Shutdown() {
              errno == EINTR) {
       }
       cmd->main_exited = true;
-      cmd->status = FromSiginfo(info);
+      cmd->status = ExitStatusFromSiginfo(info);
     }
     // What is already in the pipes is not read: the sandbox is being stopped.
     Finish(cmd);

@@ -18,6 +18,7 @@
 #include "base/cleanup.h"
 #include "base/files.h"
 #include "base/log.h"
+#include "base/mountinfo.h"
 #include "base/pidfd.h"
 
 namespace nsbox::isolate {
@@ -78,24 +79,6 @@ std::string JoinPath(std::string_view dir, std::string_view rest) {
     out += '/';
   }
   out += rest;
-  return out;
-}
-
-bool IsOctal(char c) { return c >= '0' && c <= '7'; }
-
-// mountinfo escapes space, tab, newline and backslash in paths as \040, \011, \012, \134
-// (fs/proc_namespace.c, mangle()).
-std::string UnescapeMountField(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 3 < s.size() && IsOctal(s[i + 1]) && IsOctal(s[i + 2]) &&
-        IsOctal(s[i + 3])) {
-      out += static_cast<char>((s[i + 1] - '0') * 64 + (s[i + 2] - '0') * 8 + (s[i + 3] - '0'));
-      i += 3;
-    } else {
-      out += s[i];
-    }
-  }
   return out;
 }
 
