@@ -23,6 +23,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/mountinfo.h"
+#include "base/strings.h"
 #include "base/syscalls.h"
 #include "base/unique_fd.h"
 
@@ -69,18 +70,6 @@ std::string Trim(std::string_view s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.remove_suffix(1);
   while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
   return std::string(s);
-}
-
-std::vector<std::string_view> Split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(sep, start);
-    if (end == std::string_view::npos) end = s.size();
-    out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
 }
 
 // A sysctl or /proc number; nullopt when the file does not exist or is not a number.

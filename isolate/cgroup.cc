@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "base/mountinfo.h"
 #include "base/pidfd.h"
+#include "base/strings.h"
 
 namespace nsbox::isolate {
 namespace {
@@ -38,18 +39,6 @@ constexpr double kMaxCpus = 4096;
 
 // The controllers nsbox limits, in the order their writes are planned.
 constexpr const char* kControllers[] = {"memory", "pids", "cpu"};
-
-std::vector<std::string_view> Split(std::string_view s, char sep) {
-  std::vector<std::string_view> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(sep, start);
-    if (end == std::string_view::npos) end = s.size();
-    out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
 
 // The non-empty words of `s` separated by spaces or newlines.
 std::vector<std::string> Words(std::string_view s) {
