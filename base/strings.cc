@@ -14,4 +14,13 @@ std::vector<std::string_view> Split(std::string_view s, char sep) {
   return out;
 }
 
+std::string Join(const std::vector<std::string>& v, std::string_view sep) {
+  std::string out;
+  for (const std::string& s : v) {
+    if (!out.empty()) out += sep;
+    out += s;
+  }
+  return out;
+}
+
 }  // namespace nsbox

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -8,5 +9,8 @@ namespace nsbox {
 // The pieces of `s` between each `sep`, empty ones included ("a,,b" gives "a", "", "b"; "" gives
 // one empty piece). The views point into `s`.
 std::vector<std::string_view> Split(std::string_view s, char sep);
+
+// The strings of `v` with `sep` between them ("" for none).
+std::string Join(const std::vector<std::string>& v, std::string_view sep);
 
 }  // namespace nsbox

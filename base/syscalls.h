@@ -9,12 +9,14 @@
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace nsbox::sys {
 
@@ -62,6 +64,23 @@ inline int CloseRange(unsigned int first, unsigned int last, unsigned int flags)
 
 inline int Seccomp(unsigned int op, unsigned int flags, void* args) {
   return static_cast<int>(::syscall(SYS_seccomp, op, flags, args));
+}
+
+// Room for one fd passed with SCM_RIGHTS.
+struct FdControl {
+  alignas(struct cmsghdr) char buf[CMSG_SPACE(sizeof(int))] = {};
+};
+
+// Makes `msg` carry `fd` beside its bytes (SCM_RIGHTS), using `control` for the ancillary data.
+// Async-signal-safe: the jail's PID 1 passes its terminal with it before it execs anything.
+inline void AttachFd(struct msghdr* msg, FdControl* control, int fd) {
+  msg->msg_control = control->buf;
+  msg->msg_controllen = sizeof control->buf;
+  struct cmsghdr* c = CMSG_FIRSTHDR(msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
 }
 
 }  // namespace nsbox::sys

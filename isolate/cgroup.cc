@@ -149,15 +149,6 @@ bool ValidName(std::string_view name) {
   });
 }
 
-std::string Join(const std::vector<std::string>& v, std::string_view sep) {
-  std::string out;
-  for (const std::string& s : v) {
-    if (!out.empty()) out += sep;
-    out += s;
-  }
-  return out;
-}
-
 // The value of `key` in a "key value" per line file (memory.events, cgroup.events, ...).
 std::optional<uint64_t> FindKey(std::string_view text, std::string_view key) {
   for (std::string_view line : Split(text, '\n')) {

@@ -323,17 +323,11 @@ int CommandMain(void* arg) {
     struct iovec iov {
       &r, sizeof r
     };
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     struct msghdr msg {};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &master, sizeof(int));
+    sys::FdControl control;
+    sys::AttachFd(&msg, &control, master);
     if (::sendmsg(sync, &msg, MSG_NOSIGNAL) < 0) ChildFail(sync, Step::kSendPty, errno);
     ::close(master);
   }

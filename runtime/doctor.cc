@@ -9,6 +9,8 @@
 #include <string>
 #include <tuple>
 
+#include "base/strings.h"
+
 namespace nsbox::runtime {
 namespace {
 
@@ -23,15 +25,6 @@ std::pair<std::string, std::string> SplitFix(const std::string& detail, std::str
   size_t at = detail.find("; fix: ");
   if (at == std::string::npos) return {detail, std::move(default_fix)};
   return {detail.substr(0, at), detail.substr(at + 7)};
-}
-
-std::string Join(const std::vector<std::string>& v, std::string_view sep) {
-  std::string out;
-  for (const std::string& s : v) {
-    if (!out.empty()) out += sep;
-    out += s;
-  }
-  return out;
 }
 
 DoctorLayer Layer(std::string key, std::string name, bool required) {

@@ -243,17 +243,10 @@ void InitServer::Flush() {
     struct msghdr msg {};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    sys::FdControl control;
     if (o.sent == 0 && o.fd.valid()) {
       // The fd rides with the frame's first byte; the host takes it for this frame.
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      int fd = o.fd.get();
-      std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+      sys::AttachFd(&msg, &control, o.fd.get());
     }
     ssize_t n = ::sendmsg(control_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) {
