@@ -24,3 +24,12 @@ else()
   set(NSBOX_CAP_LIB PkgConfig::CAP)
   set(NSBOX_URING_LIB PkgConfig::URING)
 endif()
+
+# HTTP and JSON for nsboxd, the CLI's client and the tests: Boost.Beast (on Boost.Asio) and
+# Boost.JSON from Debian's boost 1.81, all header-only (Boost.JSON's sources are compiled once,
+# in runtime/json_impl.cc), so the static nsbox binary needs no Boost library at run time.
+find_package(Boost 1.81 REQUIRED CONFIG)
+add_library(nsbox_http_deps INTERFACE)
+target_link_libraries(nsbox_http_deps INTERFACE Boost::headers Threads::Threads)
+target_compile_definitions(nsbox_http_deps INTERFACE BOOST_ASIO_NO_DEPRECATED
+                                                     BOOST_JSON_NO_LIB BOOST_CONTAINER_NO_LIB)

@@ -10,6 +10,7 @@
 #include "isolate/jail.h"
 #include "runtime/doctor.h"
 #include "runtime/run.h"
+#include "runtime/serve.h"
 
 namespace {
 
@@ -21,9 +22,11 @@ int main(int argc, char** argv) {
   CLI::App app{"nsbox: a sandbox runtime for Linux (namespaces, seccomp, cgroups)", "nsbox"};
   app.require_subcommand(1);
   app.set_version_flag("--version", kVersion);
-  std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
-      ->capture_default_str();
+  // Global options may also follow the subcommand: `nsbox serve --log-level debug`.
+  app.fallthrough();
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error or off (default: info for serve, else warn)");
 
   nsbox::runtime::RunOptions run;
   auto* run_cmd = app.add_subcommand(
@@ -53,6 +56,18 @@ int main(int argc, char** argv) {
       app.add_subcommand("doctor", "Probe the kernel and say which isolation layers work here");
   doctor_cmd->add_flag("--json", doctor_json, "machine-readable output");
 
+  nsbox::runtime::ServeOptions serve;
+  auto* serve_cmd = app.add_subcommand(
+      "serve", "Run nsboxd: persistent sandboxes by id over the HTTP API (docs/api.md)");
+  serve_cmd->add_option("--socket", serve.socket,
+                        "Unix socket to listen on (default /run/nsbox/nsboxd.sock as root)");
+  serve_cmd->add_option("--state-dir", serve.state_dir,
+                        "where sandboxes live (default /var/lib/nsbox as root)");
+  serve_cmd->add_option("--listen", serve.listen,
+                        "also listen on TCP HOST:PORT (requires --token-file)");
+  serve_cmd->add_option("--token-file", serve.token_file,
+                        "file holding the bearer token TCP clients must send");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -63,11 +78,13 @@ int main(int argc, char** argv) {
         app.get_subcommands().empty() ? "" : (app.get_subcommands()[0]->get_name() + " ").c_str());
     return nsbox::isolate::kExitSetupFailed;
   }
+  if (log_level.empty()) log_level = *serve_cmd ? "info" : "warn";
   if (auto st = nsbox::log::SetLevel(log_level); !st.ok()) {
     std::fprintf(stderr, "nsbox: --log-level: %s\n", st.error().message().c_str());
     return nsbox::isolate::kExitSetupFailed;
   }
   if (*run_cmd) return nsbox::runtime::Run(run);
+  if (*serve_cmd) return nsbox::runtime::Serve(serve);
   if (*doctor_cmd) return nsbox::runtime::RunDoctor(doctor_json, stdout);
   return nsbox::isolate::kExitSetupFailed;
 }

@@ -6,7 +6,7 @@ NSBOX_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 NSBOX_PACKAGES=(
   g++ cmake ninja-build pkg-config
   libseccomp-dev libcap-dev liburing-dev
-  libspdlog-dev libfmt-dev libcli11-dev libgtest-dev
+  libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libboost1.81-dev
   clang-format
 )
 

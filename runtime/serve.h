@@ -1,0 +1,21 @@
+#pragma once
+
+// `nsbox serve`: nsboxd, the daemon that maps sandbox ids to persistent workspaces and serves
+// api.md on a Unix socket (and TCP with a bearer token).
+
+#include <string>
+
+namespace nsbox::runtime {
+
+struct ServeOptions {
+  std::string socket;       // default: DefaultSocketPath()
+  std::string state_dir;    // default: DefaultStateDir()
+  std::string listen;       // "HOST:PORT" for the optional TCP listener
+  std::string token_file;   // required with `listen`
+  std::string init_binary;  // nsbox-init; default: beside the running executable
+};
+
+// Runs until SIGTERM or SIGINT; returns the process's exit code.
+int Serve(const ServeOptions& options);
+
+}  // namespace nsbox::runtime
