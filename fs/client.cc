@@ -334,22 +334,33 @@ void InitClient::KillExec(uint64_t tag, uint8_t reason) {
   (void)Send(Type::kExecKill, tag, proto::Encode(proto::ExecKill{reason}));
 }
 
-FsOutcome<std::string> InitClient::ReadFile(const std::string& path) {
-  UniqueFd fd;
-  auto r = Call(Type::kReadFile, proto::Encode(proto::PathRequest{path}), &fd);
+FsOutcome<InitClient::OpenedRead> InitClient::OpenRead(const std::string& path) {
+  OpenedRead opened;
+  auto r = Call(Type::kReadFile, proto::Encode(proto::PathRequest{path}), &opened.fd);
   if (!r.ok()) return r.error();
-  if (r.value().type == Type::kFileData) return std::move(r.value().payload);
-  uint64_t size = 0;
-  if (r.value().type != Type::kFileFd || !proto::DecodeU64(r.value().payload, &size) ||
-      !fd.valid()) {
+  if (r.value().type == Type::kFileData) {
+    opened.fd.reset();
+    opened.size = r.value().payload.size();
+    opened.data = std::move(r.value().payload);
+    return opened;
+  }
+  if (r.value().type != Type::kFileFd || !proto::DecodeU64(r.value().payload, &opened.size) ||
+      !opened.fd.valid()) {
     return ReplyError(r.value(), "file-data");
   }
+  return opened;
+}
+
+FsOutcome<std::string> InitClient::ReadFile(const std::string& path) {
+  auto opened = OpenRead(path);
+  if (!opened.ok()) return opened.error();
+  if (!opened.value().fd.valid()) return std::move(opened.value().data);
   // A large file: read it here, through the fd nsbox-init opened inside the jail.
   std::string out;
-  out.reserve(static_cast<size_t>(size));
+  out.reserve(static_cast<size_t>(opened.value().size));
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    ssize_t n = ::read(opened.value().fd.get(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return FsError{errno, "read", path, ErrnoText(errno) + ", read '" + path + "'"};
     if (n == 0) break;
@@ -358,22 +369,35 @@ FsOutcome<std::string> InitClient::ReadFile(const std::string& path) {
   return out;
 }
 
-FsOutcome<Unit> InitClient::WriteFile(const std::string& path, std::string_view data) {
-  UniqueFd fd;
-  uint64_t tag = NextTag();
-  auto r = Call(Type::kWriteBegin, proto::Encode(proto::PathRequest{path}), &fd, tag);
+FsOutcome<InitClient::OpenedWrite> InitClient::BeginWrite(const std::string& path) {
+  OpenedWrite opened;
+  opened.tag = NextTag();
+  auto r = Call(Type::kWriteBegin, proto::Encode(proto::PathRequest{path}), &opened.fd, opened.tag);
   if (!r.ok()) return r.error();
-  if (r.value().type != Type::kWriteReady || !fd.valid())
+  if (r.value().type != Type::kWriteReady || !opened.fd.valid()) {
     return ReplyError(r.value(), "write-ready");
-  if (auto st = WriteAll(fd.get(), data, path); !st.ok()) {
-    (void)Call(Type::kWriteAbort, "", nullptr, tag);
-    return FsError{st.error().code(), "write", path, st.error().message()};
   }
-  fd.reset();
+  return opened;
+}
+
+FsOutcome<Unit> InitClient::CommitWrite(uint64_t tag) {
   auto c = Call(Type::kWriteCommit, "", nullptr, tag);
   if (!c.ok()) return c.error();
   if (c.value().type != Type::kOk) return ReplyError(c.value(), "ok");
   return Unit{};
+}
+
+void InitClient::AbortWrite(uint64_t tag) { (void)Call(Type::kWriteAbort, "", nullptr, tag); }
+
+FsOutcome<Unit> InitClient::WriteFile(const std::string& path, std::string_view data) {
+  auto opened = BeginWrite(path);
+  if (!opened.ok()) return opened.error();
+  if (auto st = WriteAll(opened.value().fd.get(), data, path); !st.ok()) {
+    AbortWrite(opened.value().tag);
+    return FsError{st.error().code(), "write", path, st.error().message()};
+  }
+  opened.value().fd.reset();
+  return CommitWrite(opened.value().tag);
 }
 
 FsOutcome<proto::StatReply> InitClient::Stat(const std::string& path) {

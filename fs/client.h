@@ -54,6 +54,23 @@ class InitClient {
   void KillExec(uint64_t tag, uint8_t reason);
 
   FsOutcome<std::string> ReadFile(const std::string& path);
+  // readFile for streaming: a small file's bytes inline, or an O_RDONLY fd of a large one
+  // (opened by nsbox-init inside the jail) and its size at the time it was opened.
+  struct OpenedRead {
+    std::string data;  // when !fd.valid()
+    UniqueFd fd;
+    uint64_t size = 0;
+  };
+  FsOutcome<OpenedRead> OpenRead(const std::string& path);
+  // writeFile for streaming: Begin returns a write fd of the temp file nsbox-init made and the
+  // tag that Commit (atomic replace) or Abort (nothing changes) takes.
+  struct OpenedWrite {
+    UniqueFd fd;
+    uint64_t tag = 0;
+  };
+  FsOutcome<OpenedWrite> BeginWrite(const std::string& path);
+  FsOutcome<Unit> CommitWrite(uint64_t tag);
+  void AbortWrite(uint64_t tag);
   FsOutcome<Unit> WriteFile(const std::string& path, std::string_view data);
   FsOutcome<proto::StatReply> Stat(const std::string& path);
   FsOutcome<proto::ReaddirReply> Readdir(const std::string& path, bool with_types);

@@ -193,7 +193,12 @@ FsOutcome<PendingWrite> BeginWrite(int root, const std::string& path) {
   if (err != 0) return MakeFsError(err, "open", path);
 
   PendingWrite write;
-  for (int attempt = 0; attempt < 100; ++attempt) {
+  // An unnamed temp file (O_TMPFILE, Linux 3.11) where the file system has it: if the writer
+  // dies before the commit (nsbox-init killed with the daemon), nothing is left in the
+  // directory. It gets a name only at commit, just before the rename.
+  // SAFETY: openat of the directory we hold; the file has no name, so nothing can be planted.
+  write.fd.reset(::openat(target.dir.get(), ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600));
+  for (int attempt = 0; !write.fd.valid() && attempt < 100; ++attempt) {
     write.temp = TempName(target.name);
     // SAFETY: openat of one fresh name in a directory we hold. O_EXCL|O_NOFOLLOW: never an
     // existing file or a planted symlink. Mode 0600 until the final mode is set below, so a
@@ -231,6 +236,26 @@ FsOutcome<Unit> CommitWrite(PendingWrite& write) {
     int err = errno;
     AbortWrite(write);
     return MakeFsError(err, "fsync", write.path);
+  }
+  if (write.temp.empty()) {
+    // An O_TMPFILE: link it under a fresh temp name (through /proc/self/fd: linkat with
+    // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH, which nsbox-init does not keep), then rename.
+    std::string proc_fd = "/proc/self/fd/" + std::to_string(write.fd.get());
+    int err = EEXIST;
+    for (int attempt = 0; attempt < 100 && err == EEXIST; ++attempt) {
+      write.temp = TempName(write.final);
+      // SAFETY: the magic link is this process's own fd; the new name is one component in the
+      // directory we hold, and linkat never replaces an existing name.
+      err = ::linkat(AT_FDCWD, proc_fd.c_str(), write.dir.get(), write.temp.c_str(),
+                     AT_SYMLINK_FOLLOW) == 0
+                ? 0
+                : errno;
+    }
+    if (err != 0) {
+      write.temp.clear();
+      AbortWrite(write);
+      return MakeFsError(err, "link", write.path);
+    }
   }
   write.fd.reset();
   // SAFETY: both names are single components in the directory we hold. rename(2) replaces the

@@ -73,16 +73,17 @@ FsOutcome<OpenedFile> OpenForRead(int root, const std::string& path);
 // `path` is followed, in-root, up to 40 links, as Node's open(O_CREAT) does: a dangling one
 // names the file to create), and if that fails with ENOENT makes the parent directories (Node's
 // mkdir -p of dirname(path), whose errors are returned as they are; Flue's writeFile contract)
-// and tries once more. It then creates a temp file beside the target (".<name>.nsbox-XXXXXX",
-// at most 200 bytes of <name>) with the existing target's mode and owner (owner where
-// permitted), else mode 0644. The caller writes the bytes to `fd`; Commit fsyncs it, renames it
-// over the target and fsyncs the directory; Abort removes the temp file. A directory at `path`
-// is EISDIR and a FIFO, socket or device EINVAL (never written into, never replaced), found in
-// Begin.
+// and tries once more. It then creates an unnamed O_TMPFILE in the target's directory (nothing
+// stays behind if the writer dies), or where the file system lacks it a named temp file beside the
+// target (".<name>.nsbox-XXXXXX", at most 200 bytes of <name>) with the existing target's mode and
+// owner (owner where permitted), else mode 0644. The caller writes the bytes to `fd`; Commit fsyncs
+// it, renames it over the target and fsyncs the directory; Abort removes the temp file. A directory
+// at `path` is EISDIR and a FIFO, socket or device EINVAL (never written into, never replaced),
+// found in Begin.
 struct PendingWrite {
   UniqueFd fd;        // the temp file, O_WRONLY
   UniqueFd dir;       // the directory that holds it
-  std::string temp;   // its name in `dir`
+  std::string temp;   // its name in `dir`; empty for an unnamed O_TMPFILE until the commit
   std::string final;  // the target's name in `dir` (after following a symlink at the target)
   std::string path;   // as the caller gave it, for errors
 };

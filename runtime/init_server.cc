@@ -182,6 +182,9 @@ Status InitServer::Run() {
   runner_->KillAll(exec::EndReason::kStopped);
   runner_.reset();
   workers_.reset();
+  // Uploads the host never committed leave nothing behind.
+  for (auto& [tag, write] : writes_) fs::AbortWrite(write);
+  writes_.clear();
   return Ok();
 }
 
