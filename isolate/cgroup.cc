@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -656,6 +657,36 @@ Result<bool> Cgroups::OomKilled() const {
     return std::strtoull(failcnt->c_str(), nullptr, 10) > 0;
   }
   return false;
+}
+
+Result<Cgroups> Cgroups::AdoptStale(const CgroupLayout& layout, std::string_view prefix) {
+  if (prefix.empty()) return Error(EINVAL, "AdoptStale needs a non-empty prefix");
+  Cgroups out;
+  std::vector<std::string> seen;
+  for (const auto* h : {&layout.v2, &layout.memory_v1, &layout.pids_v1, &layout.cpu_v1}) {
+    if (!h->has_value()) continue;
+    const std::string& dir = (*h)->dir;
+    // cpu and cpuacct, or memory and pids, may be one hierarchy under two names.
+    if (std::find(seen.begin(), seen.end(), dir) != seen.end()) continue;
+    seen.push_back(dir);
+    const CgroupVersion version = h == &layout.v2 ? CgroupVersion::kV2 : CgroupVersion::kV1;
+    std::unique_ptr<DIR, int (*)(DIR*)> list(::opendir(dir.c_str()), ::closedir);
+    if (!list) return Error::Sys("opendir", dir, errno).Context("look for stale cgroups");
+    std::vector<std::string> names;
+    while (struct dirent* e = ::readdir(list.get())) {
+      std::string_view name(e->d_name);
+      if (e->d_type == DT_DIR && name.substr(0, prefix.size()) == prefix) names.emplace_back(name);
+    }
+    for (const std::string& name : names) {
+      auto parent = OpenAt(AT_FDCWD, dir, O_PATH | O_DIRECTORY);
+      if (!parent.ok()) return std::move(parent).error();
+      auto fd = OpenAt(parent->get(), name, O_RDONLY | O_DIRECTORY);
+      if (!fd.ok()) return std::move(fd).error();
+      out.dirs_.push_back(Dir{
+          version, dir + "/" + name, name, {}, std::move(parent).value(), std::move(fd).value()});
+    }
+  }
+  return out;
 }
 
 Status Cgroups::Destroy() {

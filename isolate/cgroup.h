@@ -118,6 +118,10 @@ class Cgroups {
   // Makes every directory of `plan` (a directory that already exists is an error that names
   // it: a dead run left it behind) and writes its files. On failure nothing made stays.
   static Result<Cgroups> Create(const CgroupPlan& plan);
+  // The child cgroups whose names start with `prefix` in every hierarchy of `layout`: what a
+  // process that died (a SIGKILLed daemon) left behind, handed over so that Destroy() kills
+  // whatever is inside and removes them. `prefix` must be specific to the caller.
+  static Result<Cgroups> AdoptStale(const CgroupLayout& layout, std::string_view prefix);
 
   // An O_DIRECTORY fd of the v2 child, for clone3(CLONE_INTO_CGROUP); -1 when there is none.
   int v2_dir_fd() const;

@@ -236,7 +236,9 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   if (config.home_tmpfs || config.home_source.empty()) {
     p.Tmpfs("/root", MS_NOSUID | MS_NODEV, "mode=0700");
   } else {
-    p.Bind(config.home_source, "/root", MS_NOSUID | MS_NODEV, false);
+    auto& home = p.Bind(config.home_source, "/root", MS_NOSUID | MS_NODEV, false);
+    home.source_fd = config.home_fd;
+    home.source_is_tree = config.home_fd_is_tree;
   }
   p.Mkdir("/tmp", 01777);
   p.Tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=1777");

@@ -103,6 +103,8 @@ struct JailFsConfig {
   // life, so long-lived sandboxes set 0 and bind them all.
   uint64_t etc_copy_limit = 256 * 1024;
   std::string home_source;  // else: a host path bound read-write at /root
+  int home_fd = -1;         // pinned like the workspace (an open_tree clone where possible)
+  bool home_fd_is_tree = false;
 };
 
 // Reads which allowlisted /etc entries the host has (lstat + readlink), for JailFsConfig.

@@ -119,8 +119,22 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
     return Error::Sys("open_tree", plan.workspace_path, errno).Context("--workspace");
   }
   if (!o.home.empty()) {
+    // Pinned and cloned like the workspace: the jail's root need not traverse the host path.
     fs.home_tmpfs = false;
     fs.home_source = o.home;
+    int hfd = ::open(o.home.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (hfd < 0) return Error::Sys("open", o.home, errno).Context("the home directory");
+    plan.home.reset(hfd);
+    fs.home_fd = hfd;
+    // SAFETY: as for the workspace above.
+    int home_tree = sys::OpenTree(hfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+    if (home_tree >= 0) {
+      plan.home_tree.reset(home_tree);
+      fs.home_fd = home_tree;
+      fs.home_fd_is_tree = true;
+    } else if (errno != ENOSYS) {
+      return Error::Sys("open_tree", o.home, errno).Context("the home directory");
+    }
   }
   NSBOX_ASSIGN_OR_RETURN(fs.host_etc, isolate::ScanHostEtc("/etc"));
   // The new root is assembled on a directory of the host that exists everywhere; nothing of it

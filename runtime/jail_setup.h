@@ -39,6 +39,8 @@ struct PreparedJail {
   images::Image image;
   UniqueFd workspace;       // O_PATH
   UniqueFd workspace_tree;  // open_tree(OPEN_TREE_CLONE) of it, where the kernel has it
+  UniqueFd home;            // O_PATH of the host directory bound at /root, when there is one
+  UniqueFd home_tree;       // its open_tree clone
   std::string workspace_path;
   isolate::CgroupLimits limits;
   isolate::JailSpec spec;
