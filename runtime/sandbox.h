@@ -38,6 +38,8 @@ class Sandbox {
   fs::InitClient& client() { return *client_; }
   pid_t init_pid() const { return jail_.pid(); }
   const isolate::Cgroups& cgroups() const { return cgroups_; }
+  // The image's shell ("/bin/bash", else "/bin/sh"): what `command` runs under, and $SHELL.
+  const std::string& shell() const { return prepared_.image.shell; }
 
   // Closes the channel: nsbox-init ends every process of the sandbox and exits (SIGKILL after a
   // grace if it does not); then the cgroups are removed. The workspace stays.

@@ -1,12 +1,1444 @@
-#include "runtime/serve.h"
+// nsboxd: the HTTP API of docs/api.md over a Unix socket (and TCP with a bearer
+// token).
+//
+// One thread runs the event loop (Boost.Asio, C++20 coroutines, one per
+// connection): it parses requests (Boost.Beast), streams bodies and exec
+// output, and never blocks on a client. What may block (starting a jail, a file
+// verb waiting for nsbox-init's answer, fsync) runs on a worker pool and
+// resumes the connection's coroutine when it is done. Exec output arrives on
+// the sandbox's control-channel reader thread and is handed to the loop through
+// a queue.
 
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json.hpp>
+#include <chrono>
 #include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/files.h"
+#include "base/log.h"
+#include "exec/runner.h"
+#include "fs/path.h"
+#include "policy/environment.h"
+#include "runtime/api_client.h"
+#include "runtime/api_error.h"
+#include "runtime/metrics.h"
+#include "runtime/paths.h"
+#include "runtime/registry.h"
+#include "runtime/serve.h"
+#include "runtime/utf8.h"
+#include "runtime/version.h"
 
 namespace nsbox::runtime {
 
-int Serve(const ServeOptions&) {
-  std::fprintf(stderr, "nsbox serve: not built yet\n");
-  return 1;
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace json = boost::json;
+using Socket = asio::generic::stream_protocol::socket;
+using Acceptor = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
+using Clock = std::chrono::steady_clock;
+constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+constexpr size_t kMaxJsonBody = 1u << 20;    // api.md: JSON bodies up to 1 MiB
+constexpr size_t kHeaderLimit = 64u << 10;   // a 4096-byte path percent-encoded fits
+constexpr size_t kStreamChunk = 256u << 10;  // file bodies move in pieces of this size
+constexpr size_t kWorkerThreads = 32;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// ---- small parsers ----
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decoding; `plus_is_space` for query values
+// (application/x-www-form-urlencoded, as URLSearchParams writes them). nullopt
+// for a malformed escape.
+std::optional<std::string> PercentDecode(std::string_view in, bool plus_is_space) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%') {
+      if (i + 2 >= in.size()) return std::nullopt;
+      int hi = HexValue(in[i + 1]);
+      int lo = HexValue(in[i + 2]);
+      if (hi < 0 || lo < 0) return std::nullopt;
+      out += static_cast<char>(hi * 16 + lo);
+      i += 2;
+    } else if (in[i] == '+' && plus_is_space) {
+      out += ' ';
+    } else {
+      out += in[i];
+    }
+  }
+  return out;
+}
+
+// Constant-time comparison of a presented token with the expected one (api.md:
+// 401 "compared in constant time"): the time depends only on the expected
+// token's length.
+bool TokenMatches(std::string_view presented, std::string_view expected) {
+  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
+    diff |= static_cast<unsigned char>(p ^ static_cast<unsigned char>(expected[i]));
+  }
+  return diff == 0;
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);  // glibc 2.32
+  return abbrev != nullptr ? std::string("SIG") + abbrev : "SIG" + std::to_string(sig);
+}
+
+// ---- JSON shapes of api.md ----
+
+json::object SandboxJson(const SandboxEntry& e) {
+  const SandboxConfig& c = e.config();
+  json::object o;
+  o["id"] = c.id;
+  o["state"] = e.running() ? "running" : "stopped";
+  o["image"] = c.image;
+  o["cwd"] = c.cwd;
+  o["createdAt"] = c.created_at;
+  json::object limits;
+  if (c.limits.memory_bytes) limits["memoryBytes"] = *c.limits.memory_bytes;
+  if (c.limits.pids) limits["pids"] = *c.limits.pids;
+  if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
+  o["limits"] = std::move(limits);
+  o["network"] = c.network;
+  json::object env;
+  for (const auto& [k, v] : c.env) env[k] = v;
+  o["env"] = std::move(env);
+  return o;
+}
+
+std::string ErrorBody(const ApiError& error) {
+  json::object e;
+  e["code"] = error.code;
+  e["message"] = error.message;
+  if (!error.path.empty()) e["path"] = utf8::DecodeLossy(error.path);
+  if (!error.syscall.empty()) e["syscall"] = error.syscall;
+  json::object o;
+  o["error"] = std::move(e);
+  return json::serialize(o);
+}
+
+// The typed fields of a JSON request body: each getter fails with a message
+// naming the field.
+class Fields {
+ public:
+  explicit Fields(const json::object& o) : o_(o) {}
+
+  ApiOutcome<std::optional<std::string>> String(const char* key) const {
+    const json::value* v = o_.if_contains(key);
+    if (v == nullptr || v->is_null()) return std::optional<std::string>();
+    if (!v->is_string()) return ApiError::Invalid(std::string("\"") + key + "\" must be a string");
+    return std::optional<std::string>(std::string(v->get_string()));
+  }
+  ApiOutcome<bool> Bool(const char* key) const {
+    const json::value* v = o_.if_contains(key);
+    if (v == nullptr || v->is_null()) return false;
+    if (!v->is_bool()) return ApiError::Invalid(std::string("\"") + key + "\" must be a boolean");
+    return v->get_bool();
+  }
+  // A whole number in [min, max].
+  ApiOutcome<std::optional<uint64_t>> Count(const char* key, uint64_t min, uint64_t max) const {
+    const json::value* v = o_.if_contains(key);
+    if (v == nullptr || v->is_null()) return std::optional<uint64_t>();
+    boost::system::error_code ec;
+    uint64_t n = v->is_number() ? v->to_number<uint64_t>(ec) : 0;
+    if (!v->is_number() || ec || n < min || n > max) {
+      return ApiError::Invalid(std::string("\"") + key + "\" must be a whole number from " +
+                               std::to_string(min) + " to " + std::to_string(max));
+    }
+    return std::optional<uint64_t>(n);
+  }
+
+ private:
+  const json::object& o_;
+};
+
+// The path of a request: `path` (UTF-8) or `pathBase64` (exact bytes), api.md
+// "Paths".
+ApiOutcome<std::string> RawPath(const std::optional<std::string>& path,
+                                const std::optional<std::string>& path_base64) {
+  if (path && path_base64) return ApiError::Invalid("give \"path\" or \"pathBase64\", not both");
+  if (path_base64) {
+    auto decoded = Base64Decode(*path_base64);
+    if (!decoded.ok()) return ApiError::Invalid("\"pathBase64\" is not valid base64");
+    return std::move(decoded).value();
+  }
+  if (!path) return ApiError::Invalid("the request needs a \"path\"");
+  return *path;
+}
+
+// A path from a client made absolute against the sandbox's cwd and normalised.
+// A NUL byte is invalid_request (api.md "Paths").
+ApiOutcome<std::string> SandboxPath(const SandboxEntry& entry, const std::string& raw) {
+  if (raw.find('\0') != std::string::npos) {
+    return ApiError::Invalid("the path contains a NUL byte");
+  }
+  if (raw.empty()) {
+    // Node: ENOENT for an empty path.
+    return ApiError::Of(404, "ENOENT", "ENOENT: no such file or directory, open ''", "", "open");
+  }
+  return fs::ResolvePath(entry.config().cwd, raw);
+}
+
+std::string EntryTypeName(uint8_t type) {
+  switch (static_cast<fs::EntryType>(type)) {
+    case fs::EntryType::kFile:
+      return "file";
+    case fs::EntryType::kDirectory:
+      return "directory";
+    case fs::EntryType::kSymlink:
+      return "symlink";
+    default:
+      return "other";
+  }
+}
+
+// ---- exec events, from the control channel's reader thread to the event loop
+// ----
+
+struct ExecEvent {
+  enum Kind { kStarted, kOutput, kExit } kind = kOutput;
+  uint32_t pid = 0;
+  int stream = 1;
+  std::string data;
+  std::optional<fs::FsOutcome<fs::proto::ExecExit>> exit;
+};
+
+class ExecQueue : public std::enable_shared_from_this<ExecQueue> {
+ public:
+  explicit ExecQueue(asio::any_io_executor ex) : wake_(ex) {}
+
+  // Any thread.
+  void Push(ExecEvent event) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      events_.push_back(std::move(event));
+    }
+    asio::post(wake_.get_executor(), [self = shared_from_this()] { self->wake_.cancel(); });
+  }
+
+  // On the loop: the events so far, waiting for at least one. A Push cannot be
+  // missed: its cancel() runs on the loop too, so after the check below or
+  // while the wait is pending.
+  asio::awaitable<std::deque<ExecEvent>> Next() {
+    for (;;) {
+      std::deque<ExecEvent> out;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        out.swap(events_);
+      }
+      if (!out.empty()) co_return out;
+      wake_.expires_at(Clock::time_point::max());
+      (void)co_await wake_.async_wait(kTuple);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<ExecEvent> events_;
+  asio::steady_timer wake_;
+};
+
+// ---- the daemon ----
+
+class Daemon {
+ public:
+  Daemon(asio::io_context& io, Registry& registry, std::string token)
+      : io_(io), registry_(registry), token_(std::move(token)) {}
+
+  asio::awaitable<void> AcceptLoop(Acceptor& acceptor, bool tcp);
+  void Shutdown(std::vector<Acceptor*> acceptors);
+
+ private:
+  // What one request's handler works with.
+  struct Ctx {
+    Socket& socket;
+    beast::flat_buffer& buffer;
+    http::request_parser<http::buffer_body>& parser;
+    bool tcp = false;
+    bool body_done = false;  // the request's body was read to its end
+    bool continue_sent = false;
+    int status = 0;          // of the answer, for the metrics
+    std::string sandbox_id;  // for the logs
+  };
+
+  asio::awaitable<void> Session(Socket socket, bool tcp);
+  asio::awaitable<bool> Handle(Ctx& c);
+  asio::awaitable<bool> Route(Ctx& c, const std::vector<std::string>& segs, std::string_view query);
+
+  // Runs `fn` on the worker pool and resumes on the loop with its result. Callers pass a named
+  // lambda (auto work = [...]; co_await Blocking(std::move(work))), never a lambda temporary:
+  // GCC 12 destroys the captures of a closure temporary in a co_await expression twice (checked
+  // with ASan on a ten-line program; named closures and other temporaries are fine).
+  template <typename F>
+  asio::awaitable<std::invoke_result_t<F&>> Blocking(F fn);
+
+  // Answers. Each returns whether the connection may serve another request.
+  asio::awaitable<bool> Reply(Ctx& c, unsigned status, std::string body,
+                              std::string_view content_type = "application/json",
+                              std::string_view allow = {});
+  asio::awaitable<bool> ReplyJson(Ctx& c, unsigned status, const json::value& value);
+  asio::awaitable<bool> ReplyError(Ctx& c, const ApiError& error, std::string_view allow = {});
+  asio::awaitable<bool> ReplyNoContent(Ctx& c, unsigned status = 204);
+  asio::awaitable<bool> MethodNotAllowed(Ctx& c, std::string_view allow);
+
+  asio::awaitable<bool> SendContinue(Ctx& c);
+  // The whole body of a JSON request (up to 1 MiB); an empty body is an empty
+  // object when `optional`.
+  asio::awaitable<ApiOutcome<json::object>> ReadJson(Ctx& c, bool optional);
+  asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> FindEntry(const std::string& id);
+
+  // The routes.
+  asio::awaitable<bool> PutSandbox(Ctx& c, const std::string& id);
+  asio::awaitable<bool> StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> entry);
+  asio::awaitable<bool> DeleteSandbox(Ctx& c, const std::string& id);
+  asio::awaitable<bool> Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry);
+  asio::awaitable<bool> GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                std::string_view query);
+  asio::awaitable<bool> PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                std::string_view query);
+  asio::awaitable<bool> FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                               const std::string& verb);
+
+  asio::io_context& io_;
+  Registry& registry_;
+  const std::string token_;  // empty: no TCP listener
+  asio::thread_pool pool_{kWorkerThreads};
+  Metrics metrics_;
+  std::atomic<int> running_execs_{0};
+  bool shutting_down_ = false;
+};
+
+template <typename F>
+asio::awaitable<std::invoke_result_t<F&>> Daemon::Blocking(F fn) {
+  // Not a coroutine itself: the awaitable async_initiate returns starts the work when awaited.
+  using T = std::invoke_result_t<F&>;
+  auto work = std::make_shared<F>(std::move(fn));
+  auto initiation = [this, work](auto handler) {
+    auto ex = asio::get_associated_executor(handler, io_.get_executor());
+    asio::post(pool_, [work, handler = std::move(handler), ex]() mutable {
+      auto result = std::make_shared<T>((*work)());
+      asio::post(ex, [handler = std::move(handler), result]() mutable {
+        std::move(handler)(std::move(*result));
+      });
+    });
+  };
+  return asio::async_initiate<const asio::use_awaitable_t<>&, void(T)>(initiation,
+                                                                       asio::use_awaitable);
+}
+
+asio::awaitable<void> Daemon::AcceptLoop(Acceptor& acceptor, bool tcp) {
+  for (;;) {
+    auto [ec, socket] = co_await acceptor.async_accept(kTuple);
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) co_return;
+    if (ec) {
+      // EMFILE and friends: say so and breathe, rather than spin.
+      log::error("accept: {}", ec.message());
+      asio::steady_timer pause(io_, std::chrono::milliseconds(100));
+      (void)co_await pause.async_wait(kTuple);
+      continue;
+    }
+    asio::co_spawn(io_, Session(std::move(socket), tcp), asio::detached);
+  }
+}
+
+void Daemon::Shutdown(std::vector<Acceptor*> acceptors) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  log::info("stopping: no new connections; ending every sandbox's processes");
+  for (Acceptor* a : acceptors) {
+    boost::system::error_code ec;
+    a->close(ec);
+  }
+  asio::co_spawn(
+      io_,
+      [this]() -> asio::awaitable<void> {
+        auto work1 = [this] {
+          registry_.StopAll();
+          return true;
+        };
+        co_await Blocking(std::move(work1));
+        // The answers of the execs that were running ("stopped") go out before
+        // the loop ends.
+        auto deadline = Clock::now() + std::chrono::seconds(3);
+        while (running_execs_.load() > 0 && Clock::now() < deadline) {
+          asio::steady_timer t(io_, std::chrono::milliseconds(20));
+          (void)co_await t.async_wait(kTuple);
+        }
+        io_.stop();
+      },
+      asio::detached);
+}
+
+asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::request_parser<http::buffer_body> parser;
+    parser.header_limit(kHeaderLimit);
+    parser.body_limit(boost::none);  // JSON bodies are limited by ReadJson; uploads stream
+    auto [ec, n] = co_await http::async_read_header(socket, buffer, parser, kTuple);
+    (void)n;
+    if (ec) {
+      if (ec != http::error::end_of_stream && ec != asio::error::eof &&
+          ec != asio::error::connection_reset && ec != asio::error::operation_aborted) {
+        // Not HTTP: one answer, then the connection closes.
+        Ctx c{socket, buffer, parser, tcp, false, false, 0, {}};
+        bool too_big = ec == http::error::header_limit;
+        (void)co_await ReplyError(
+            c, too_big ? ApiError::Of(431, "invalid_request", "the request's header is too large")
+                       : ApiError::Invalid("malformed HTTP request: " + ec.message()));
+      }
+      break;
+    }
+    Ctx c{socket, buffer, parser, tcp, false, false, 0, {}};
+    c.body_done = parser.is_done();
+    auto start = Clock::now();
+    bool keep = co_await Handle(c);
+    metrics_.Request(std::string_view(parser.get().method_string()), c.status);
+    log::debug("{} {} -> {} in {:.3f} ms{}", std::string_view(parser.get().method_string()),
+               std::string_view(parser.get().target()), c.status, SecondsSince(start) * 1000,
+               c.sandbox_id.empty() ? "" : " sandbox=" + c.sandbox_id);
+    if (!keep) break;
+  }
+  boost::system::error_code ignored;
+  socket.shutdown(asio::socket_base::shutdown_both, ignored);
+  socket.close(ignored);
+}
+
+asio::awaitable<bool> Daemon::Handle(Ctx& c) {
+  auto& req = c.parser.get();
+  if (c.tcp) {
+    std::string_view auth = req[http::field::authorization];
+    constexpr std::string_view kBearer = "Bearer ";
+    bool ok = auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer &&
+              TokenMatches(auth.substr(kBearer.size()), token_);
+    if (!ok) {
+      co_return co_await ReplyError(
+          c, ApiError::Of(401, "unauthorized",
+                          auth.empty() ? "this listener needs an Authorization: Bearer token"
+                                       : "the bearer token is not valid"));
+    }
+  }
+  std::string_view target = req.target();
+  std::string_view path = target;
+  std::string_view query;
+  if (auto q = target.find('?'); q != std::string_view::npos) {
+    path = target.substr(0, q);
+    query = target.substr(q + 1);
+  }
+  if (path.empty() || path[0] != '/') {
+    co_return co_await ReplyError(c, ApiError::Of(404, "not_found", "no such route"));
+  }
+  std::vector<std::string> segs;
+  size_t pos = 1;
+  for (;;) {
+    size_t slash = path.find('/', pos);
+    auto decoded = PercentDecode(
+        path.substr(pos, slash == std::string_view::npos ? std::string_view::npos : slash - pos),
+        false);
+    if (!decoded) co_return co_await ReplyError(c, ApiError::Invalid("malformed percent-encoding"));
+    segs.push_back(std::move(*decoded));
+    if (slash == std::string_view::npos) break;
+    pos = slash + 1;
+  }
+  co_return co_await Route(c, segs, query);
+}
+
+asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs,
+                                    std::string_view query) {
+  const http::verb method = c.parser.get().method();
+  const size_t n = segs.size();
+  auto not_found = ApiError::Of(
+      404, "not_found",
+      "no such route: " + std::string(c.parser.get().target().substr(
+                              0, std::min<size_t>(200, c.parser.get().target().size()))));
+  if (n == 1 && segs[0] == "metrics") {
+    if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
+    co_return co_await Reply(c, 200, metrics_.Render(registry_.CountByState()),
+                             "text/plain; version=0.0.4; charset=utf-8");
+  }
+  if (n < 2 || segs[0] != "v1") co_return co_await ReplyError(c, not_found);
+  if (n == 2 && segs[1] == "health") {
+    if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
+    json::object o;
+    o["ok"] = true;
+    o["version"] = kVersion;
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (segs[1] != "sandboxes") co_return co_await ReplyError(c, not_found);
+  if (n == 2) {
+    if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
+    json::array list;
+    for (const auto& e : registry_.List()) list.push_back(SandboxJson(*e));
+    json::object o;
+    o["sandboxes"] = std::move(list);
+    co_return co_await ReplyJson(c, 200, o);
+  }
+
+  // /v1/sandboxes/{id}/...: the route and method first, then the id, then the
+  // sandbox.
+  const std::string& id = segs[2];
+  std::string_view allow;
+  if (n == 3) {
+    allow = "GET, PUT, DELETE";
+  } else if (n == 4 && (segs[3] == "stop" || segs[3] == "exec")) {
+    allow = "POST";
+  } else if (n == 4 && segs[3] == "execs") {
+    allow = "GET";
+  } else if (n == 5 && segs[3] == "execs") {
+    allow = "DELETE";
+  } else if (n == 4 && segs[3] == "files") {
+    allow = "GET, PUT";
+  } else if (n == 5 && segs[3] == "fs" &&
+             (segs[4] == "stat" || segs[4] == "readdir" || segs[4] == "exists" ||
+              segs[4] == "mkdir" || segs[4] == "rm")) {
+    allow = "POST";
+  } else {
+    co_return co_await ReplyError(c, not_found);
+  }
+  if (allow.find(std::string_view(c.parser.get().method_string())) == std::string_view::npos ||
+      c.parser.get().method_string().empty()) {
+    co_return co_await MethodNotAllowed(c, allow);
+  }
+  if (auto reason = InvalidIdReason(id)) {
+    co_return co_await ReplyError(c, ApiError::Invalid(*reason));
+  }
+  c.sandbox_id = id;
+  if (n == 3 && method == http::verb::put) co_return co_await PutSandbox(c, id);
+  if (n == 3 && method == http::verb::delete_) co_return co_await DeleteSandbox(c, id);
+
+  auto found = co_await FindEntry(id);
+  if (!found.ok()) co_return co_await ReplyError(c, found.error());
+  std::shared_ptr<SandboxEntry> entry = found.value();
+  if (n == 3) co_return co_await ReplyJson(c, 200, SandboxJson(*entry));
+  if (segs[3] == "stop") co_return co_await StopSandbox(c, entry);
+  if (segs[3] == "exec") co_return co_await Exec(c, entry);
+  if (segs[3] == "execs" && n == 4) {
+    json::array list;
+    for (const ExecInfo& e : entry->Execs()) {
+      json::object o;
+      o["execId"] = e.exec_id;
+      o["command"] = utf8::DecodeLossy(e.command);
+      o["pid"] = e.pid;
+      o["startedAt"] = e.started_at;
+      list.push_back(std::move(o));
+    }
+    json::object o;
+    o["execs"] = std::move(list);
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (segs[3] == "execs") {
+    if (!entry->CancelExec(segs[4])) {
+      co_return co_await ReplyError(
+          c, ApiError::Of(404, "not_found",
+                          "no running exec '" + segs[4] + "' in sandbox '" + id + "'"));
+    }
+    metrics_.Kill("cancelled");
+    log::info("sandbox={} exec={} cancelled by DELETE", id, segs[4]);
+    json::object o;
+    o["execId"] = segs[4];
+    co_return co_await ReplyJson(c, 202, o);
+  }
+  if (segs[3] == "files" && method == http::verb::get) co_return co_await GetFile(c, entry, query);
+  if (segs[3] == "files") co_return co_await PutFile(c, entry, query);
+  co_return co_await FsVerb(c, entry, segs[4]);
+}
+
+// ---- answers ----
+
+asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
+                                    std::string_view content_type, std::string_view allow) {
+  http::response<http::string_body> res{static_cast<http::status>(status), 11};
+  res.set(http::field::server, std::string("nsboxd/") + kVersion);
+  if (!body.empty() || status != 204) res.set(http::field::content_type, content_type);
+  if (!allow.empty()) res.set(http::field::allow, allow);
+  // A request whose body was not read to its end cannot be followed by another.
+  res.keep_alive(c.parser.get().keep_alive() && c.body_done && !shutting_down_);
+  metrics_.BytesOut(body.size());
+  res.body() = std::move(body);
+  res.prepare_payload();
+  c.status = static_cast<int>(status);
+  auto [ec, n] = co_await http::async_write(c.socket, res, kTuple);
+  (void)n;
+  co_return !ec && res.keep_alive();
+}
+
+asio::awaitable<bool> Daemon::ReplyJson(Ctx& c, unsigned status, const json::value& value) {
+  co_return co_await Reply(c, status, json::serialize(value));
+}
+
+asio::awaitable<bool> Daemon::ReplyError(Ctx& c, const ApiError& error, std::string_view allow) {
+  metrics_.Error(error.code);
+  if (error.status >= 500) {
+    log::error("{}{}: {}", c.sandbox_id.empty() ? "" : "sandbox=" + c.sandbox_id + " ", error.code,
+               error.message);
+  }
+  co_return co_await Reply(c, static_cast<unsigned>(error.status), ErrorBody(error),
+                           "application/json", allow);
+}
+
+asio::awaitable<bool> Daemon::ReplyNoContent(Ctx& c, unsigned status) {
+  co_return co_await Reply(c, status, "");
+}
+
+asio::awaitable<bool> Daemon::MethodNotAllowed(Ctx& c, std::string_view allow) {
+  co_return co_await ReplyError(
+      c,
+      ApiError::Of(405, "method_not_allowed",
+                   "method " + std::string(c.parser.get().method_string()) +
+                       " is not allowed here; use " + std::string(allow)),
+      allow);
+}
+
+asio::awaitable<bool> Daemon::SendContinue(Ctx& c) {
+  if (c.continue_sent || c.body_done) co_return true;
+  c.continue_sent = true;
+  auto expect = c.parser.get()[http::field::expect];
+  if (!beast::iequals(expect, "100-continue")) co_return true;
+  static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+  auto [ec, n] = co_await asio::async_write(c.socket, asio::buffer(kContinue), kTuple);
+  (void)n;
+  co_return !ec;
+}
+
+asio::awaitable<ApiOutcome<json::object>> Daemon::ReadJson(Ctx& c, bool optional) {
+  auto& p = c.parser;
+  if (auto length = p.content_length(); length && *length > kMaxJsonBody) {
+    co_return ApiError::Of(
+        413, "payload_too_large",
+        "a JSON body may have at most 1048576 bytes; this one has " + std::to_string(*length));
+  }
+  if (!co_await SendContinue(c)) co_return ApiError::Invalid("the client went away");
+  std::string body;
+  std::vector<char> buf(64u << 10);
+  while (!p.is_done()) {
+    p.get().body().data = buf.data();
+    p.get().body().size = buf.size();
+    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
+    (void)n;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) co_return ApiError::Invalid("the request body ended early: " + ec.message());
+    body.append(buf.data(), buf.size() - p.get().body().size);
+    if (body.size() > kMaxJsonBody) {
+      co_return ApiError::Of(413, "payload_too_large",
+                             "a JSON body may have at most 1048576 bytes");
+    }
+  }
+  c.body_done = true;
+  metrics_.BytesIn(body.size());
+  if (body.empty()) {
+    if (optional) co_return json::object();
+    co_return ApiError::Invalid("the request needs a JSON body");
+  }
+  boost::system::error_code ec;
+  json::value v = json::parse(body, ec);
+  if (ec) co_return ApiError::Invalid("the body is not valid JSON: " + ec.message());
+  if (!v.is_object()) co_return ApiError::Invalid("the body must be a JSON object");
+  co_return std::move(v.as_object());
+}
+
+asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> Daemon::FindEntry(
+    const std::string& id) {
+  auto entry = registry_.Find(id);
+  if (entry == nullptr) co_return ApiError::SandboxNotFound(id);
+  co_return entry;
+}
+
+// ---- sandboxes ----
+
+asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
+  auto body = co_await ReadJson(c, /*optional=*/true);
+  if (!body.ok()) co_return co_await ReplyError(c, body.error());
+  const json::object& o = body.value();
+  Fields f(o);
+  SandboxConfig config;
+  config.id = id;
+
+  auto image = f.String("image");
+  if (!image.ok()) co_return co_await ReplyError(c, image.error());
+  if (image.value() && *image.value() != "host") {
+    co_return co_await ReplyError(
+        c, ApiError::Unsupported("no image named '" + *image.value() +
+                                 "': this daemon has only the 'host' image"));
+  }
+  auto cwd = f.String("cwd");
+  if (!cwd.ok()) co_return co_await ReplyError(c, cwd.error());
+  if (cwd.value()) {
+    if (cwd.value()->empty() || cwd.value()->find('\0') != std::string::npos) {
+      co_return co_await ReplyError(c, ApiError::Invalid("\"cwd\" must be a non-empty path"));
+    }
+    config.cwd = fs::ResolvePath("/workspace", *cwd.value());
+  }
+  if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
+    if (!env->is_object()) {
+      co_return co_await ReplyError(c, ApiError::Invalid("\"env\" must be an object of strings"));
+    }
+    for (const auto& [k, v] : env->get_object()) {
+      if (!v.is_string()) {
+        co_return co_await ReplyError(
+            c, ApiError::Invalid("\"env\": the value of " + std::string(k) + " must be a string"));
+      }
+      std::string assignment = std::string(k) + "=" + std::string(v.get_string());
+      auto parsed = policy::ParseEnvAssignment(assignment);
+      if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
+        co_return co_await ReplyError(
+            c, ApiError::Invalid("\"env\": " + (parsed.ok()
+                                                    ? std::string("a value contains a NUL byte")
+                                                    : parsed.error().message())));
+      }
+      config.env.emplace_back(std::string(k), std::string(v.get_string()));
+    }
+    std::sort(config.env.begin(), config.env.end());
+  }
+  if (const json::value* limits = o.if_contains("limits");
+      limits != nullptr && !limits->is_null()) {
+    if (!limits->is_object()) {
+      co_return co_await ReplyError(c, ApiError::Invalid("\"limits\" must be an object"));
+    }
+    const json::object& l = limits->get_object();
+    Fields lf(l);
+    auto memory = lf.Count("memoryBytes", 16u << 20, uint64_t{1} << 50);
+    if (!memory.ok()) co_return co_await ReplyError(c, memory.error());
+    config.limits.memory_bytes = memory.value();
+    auto pids = lf.Count("pids", 1, 4194304);
+    if (!pids.ok()) co_return co_await ReplyError(c, pids.error());
+    config.limits.pids = pids.value();
+    if (const json::value* cpus = l.if_contains("cpus"); cpus != nullptr && !cpus->is_null()) {
+      boost::system::error_code ec;
+      double value = cpus->is_number() ? cpus->to_number<double>(ec) : 0;
+      if (!cpus->is_number() || ec || !(value >= 0.01 && value <= 4096)) {
+        co_return co_await ReplyError(
+            c, ApiError::Invalid("\"cpus\" must be a number of CPUs from 0.01 to 4096"));
+      }
+      config.limits.cpus = value;
+    }
+    if (const json::value* disk = l.if_contains("diskBytes"); disk != nullptr && !disk->is_null()) {
+      co_return co_await ReplyError(
+          c, ApiError::Unsupported("\"diskBytes\" cannot be enforced on the host image's "
+                                   "workspace directories yet; leave it out"));
+    }
+    for (const auto& [k, v] : l) {
+      if (k != "memoryBytes" && k != "pids" && k != "cpus" && k != "diskBytes") {
+        co_return co_await ReplyError(c,
+                                      ApiError::Invalid("unknown limit \"" + std::string(k) +
+                                                        "\" (memoryBytes, pids, cpus, diskBytes)"));
+      }
+    }
+  }
+  if (const json::value* network = o.if_contains("network");
+      network != nullptr && !network->is_null()) {
+    if (!network->is_string() || network->get_string() != "none") {
+      co_return co_await ReplyError(
+          c, ApiError::Unsupported("only \"network\": \"none\" (loopback only) is available"));
+    }
+  }
+  auto work2 = [this, config]() mutable { return registry_.Create(std::move(config)); };
+  auto created = co_await Blocking(std::move(work2));
+  if (!created.ok()) co_return co_await ReplyError(c, created.error());
+  co_return co_await ReplyJson(c, created.value().second ? 201 : 200,
+                               SandboxJson(*created.value().first));
+}
+
+asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
+  auto work3 = [this, entry] { return registry_.Stop(*entry); };
+  auto stopped = co_await Blocking(std::move(work3));
+  if (!stopped.ok()) co_return co_await ReplyError(c, stopped.error());
+  co_return co_await ReplyJson(c, 200, SandboxJson(*entry));
+}
+
+asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
+  auto work4 = [this, id] { return registry_.Delete(id); };
+  auto deleted = co_await Blocking(std::move(work4));
+  if (!deleted.ok()) co_return co_await ReplyError(c, deleted.error());
+  co_return co_await ReplyNoContent(c);
+}
+
+// ---- exec ----
+
+asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
+  auto body = co_await ReadJson(c, /*optional=*/false);
+  if (!body.ok()) co_return co_await ReplyError(c, body.error());
+  const json::object& o = body.value();
+  Fields f(o);
+  auto command = f.String("command");
+  if (!command.ok()) co_return co_await ReplyError(c, command.error());
+  if (!command.value())
+    co_return co_await ReplyError(c, ApiError::Invalid("\"command\" is required"));
+  if (command.value()->find('\0') != std::string::npos) {
+    co_return co_await ReplyError(c, ApiError::Invalid("\"command\" contains a NUL byte"));
+  }
+  auto cwd = f.String("cwd");
+  if (!cwd.ok()) co_return co_await ReplyError(c, cwd.error());
+  if (cwd.value() && cwd.value()->find('\0') != std::string::npos) {
+    co_return co_await ReplyError(c, ApiError::Invalid("\"cwd\" contains a NUL byte"));
+  }
+  auto stdin_text = f.String("stdin");
+  if (!stdin_text.ok()) co_return co_await ReplyError(c, stdin_text.error());
+  auto timeout = f.Count("timeoutMs", 0, uint64_t{1} << 40);
+  if (!timeout.ok()) co_return co_await ReplyError(c, timeout.error());
+  auto encoding = f.String("encoding");
+  if (!encoding.ok()) co_return co_await ReplyError(c, encoding.error());
+  bool base64 = false;
+  if (encoding.value()) {
+    if (*encoding.value() == "base64") {
+      base64 = true;
+    } else if (*encoding.value() != "utf8" && *encoding.value() != "utf-8") {
+      co_return co_await ReplyError(
+          c, ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\""));
+    }
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> overrides;
+  for (const auto& [k, v] : entry->config().env) overrides.emplace_back(k, v);
+  if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
+    if (!env->is_object()) {
+      co_return co_await ReplyError(c, ApiError::Invalid("\"env\" must be an object"));
+    }
+    for (const auto& [k, v] : env->get_object()) {
+      if (v.is_null()) {
+        if (std::string_view(k).find('\0') != std::string_view::npos) continue;
+        overrides.emplace_back(std::string(k), std::nullopt);
+        continue;
+      }
+      if (!v.is_string()) {
+        co_return co_await ReplyError(c,
+                                      ApiError::Invalid("\"env\": the value of " + std::string(k) +
+                                                        " must be a string or null"));
+      }
+      auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()));
+      if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
+        co_return co_await ReplyError(
+            c, ApiError::Invalid("\"env\": " + (parsed.ok()
+                                                    ? std::string("a value contains a NUL byte")
+                                                    : parsed.error().message())));
+      }
+      overrides.emplace_back(std::string(k), std::string(v.get_string()));
+    }
+  }
+  const bool stream =
+      c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
+  auto work5 = [this, entry] { return registry_.Running(*entry); };
+  auto running = co_await Blocking(std::move(work5));
+  if (!running.ok()) co_return co_await ReplyError(c, running.error());
+  std::shared_ptr<Sandbox> box = running.value();
+
+  fs::proto::ExecRequest request;
+  request.command = *command.value();
+  request.cwd = fs::ResolvePath(entry->config().cwd, cwd.value().value_or(""));
+  request.env = policy::BuildEnvironment(
+      {HostnameFor(entry->config().id, entry->hash()), box->shell(), std::move(overrides)});
+  if (stdin_text.value()) request.stdin_data = *stdin_text.value();
+  request.timeout_ms = timeout.value().value_or(0);
+
+  auto queue = std::make_shared<ExecQueue>(io_.get_executor());
+  fs::InitClient::ExecCallbacks callbacks;
+  callbacks.on_started = [queue](uint32_t pid) {
+    queue->Push({ExecEvent::kStarted, pid, 0, {}, std::nullopt});
+  };
+  callbacks.on_output = [queue](int out_stream, std::string_view data) {
+    queue->Push({ExecEvent::kOutput, 0, out_stream, std::string(data), std::nullopt});
+  };
+  const auto started = Clock::now();
+  const uint64_t tag = box->client().StartExec(
+      request, std::move(callbacks), [queue](fs::FsOutcome<fs::proto::ExecExit> exit) {
+        queue->Push({ExecEvent::kExit, 0, 0, {}, std::move(exit)});
+      });
+  const std::string exec_id = entry->AddExec(box, tag, request.command);
+  metrics_.ExecStarted();
+  ++running_execs_;
+  log::info("sandbox={} exec={} started: {}", entry->config().id, exec_id,
+            request.command.substr(0, 200));
+
+  // A client that hangs up before the answer cancels the command (api.md
+  // "Cancellation"): watch the socket for the end of the stream while the
+  // command runs.
+  struct Watch {
+    bool finished = false;
+    bool hung_up = false;
+  };
+  auto watch = std::make_shared<Watch>();
+  const int fd = c.socket.native_handle();
+  auto on_hangup = [this, watch, box, tag, entry, exec_id] {
+    if (watch->hung_up || watch->finished) return;
+    watch->hung_up = true;
+    metrics_.Kill("cancelled");
+    log::info("sandbox={} exec={} the client hung up: killing the command", entry->config().id,
+              exec_id);
+    box->client().KillExec(tag, static_cast<uint8_t>(exec::EndReason::kCancelled));
+  };
+  c.socket.async_wait(Socket::wait_read, [watch, fd, on_hangup](boost::system::error_code ec) {
+    if (watch->finished || ec == asio::error::operation_aborted) return;
+    char byte;
+    ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    // 0: the client closed its end. Bytes: a pipelined request, which is
+    // not a hang-up.
+    if (ec || n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) on_hangup();
+  });
+
+  bool alive = true;  // the connection can still be written to
+  if (stream) {
+    http::response<http::empty_body> res{http::status::ok, 11};
+    res.set(http::field::server, std::string("nsboxd/") + kVersion);
+    res.set(http::field::content_type, "application/x-ndjson");
+    res.chunked(true);
+    res.keep_alive(c.parser.get().keep_alive());
+    http::response_serializer<http::empty_body> sr{res};
+    auto [ec, n] = co_await http::async_write_header(c.socket, sr, kTuple);
+    (void)n;
+    c.status = 200;
+    if (ec) {
+      alive = false;
+      on_hangup();
+    }
+  }
+  auto send_line = [&](json::object event) -> asio::awaitable<void> {
+    if (!alive || watch->hung_up) co_return;
+    std::string line = json::serialize(event);
+    line += '\n';
+    metrics_.BytesOut(line.size());
+    auto [ec, n] =
+        co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(line)), kTuple);
+    (void)n;
+    if (ec) {
+      alive = false;
+      on_hangup();
+    }
+  };
+
+  std::string output[2];
+  utf8::StreamDecoder decoders[2];
+  std::optional<fs::FsOutcome<fs::proto::ExecExit>> exit;
+  while (!exit) {
+    auto events = co_await queue->Next();
+    for (ExecEvent& e : events) {
+      if (e.kind == ExecEvent::kStarted) {
+        entry->SetExecPid(exec_id, e.pid);
+        json::object o2;
+        o2["type"] = "start";
+        o2["execId"] = exec_id;
+        o2["pid"] = e.pid;
+        if (stream) co_await send_line(std::move(o2));
+      } else if (e.kind == ExecEvent::kOutput) {
+        const int i = e.stream == 2 ? 1 : 0;
+        if (!stream) {
+          output[i] += e.data;
+          continue;
+        }
+        json::object o2;
+        o2["type"] = i == 0 ? "stdout" : "stderr";
+        if (base64) {
+          o2["dataBase64"] = Base64Encode(e.data);
+        } else {
+          std::string text = decoders[i].Feed(e.data);
+          if (text.empty()) continue;
+          o2["data"] = std::move(text);
+        }
+        co_await send_line(std::move(o2));
+      } else {
+        exit = std::move(e.exit);
+      }
+    }
+  }
+  watch->finished = true;
+  {
+    boost::system::error_code ignored;
+    c.socket.cancel(ignored);
+  }
+  entry->RemoveExec(exec_id);
+  --running_execs_;
+
+  fs::proto::ExecExit x;
+  if (exit->ok()) {
+    x = exit->value();
+  } else {
+    // nsbox-init went away under the command (the sandbox was stopped, or
+    // died): the command went with its PID namespace.
+    x.exit_code = 128 + SIGKILL;
+    x.signal = SIGKILL;
+    x.reason = static_cast<uint8_t>(exec::EndReason::kStopped);
+  }
+  const std::string reason(exec::EndReasonName(static_cast<exec::EndReason>(x.reason)));
+  metrics_.ExecFinished(reason, SecondsSince(started));
+  if (x.reason == static_cast<uint8_t>(exec::EndReason::kTimeout)) metrics_.Kill("timeout");
+  if (x.reason == static_cast<uint8_t>(exec::EndReason::kOutputLimit))
+    metrics_.Kill("output_limit");
+  if (x.reason == static_cast<uint8_t>(exec::EndReason::kStopped)) metrics_.Kill("stopped");
+  log::info("sandbox={} exec={} ended: {} exit code {} in {} ms", entry->config().id, exec_id,
+            reason, x.exit_code, x.duration_ms);
+
+  auto fill = [&](json::object& o2) {
+    o2["exitCode"] = x.exit_code;
+    o2["reason"] = reason;
+    if (x.signal != 0) {
+      o2["signal"] = SignalName(x.signal);
+    } else {
+      o2["signal"] = nullptr;
+    }
+    o2["timedOut"] = x.timed_out;
+    o2["truncated"] = x.truncated;
+    o2["cancelled"] = x.cancelled;
+    o2["durationMs"] = x.duration_ms;
+  };
+  if (watch->hung_up) co_return false;  // nobody to answer
+  if (stream) {
+    for (int i = 0; i < 2 && !base64; ++i) {
+      std::string rest = decoders[i].Finish();
+      if (rest.empty()) continue;
+      json::object o2;
+      o2["type"] = i == 0 ? "stdout" : "stderr";
+      o2["data"] = std::move(rest);
+      co_await send_line(std::move(o2));
+    }
+    json::object o2;
+    o2["type"] = "exit";
+    fill(o2);
+    co_await send_line(std::move(o2));
+    if (!alive) co_return false;
+    auto [ec, n] = co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
+    (void)n;
+    co_return !ec && c.parser.get().keep_alive() && !shutting_down_;
+  }
+  json::object o2;
+  if (base64) {
+    o2["stdoutBase64"] = Base64Encode(output[0]);
+    o2["stderrBase64"] = Base64Encode(output[1]);
+  } else {
+    o2["stdout"] = utf8::DecodeLossy(output[0]);
+    o2["stderr"] = utf8::DecodeLossy(output[1]);
+  }
+  fill(o2);
+  co_return co_await ReplyJson(c, 200, o2);
+}
+
+// ---- files ----
+
+// The `path` or `pathBase64` query parameter.
+ApiOutcome<std::string> QueryPath(std::string_view query) {
+  std::optional<std::string> path;
+  std::optional<std::string> path_base64;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    size_t eq = pair.find('=');
+    auto key = PercentDecode(pair.substr(0, eq), true);
+    auto value = PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
+    if (!key || !value) return ApiError::Invalid("malformed percent-encoding in the query");
+    if (*key == "path") path = std::move(*value);
+    if (*key == "pathBase64") path_base64 = std::move(*value);
+  }
+  return RawPath(path, path_base64);
+}
+
+asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                      std::string_view query) {
+  auto raw = QueryPath(query);
+  if (!raw.ok()) co_return co_await ReplyError(c, raw.error());
+  auto path = SandboxPath(*entry, raw.value());
+  if (!path.ok()) co_return co_await ReplyError(c, path.error());
+  auto work6 = [this, entry] { return registry_.Running(*entry); };
+  auto running = co_await Blocking(std::move(work6));
+  if (!running.ok()) co_return co_await ReplyError(c, running.error());
+  auto start = Clock::now();
+  auto work7 = [box = running.value(), p = path.value()] { return box->client().OpenRead(p); };
+  auto opened = co_await Blocking(std::move(work7));
+  metrics_.FileVerb("readFile", SecondsSince(start));
+  if (!opened.ok()) co_return co_await ReplyError(c, ApiError::FromFs(opened.error()));
+  fs::InitClient::OpenedRead& file = opened.value();
+  if (!file.fd.valid()) {
+    co_return co_await Reply(c, 200, std::move(file.data), "application/octet-stream");
+  }
+  // A large file streams from the fd nsbox-init opened inside the jail: a piece
+  // at a time, never whole in memory.
+  http::response<http::empty_body> res{http::status::ok, 11};
+  res.set(http::field::server, std::string("nsboxd/") + kVersion);
+  res.set(http::field::content_type, "application/octet-stream");
+  res.content_length(file.size);
+  res.keep_alive(c.parser.get().keep_alive() && c.body_done);
+  http::response_serializer<http::empty_body> sr{res};
+  c.status = 200;
+  auto [ec, n] = co_await http::async_write_header(c.socket, sr, kTuple);
+  (void)n;
+  if (ec) co_return false;
+  std::vector<char> buf(kStreamChunk);
+  uint64_t left = file.size;
+  while (left > 0) {
+    ssize_t got = ::read(file.fd.get(), buf.data(), std::min<uint64_t>(left, buf.size()));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      // Shorter than when it was opened (truncated meanwhile): the client sees
+      // the body end early, never bytes that are not the file's.
+      log::warn("sandbox={} readFile {}: {}", entry->config().id, path.value(),
+                got < 0 ? ErrnoText(errno) : "the file shrank while it was sent");
+      co_return false;
+    }
+    auto [wec, wn] = co_await asio::async_write(
+        c.socket, asio::buffer(buf.data(), static_cast<size_t>(got)), kTuple);
+    (void)wn;
+    if (wec) co_return false;
+    metrics_.BytesOut(static_cast<uint64_t>(got));
+    left -= static_cast<uint64_t>(got);
+  }
+  co_return res.keep_alive() && !shutting_down_;
+}
+
+asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                      std::string_view query) {
+  auto raw = QueryPath(query);
+  if (!raw.ok()) co_return co_await ReplyError(c, raw.error());
+  auto path = SandboxPath(*entry, raw.value());
+  if (!path.ok()) co_return co_await ReplyError(c, path.error());
+  auto work8 = [this, entry] { return registry_.Running(*entry); };
+  auto running = co_await Blocking(std::move(work8));
+  if (!running.ok()) co_return co_await ReplyError(c, running.error());
+  std::shared_ptr<Sandbox> box = running.value();
+  auto start = Clock::now();
+  auto work9 = [box, p = path.value()] { return box->client().BeginWrite(p); };
+  auto begun = co_await Blocking(std::move(work9));
+  if (!begun.ok()) co_return co_await ReplyError(c, ApiError::FromFs(begun.error()));
+  UniqueFd fd = std::move(begun.value().fd);
+  const uint64_t tag = begun.value().tag;
+  auto abort = [this, box, tag]() -> asio::awaitable<void> {
+    auto work10 = [box, tag] {
+      box->client().AbortWrite(tag);
+      return true;
+    };
+    co_await Blocking(std::move(work10));
+  };
+
+  // The body goes straight to the temp file, a piece at a time (page-cache
+  // writes; the fsync happens at commit, on the worker pool).
+  if (!co_await SendContinue(c)) {
+    co_await abort();
+    co_return false;
+  }
+  std::vector<char> buf(kStreamChunk);
+  auto& p = c.parser;
+  uint64_t total = 0;
+  while (!p.is_done()) {
+    p.get().body().data = buf.data();
+    p.get().body().size = buf.size();
+    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
+    (void)n;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      // The client hung up or the body was cut short: nothing changes in the
+      // sandbox.
+      log::info(
+          "sandbox={} writeFile {}: the upload ended early ({}); nothing "
+          "written",
+          entry->config().id, path.value(), ec.message());
+      co_await abort();
+      co_return false;
+    }
+    size_t got = buf.size() - p.get().body().size;
+    if (auto st = WriteAll(fd.get(), std::string_view(buf.data(), got), path.value()); !st.ok()) {
+      co_await abort();
+      int err = st.error().code();
+      co_return co_await ReplyError(
+          c, ApiError::Of(StatusForErrno(err), ErrnoName(err),
+                          ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw.value() + "'",
+                          raw.value(), "write"));
+    }
+    total += got;
+    metrics_.BytesIn(got);
+  }
+  c.body_done = true;
+  fd.reset();
+  auto work11 = [box, tag] { return box->client().CommitWrite(tag); };
+  auto committed = co_await Blocking(std::move(work11));
+  metrics_.FileVerb("writeFile", SecondsSince(start));
+  if (!committed.ok()) co_return co_await ReplyError(c, ApiError::FromFs(committed.error()));
+  log::debug("sandbox={} wrote {} bytes to {}", entry->config().id, total, path.value());
+  co_return co_await ReplyNoContent(c);
+}
+
+asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                     const std::string& verb) {
+  auto body = co_await ReadJson(c, /*optional=*/false);
+  if (!body.ok()) co_return co_await ReplyError(c, body.error());
+  Fields f(body.value());
+  auto path_text = f.String("path");
+  if (!path_text.ok()) co_return co_await ReplyError(c, path_text.error());
+  auto path_b64 = f.String("pathBase64");
+  if (!path_b64.ok()) co_return co_await ReplyError(c, path_b64.error());
+  auto raw = RawPath(path_text.value(), path_b64.value());
+  if (!raw.ok()) co_return co_await ReplyError(c, raw.error());
+  auto path = SandboxPath(*entry, raw.value());
+  if (verb == "exists" && !path.ok() && path.error().status != 503) {
+    // exists never fails for the path itself (api.md): a NUL byte or "" is
+    // simply not there.
+    json::object o;
+    o["exists"] = false;
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (!path.ok()) co_return co_await ReplyError(c, path.error());
+  auto with_types = f.Bool("withTypes");
+  auto recursive = f.Bool("recursive");
+  auto force = f.Bool("force");
+  for (const auto* b : {&with_types, &recursive, &force}) {
+    if (!b->ok()) co_return co_await ReplyError(c, b->error());
+  }
+  auto work12 = [this, entry] { return registry_.Running(*entry); };
+  auto running = co_await Blocking(std::move(work12));
+  if (!running.ok()) co_return co_await ReplyError(c, running.error());
+  std::shared_ptr<Sandbox> box = running.value();
+  const std::string p = path.value();
+  auto start = Clock::now();
+  auto done = [&] { metrics_.FileVerb(verb, SecondsSince(start)); };
+
+  if (verb == "stat") {
+    auto work13 = [box, p] { return box->client().Stat(p); };
+    auto r = co_await Blocking(std::move(work13));
+    done();
+    if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+    json::object o;
+    o["isFile"] = r.value().is_file;
+    o["isDirectory"] = r.value().is_directory;
+    o["isSymbolicLink"] = r.value().is_symbolic_link;
+    o["size"] = r.value().size;
+    o["mtimeMs"] = r.value().mtime_ms;
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (verb == "readdir") {
+    bool typed = with_types.value();
+    auto work14 = [box, p, typed] { return box->client().Readdir(p, typed); };
+    auto r = co_await Blocking(std::move(work14));
+    done();
+    if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+    auto& entries = r.value().entries;
+    std::sort(entries.begin(), entries.end(),
+              [](const auto& a, const auto& b) { return a.name < b.name; });
+    json::array list;
+    for (const auto& e : entries) {
+      if (!typed) {
+        list.emplace_back(utf8::DecodeLossy(e.name));
+        continue;
+      }
+      json::object o;
+      o["name"] = utf8::DecodeLossy(e.name);
+      if (!utf8::IsValid(e.name)) o["nameBase64"] = Base64Encode(e.name);
+      o["type"] = EntryTypeName(e.type);
+      list.push_back(std::move(o));
+    }
+    json::object o;
+    o["entries"] = std::move(list);
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (verb == "exists") {
+    auto work15 = [box, p] { return box->client().Exists(p); };
+    auto r = co_await Blocking(std::move(work15));
+    done();
+    if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+    json::object o;
+    o["exists"] = r.value();
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (verb == "mkdir") {
+    bool rec = recursive.value();
+    auto work16 = [box, p, rec] { return box->client().Mkdir(p, rec); };
+    auto r = co_await Blocking(std::move(work16));
+    done();
+    if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+    co_return co_await ReplyNoContent(c);
+  }
+  bool rec = recursive.value();
+  bool frc = force.value();
+  auto work17 = [box, p, rec, frc] { return box->client().Rm(p, rec, frc); };
+  auto r = co_await Blocking(std::move(work17));
+  done();
+  if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+  co_return co_await ReplyNoContent(c);
+}
+
+// ---- listeners ----
+
+Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::string& path) {
+  std::error_code fec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), fec);
+  if (fec)
+    return Error(fec.value(), "create the socket's directory for " + path + ": " + fec.message());
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return Error(EEXIST, path + " exists and is not a socket; refusing to replace it");
+    }
+    // A live daemon answers; a dead one's socket is only a name.
+    asio::local::stream_protocol::socket probe(io);
+    boost::system::error_code ec;
+    probe.connect(asio::local::stream_protocol::endpoint(path), ec);
+    if (!ec) return Error(EADDRINUSE, "another nsboxd is already listening on " + path);
+    if (::unlink(path.c_str()) != 0) return Error::Sys("unlink", path, errno);
+  }
+  auto acceptor = std::make_unique<Acceptor>(io);
+  asio::generic::stream_protocol::endpoint ep{asio::local::stream_protocol::endpoint(path)};
+  boost::system::error_code ec;
+  acceptor->open(ep.protocol(), ec);
+  if (!ec) acceptor->bind(ep, ec);
+  if (ec) return Error(ec.value(), "listen on " + path + ": " + ec.message());
+  // api.md: mode 0660; access to the socket is the authorisation.
+  if (::chmod(path.c_str(), 0660) != 0) return Error::Sys("chmod", path, errno);
+  acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Error(ec.value(), "listen on " + path + ": " + ec.message());
+  return acceptor;
+}
+
+Result<std::unique_ptr<Acceptor>> ListenTcp(asio::io_context& io, const std::string& listen) {
+  auto colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    return Error(EINVAL, "--listen takes HOST:PORT, like 127.0.0.1:7711, not '" + listen + "'");
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(host, ec);
+  if (ec) return Error(EINVAL, "--listen: '" + host + "' is not an IP address");
+  unsigned long port = 0;
+  try {
+    size_t used = 0;
+    port = std::stoul(listen.substr(colon + 1), &used);
+    if (used != listen.size() - colon - 1 || port > 65535) throw std::out_of_range("port");
+  } catch (const std::exception&) {
+    return Error(EINVAL, "--listen: '" + listen.substr(colon + 1) + "' is not a port number");
+  }
+  asio::ip::tcp::endpoint tcp_ep(address, static_cast<unsigned short>(port));
+  asio::generic::stream_protocol::endpoint ep{tcp_ep};
+  auto acceptor = std::make_unique<Acceptor>(io);
+  acceptor->open(ep.protocol(), ec);
+  if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor->bind(ep, ec);
+  if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Error(ec.value(), "listen on " + listen + ": " + ec.message());
+  return acceptor;
+}
+
+Result<std::string> ReadToken(const std::string& file) {
+  NSBOX_ASSIGN_OR_RETURN(auto text, ReadFile(file));
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) {
+    text.pop_back();
+  }
+  if (text.empty()) return Error(EINVAL, "the token file " + file + " is empty");
+  if (text.size() < 16) {
+    return Error(EINVAL, "the token in " + file + " is too short: use at least 16 characters");
+  }
+  return text;
+}
+
+}  // namespace
+
+int Serve(const ServeOptions& options) {
+  auto fail = [](const std::string& what) {
+    std::fprintf(stderr, "nsbox serve: %s\n", what.c_str());
+    return 1;
+  };
+  if (!options.listen.empty() && options.token_file.empty()) {
+    return fail(
+        "--listen needs --token-file: a TCP listener never runs "
+        "without a token");
+  }
+  if (options.listen.empty() && !options.token_file.empty()) {
+    return fail("--token-file is only used with --listen");
+  }
+  std::string token;
+  if (!options.token_file.empty()) {
+    auto t = ReadToken(options.token_file);
+    if (!t.ok()) return fail(t.error().message());
+    token = std::move(t).value();
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  // Thousands of keep-alive connections need fds: the soft limit may rise to
+  // the hard one without any privilege.
+  struct rlimit nofile;
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
+
+  RegistryOptions ro;
+  ro.state_dir = options.state_dir.empty() ? DefaultStateDir() : options.state_dir;
+  if (!ro.state_dir.empty() && ro.state_dir[0] != '/') {
+    std::error_code ec;
+    ro.state_dir = std::filesystem::absolute(ro.state_dir, ec).string();
+  }
+  ro.init_binary = options.init_binary;
+  auto registry = Registry::Open(ro);
+  if (!registry.ok()) return fail(registry.error().message());
+
+  asio::io_context io(1);
+  const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
+  auto unix_acceptor = ListenUnix(io, socket_path);
+  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
+  std::unique_ptr<Acceptor> tcp_acceptor;
+  if (!options.listen.empty()) {
+    auto t = ListenTcp(io, options.listen);
+    if (!t.ok()) return fail(t.error().message());
+    tcp_acceptor = std::move(t).value();
+  }
+
+  int exit_code = 0;
+  {
+    Daemon daemon(io, **registry, token);
+    std::vector<Acceptor*> acceptors{unix_acceptor->get()};
+    asio::co_spawn(io, daemon.AcceptLoop(**unix_acceptor, false), asio::detached);
+    if (tcp_acceptor) {
+      acceptors.push_back(tcp_acceptor.get());
+      asio::co_spawn(io, daemon.AcceptLoop(*tcp_acceptor, true), asio::detached);
+    }
+    asio::signal_set signals(io, SIGTERM, SIGINT);
+    signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      log::info("{} received", SignalName(sig));
+      daemon.Shutdown(acceptors);
+    });
+    log::info("nsboxd {} listening on {}{}; state in {}", kVersion, socket_path,
+              options.listen.empty() ? "" : " and tcp " + options.listen, (*registry)->state_dir());
+    try {
+      io.run();
+    } catch (const std::exception& e) {
+      log::error("the event loop failed: {}", e.what());
+      exit_code = 1;
+    }
+  }
+  (*registry)->StopAll();
+  ::unlink(socket_path.c_str());
+  log::info("nsboxd stopped");
+  return exit_code;
 }
 
 }  // namespace nsbox::runtime

@@ -1,0 +1,520 @@
+#include "runtime/registry.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/json.hpp>
+#include <boost/uuid/name_generator_sha1.hpp>
+#include <boost/uuid/uuid_io.hpp>
+#include <cmath>
+#include <filesystem>
+#include <random>
+
+#include "base/files.h"
+#include "base/log.h"
+#include "isolate/cgroup.h"
+#include "exec/runner.h"
+#include "isolate/idmap.h"
+#include "runtime/utf8.h"
+
+namespace nsbox::runtime {
+
+namespace json = boost::json;
+
+namespace {
+
+// The namespace of nsbox's name-based UUIDs (any fixed UUID will do; this one is random).
+constexpr boost::uuids::uuid kIdNamespace = {{0x6e, 0x73, 0x62, 0x6f, 0x78, 0x2d, 0x4b, 0x1e, 0x9d,
+                                              0x3a, 0x51, 0x0c, 0x7e, 0x22, 0x90, 0xa4}};
+
+Status MakeDir(const std::string& path, mode_t mode) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) return Error::Sys("mkdir", path, errno);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return Error::Sys("stat", path, errno);
+  if (!S_ISDIR(st.st_mode)) return Error(ENOTDIR, path + " exists and is not a directory");
+  return Ok();
+}
+
+Status FsyncPath(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return Error::Sys("open", path, errno);
+  if (::fsync(fd.get()) != 0) return Error::Sys("fsync", path, errno);
+  return Ok();
+}
+
+// temp file, fsync, rename, fsync of the directory: a crash leaves the old file or the new.
+Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data) {
+  const std::string temp = dir + "/." + name + ".tmp";
+  const std::string path = dir + "/" + name;
+  UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return Error::Sys("open", temp, errno);
+  NSBOX_TRY(WriteAll(fd.get(), data, temp));
+  if (::fsync(fd.get()) != 0) return Error::Sys("fsync", temp, errno);
+  fd.reset();
+  if (::rename(temp.c_str(), path.c_str()) != 0) return Error::Sys("rename", path, errno);
+  return FsyncPath(dir);
+}
+
+// A whole tree, without following symlinks (std::filesystem::remove_all does not). Only called
+// on a sandbox whose processes are all gone, in a directory nothing else uses.
+Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return Error(ec.value(), "remove " + path + ": " + ec.message());
+  return Ok();
+}
+
+std::string RandomHex(size_t digits) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < digits; ++i) out += kHex[rng() & 15];
+  return out;
+}
+
+std::string FormatCpus(double cpus) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", cpus);
+  return buf;
+}
+
+}  // namespace
+
+std::optional<std::string> InvalidIdReason(std::string_view id) {
+  if (id.empty()) return "a sandbox id must not be empty";
+  if (id.size() > 256) {
+    return "a sandbox id has at most 256 bytes; this one has " + std::to_string(id.size());
+  }
+  if (!utf8::IsValid(id)) return "a sandbox id must be valid UTF-8";
+  for (size_t i = 0; i < id.size(); ++i) {
+    auto c = static_cast<unsigned char>(id[i]);
+    // C0 controls and DEL; C1 controls (U+0080..U+009F) are C2 80..C2 9F in UTF-8.
+    bool c1 = c == 0xC2 && i + 1 < id.size() && static_cast<unsigned char>(id[i + 1]) <= 0x9F;
+    if (c < 0x20 || c == 0x7F || c1) {
+      return "a sandbox id must not contain control characters (byte " + std::to_string(i) + ")";
+    }
+  }
+  return std::nullopt;
+}
+
+std::string IdHash(std::string_view id) {
+  boost::uuids::name_generator_sha1 generate(kIdNamespace);
+  boost::uuids::uuid u = generate(id.data(), id.size());
+  std::string text = boost::uuids::to_string(u);
+  text.erase(std::remove(text.begin(), text.end(), '-'), text.end());
+  return text;
+}
+
+std::string HostnameFor(std::string_view id, std::string_view hash) {
+  bool ok = !id.empty() && id.size() <= 63 && id.front() != '-' && id.back() != '-';
+  for (char c : id) {
+    ok = ok &&
+         ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-');
+  }
+  return ok ? std::string(id) : "sb-" + std::string(hash.substr(0, 12));
+}
+
+std::string NowRfc3339() {
+  struct timespec ts;
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  ::gmtime_r(&ts.tv_sec, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+  return buf;
+}
+
+std::string EncodeConfig(const SandboxConfig& c) {
+  json::object o;
+  o["version"] = 1;
+  o["id"] = c.id;
+  o["image"] = c.image;
+  o["cwd"] = c.cwd;
+  json::object env;
+  for (const auto& [k, v] : c.env) env[k] = v;
+  o["env"] = std::move(env);
+  json::object limits;
+  if (c.limits.memory_bytes) limits["memoryBytes"] = *c.limits.memory_bytes;
+  if (c.limits.pids) limits["pids"] = *c.limits.pids;
+  if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
+  o["limits"] = std::move(limits);
+  o["network"] = c.network;
+  o["createdAt"] = c.created_at;
+  return json::serialize(o) + "\n";
+}
+
+Result<SandboxConfig> DecodeConfig(std::string_view text) {
+  boost::system::error_code ec;
+  json::value v = json::parse(text, ec);
+  if (ec) return Error(EINVAL, "config.json is not JSON: " + ec.message());
+  const json::object* o = v.if_object();
+  if (o == nullptr) return Error(EINVAL, "config.json is not a JSON object");
+  auto str = [&](const char* key, std::string* out) -> Status {
+    const json::value* f = o->if_contains(key);
+    if (f == nullptr || !f->is_string()) {
+      return Error(EINVAL, std::string("config.json: \"") + key + "\" is not a string");
+    }
+    *out = std::string(f->get_string());
+    return Ok();
+  };
+  SandboxConfig c;
+  NSBOX_TRY(str("id", &c.id));
+  NSBOX_TRY(str("image", &c.image));
+  NSBOX_TRY(str("cwd", &c.cwd));
+  NSBOX_TRY(str("network", &c.network));
+  NSBOX_TRY(str("createdAt", &c.created_at));
+  if (auto reason = InvalidIdReason(c.id)) return Error(EINVAL, "config.json: " + *reason);
+  if (c.cwd.empty() || c.cwd[0] != '/') return Error(EINVAL, "config.json: cwd is not absolute");
+  if (const json::value* env = o->if_contains("env")) {
+    if (!env->is_object()) return Error(EINVAL, "config.json: \"env\" is not an object");
+    for (const auto& [k, val] : env->get_object()) {
+      if (!val.is_string()) return Error(EINVAL, "config.json: env value is not a string");
+      c.env.emplace_back(std::string(k), std::string(val.get_string()));
+    }
+    std::sort(c.env.begin(), c.env.end());
+  }
+  if (const json::value* limits = o->if_contains("limits")) {
+    if (!limits->is_object()) return Error(EINVAL, "config.json: \"limits\" is not an object");
+    const json::object& l = limits->get_object();
+    if (const json::value* m = l.if_contains("memoryBytes"); m && m->is_number()) {
+      c.limits.memory_bytes = m->to_number<uint64_t>();
+    }
+    if (const json::value* p = l.if_contains("pids"); p && p->is_number()) {
+      c.limits.pids = p->to_number<uint64_t>();
+    }
+    if (const json::value* cpu = l.if_contains("cpus"); cpu && cpu->is_number()) {
+      c.limits.cpus = cpu->to_number<double>();
+    }
+  }
+  return c;
+}
+
+// ---- SandboxEntry ----
+
+SandboxEntry::SandboxEntry(SandboxConfig config, std::string hash, std::string dir)
+    : config_(std::move(config)), hash_(std::move(hash)), dir_(std::move(dir)) {}
+
+bool SandboxEntry::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return box_ != nullptr && box_->client().connected();
+}
+
+std::string SandboxEntry::AddExec(std::shared_ptr<Sandbox> box, uint64_t tag, std::string command) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string exec_id;
+  do {
+    exec_id = "e-" + RandomHex(12);
+  } while (execs_.count(exec_id) != 0);
+  RunningExec& e = execs_[exec_id];
+  e.info.exec_id = exec_id;
+  e.info.command = std::move(command);
+  e.info.started_at = NowRfc3339();
+  e.box = box;
+  e.tag = tag;
+  return exec_id;
+}
+
+void SandboxEntry::SetExecPid(const std::string& exec_id, uint32_t pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = execs_.find(exec_id); it != execs_.end()) it->second.info.pid = pid;
+}
+
+void SandboxEntry::RemoveExec(const std::string& exec_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  execs_.erase(exec_id);
+}
+
+std::vector<ExecInfo> SandboxEntry::Execs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ExecInfo> out;
+  for (const auto& [id, e] : execs_) out.push_back(e.info);
+  std::sort(out.begin(), out.end(),
+            [](const ExecInfo& a, const ExecInfo& b) { return a.started_at < b.started_at; });
+  return out;
+}
+
+bool SandboxEntry::CancelExec(const std::string& exec_id) {
+  std::shared_ptr<Sandbox> box;
+  uint64_t tag = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = execs_.find(exec_id);
+    if (it == execs_.end()) return false;
+    box = it->second.box.lock();
+    tag = it->second.tag;
+  }
+  if (box == nullptr) return false;
+  box->client().KillExec(tag, static_cast<uint8_t>(exec::EndReason::kCancelled));
+  return true;
+}
+
+// ---- Registry ----
+
+Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options) {
+  std::unique_ptr<Registry> r(new Registry());
+  if (options.state_dir.empty() || options.state_dir[0] != '/') {
+    return Error(EINVAL,
+                 "the state directory must be an absolute path, not '" + options.state_dir + "'");
+  }
+  r->state_dir_ = options.state_dir;
+  while (r->state_dir_.size() > 1 && r->state_dir_.back() == '/') r->state_dir_.pop_back();
+  r->sandboxes_dir_ = r->state_dir_ + "/sandboxes";
+  r->init_binary_ = options.init_binary;
+  if (r->init_binary_.empty()) {
+    NSBOX_ASSIGN_OR_RETURN(r->init_binary_, DefaultInitBinary());
+  }
+  NSBOX_ASSIGN_OR_RETURN(r->ids_, isolate::DefaultIdMapping());
+
+  // 0711: the jails' roots (unprivileged host uids) must pass through to bind their /root;
+  // nobody else may list the sandboxes, and each workspace is 0700 to its jail's root.
+  std::error_code ec;
+  std::filesystem::create_directories(r->state_dir_, ec);
+  if (ec) return Error(ec.value(), "create " + r->state_dir_ + ": " + ec.message());
+  NSBOX_TRY(MakeDir(r->sandboxes_dir_, 0711));
+  for (const std::string& dir : {r->state_dir_, r->sandboxes_dir_}) {
+    if (::chmod(dir.c_str(), 0711) != 0) return Error::Sys("chmod", dir, errno);
+  }
+  const std::string lock_path = r->state_dir_ + "/nsboxd.lock";
+  r->lock_fd_.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!r->lock_fd_.valid()) return Error::Sys("open", lock_path, errno);
+  if (::flock(r->lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return Error(EBUSY, "another nsboxd is using the state directory " + r->state_dir_);
+    }
+    return Error::Sys("flock", lock_path, errno);
+  }
+  char real[PATH_MAX];
+  if (::realpath(r->state_dir_.c_str(), real) == nullptr) {
+    return Error::Sys("realpath", r->state_dir_, errno);
+  }
+  r->cgroup_prefix_ = "nsbox-" + IdHash(real).substr(0, 8) + "-";
+  NSBOX_TRY(r->RemoveStaleCgroups());
+  NSBOX_TRY(r->Load());
+  return r;
+}
+
+Registry::~Registry() { StopAll(); }
+
+Status Registry::RemoveStaleCgroups() {
+  NSBOX_ASSIGN_OR_RETURN(auto layout, isolate::LoadCgroupLayout());
+  NSBOX_ASSIGN_OR_RETURN(auto stale, isolate::Cgroups::AdoptStale(layout, cgroup_prefix_));
+  for (const std::string& path : stale.paths()) {
+    log::warn("removing the cgroup {} that a previous nsboxd left", path);
+  }
+  return stale.Destroy();
+}
+
+Status Registry::Load() {
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(sandboxes_dir_.c_str()), ::closedir);
+  if (!dir) return Error::Sys("opendir", sandboxes_dir_, errno);
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(dir.get())) {
+    std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  for (const std::string& name : names) {
+    const std::string path = sandboxes_dir_ + "/" + name;
+    if (name.rfind(".trash-", 0) == 0) {
+      // A DELETE the previous daemon did not finish: the sandbox was already gone.
+      log::info("finishing the removal of {}", path);
+      NSBOX_TRY(RemoveTree(path));
+      continue;
+    }
+    auto text = ReadFile(path + "/config.json");
+    if (!text.ok() && text.error().code() == ENOENT) {
+      // A PUT the previous daemon did not finish: config.json is written last.
+      log::info("removing the half-created sandbox directory {}", path);
+      NSBOX_TRY(RemoveTree(path));
+      continue;
+    }
+    if (!text.ok()) return std::move(text).error().Context("load sandbox " + path);
+    auto config = DecodeConfig(*text);
+    if (!config.ok() || IdHash(config->id) != name) {
+      // Never delete what we cannot read: it may be someone's workspace.
+      log::error(
+          "skipping {}: {}", path,
+          config.ok() ? "its id does not hash to its directory name" : config.error().message());
+      continue;
+    }
+    std::string id = config->id;
+    by_id_[id] = std::make_shared<SandboxEntry>(std::move(config).value(), name, path);
+  }
+  log::info("state directory {}: {} sandboxes", state_dir_, by_id_.size());
+  return Ok();
+}
+
+ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(SandboxConfig config) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = by_id_.find(config.id); it != by_id_.end()) return std::pair{it->second, false};
+  const std::string hash = IdHash(config.id);
+  const std::string dir = sandboxes_dir_ + "/" + hash;
+  config.created_at = NowRfc3339();
+  auto made = [&]() -> Status {
+    // config.json last: a directory without it is a creation that did not finish.
+    if (::mkdir(dir.c_str(), 0711) != 0) return Error::Sys("mkdir", dir, errno);
+    for (const char* sub : {"/workspace", "/home"}) {
+      const std::string path = dir + sub;
+      if (::mkdir(path.c_str(), 0700) != 0) return Error::Sys("mkdir", path, errno);
+      // SAFETY: a directory we just made; its owner becomes the jail's root.
+      if (::chown(path.c_str(), ids_.uid.outside, ids_.gid.outside) != 0) {
+        return Error::Sys("chown", path, errno);
+      }
+    }
+    return WriteFileAtomic(dir, "config.json", EncodeConfig(config));
+  }();
+  if (!made.ok()) {
+    (void)RemoveTree(dir);
+    return ApiError::Internal("create sandbox '" + config.id + "': " + made.error().message());
+  }
+  if (auto st = FsyncPath(sandboxes_dir_); !st.ok()) {
+    log::warn("sandbox={} fsync {}: {}", config.id, sandboxes_dir_, st.error().message());
+  }
+  auto entry = std::make_shared<SandboxEntry>(config, hash, dir);
+  by_id_[config.id] = entry;
+  log::info("sandbox={} created in {}", config.id, dir);
+  return std::pair{entry, true};
+}
+
+std::shared_ptr<SandboxEntry> Registry::Find(std::string_view id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_id_.find(id);
+  return it == by_id_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<SandboxEntry>> Registry::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<SandboxEntry>> out;
+  for (const auto& [id, e] : by_id_) out.push_back(e);
+  return out;
+}
+
+std::map<std::string, uint64_t> Registry::CountByState() const {
+  std::map<std::string, uint64_t> out{{"running", 0}, {"stopped", 0}};
+  for (const auto& e : List()) ++out[e->running() ? "running" : "stopped"];
+  return out;
+}
+
+ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    if (entry.deleted_) return ApiError::SandboxNotFound(entry.config_.id);
+    if (entry.box_ != nullptr && entry.box_->client().connected()) return entry.box_;
+  }
+  std::lock_guard<std::mutex> lifecycle(entry.lifecycle_mu_);
+  std::shared_ptr<Sandbox> dead;
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    if (entry.deleted_) return ApiError::SandboxNotFound(entry.config_.id);
+    if (entry.box_ != nullptr && entry.box_->client().connected()) return entry.box_;
+    dead = std::move(entry.box_);
+  }
+  if (dead != nullptr) {
+    log::warn("sandbox={} nsbox-init had exited; starting it again", entry.config_.id);
+    (void)dead->Stop();
+  }
+  const SandboxConfig& c = entry.config_;
+  SandboxOptions o;
+  o.jail.image = c.image;
+  o.jail.workspace = entry.dir_ + "/workspace";
+  o.jail.home = entry.dir_ + "/home";
+  o.jail.hostname = HostnameFor(c.id, entry.hash_);
+  if (c.limits.memory_bytes) o.jail.memory = std::to_string(*c.limits.memory_bytes);
+  if (c.limits.pids) o.jail.pids = std::to_string(*c.limits.pids);
+  if (c.limits.cpus) o.jail.cpus = FormatCpus(*c.limits.cpus);
+  o.jail.warn_unwritable_workspace = false;
+  o.cgroup_name = cgroup_prefix_ + entry.hash_.substr(0, 16);
+  o.init_binary = init_binary_;
+  auto started = Sandbox::Start(o);
+  if (!started.ok()) {
+    log::error("sandbox={} start: {}", c.id, started.error().message());
+    return ApiError::Unavailable("start sandbox '" + c.id + "': " + started.error().message());
+  }
+  std::shared_ptr<Sandbox> box(std::move(started).value());
+  log::info("sandbox={} started, nsbox-init is pid {}", c.id, box->init_pid());
+  std::lock_guard<std::mutex> lock(entry.mu_);
+  entry.box_ = box;
+  return box;
+}
+
+Status Registry::StopLocked(SandboxEntry& entry) {
+  std::shared_ptr<Sandbox> box;
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    box = std::move(entry.box_);
+  }
+  if (box == nullptr) return Ok();
+  // Every command first, so that their answers say "stopped"; then nsbox-init itself.
+  if (box->client().connected()) {
+    auto stopped = box->client().StopAll();
+    if (!stopped.ok()) {
+      log::warn("sandbox={} stop commands: {}", entry.config_.id, stopped.error().message);
+    }
+  }
+  auto st = box->Stop();
+  log::info("sandbox={} stopped", entry.config_.id);
+  return st;
+}
+
+ApiOutcome<bool> Registry::Stop(SandboxEntry& entry) {
+  std::lock_guard<std::mutex> lifecycle(entry.lifecycle_mu_);
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    if (entry.deleted_) return ApiError::SandboxNotFound(entry.config_.id);
+  }
+  if (auto st = StopLocked(entry); !st.ok()) {
+    return ApiError::Internal("stop sandbox '" + entry.config_.id + "': " + st.error().message());
+  }
+  return true;
+}
+
+ApiOutcome<bool> Registry::Delete(std::string_view id) {
+  std::shared_ptr<SandboxEntry> entry = Find(id);
+  if (entry == nullptr) return ApiError::SandboxNotFound(std::string(id));
+  std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
+  {
+    std::lock_guard<std::mutex> lock(entry->mu_);
+    if (entry->deleted_) return ApiError::SandboxNotFound(std::string(id));
+  }
+  if (auto st = StopLocked(*entry); !st.ok()) {
+    log::warn("sandbox={} delete: {}", entry->config_.id, st.error().message());
+  }
+  // Out of the registry and renamed aside in one step (under the registry's lock, so that a PUT
+  // of the same id makes a fresh directory); a crash from here on leaves a .trash- directory
+  // that the next start removes.
+  const std::string trash = sandboxes_dir_ + "/.trash-" + entry->hash_ + "-" + RandomHex(8);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (::rename(entry->dir_.c_str(), trash.c_str()) != 0) {
+      return ApiError::Internal(Error::Sys("rename", entry->dir_, errno)
+                                    .Context("delete sandbox '" + entry->config_.id + "'")
+                                    .message());
+    }
+    {
+      std::lock_guard<std::mutex> entry_lock(entry->mu_);
+      entry->deleted_ = true;
+    }
+    by_id_.erase(entry->config_.id);
+  }
+  (void)FsyncPath(sandboxes_dir_);
+  if (auto st = RemoveTree(trash); !st.ok()) {
+    log::error("sandbox={} remove {}: {}", entry->config_.id, trash, st.error().message());
+  }
+  log::info("sandbox={} deleted", entry->config_.id);
+  return true;
+}
+
+void Registry::StopAll() {
+  for (const auto& entry : List()) {
+    std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
+    (void)StopLocked(*entry);
+  }
+}
+
+}  // namespace nsbox::runtime

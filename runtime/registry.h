@@ -1,0 +1,158 @@
+#pragma once
+
+// nsboxd's registry: every sandbox id mapped to its directory in the state dir, its
+// configuration, and while it runs its nsbox-init (runtime::Sandbox). design.md "State on disk":
+//
+//   <state>/sandboxes/<hash of id>/config.json   written atomically (temp, fsync, rename)
+//   <state>/sandboxes/<hash of id>/workspace/    /workspace inside
+//   <state>/sandboxes/<hash of id>/home/         /root inside
+//
+// Every method may block (mkdir, fsync, starting a jail): the HTTP server calls them on its
+// worker pool, never on its event loop. Thread-safe.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "base/unique_fd.h"
+#include "runtime/api_error.h"
+#include "runtime/sandbox.h"
+
+namespace nsbox::runtime {
+
+struct SandboxLimits {
+  std::optional<uint64_t> memory_bytes;
+  std::optional<uint64_t> pids;
+  std::optional<double> cpus;
+};
+
+struct SandboxConfig {
+  std::string id;
+  std::string image = "host";
+  std::string cwd = "/workspace";                        // absolute, normalised
+  std::vector<std::pair<std::string, std::string>> env;  // sorted by name
+  SandboxLimits limits;
+  std::string network = "none";
+  std::string created_at;  // "2026-11-30T09:00:00.000Z"
+};
+
+// Why `id` is not a valid sandbox id (api.md "Sandbox ids": 1 to 256 bytes of UTF-8 without
+// control characters), or nullopt.
+std::optional<std::string> InvalidIdReason(std::string_view id);
+// The on-disk name of an id: a name-based UUID (RFC 4122 version 5, SHA-1) of it, as 32 hex
+// digits. Never the id itself, so "..", "/" and friends are harmless.
+std::string IdHash(std::string_view id);
+// The hostname inside: the id when it is a valid host name label (letters, digits and inner
+// '-', at most 63), else "sb-" and 12 hex digits of its hash.
+std::string HostnameFor(std::string_view id, std::string_view hash);
+// config.json, both ways. Decode checks every field (the file may have been edited by hand).
+std::string EncodeConfig(const SandboxConfig& config);
+Result<SandboxConfig> DecodeConfig(std::string_view json);
+// Now, as api.md writes times: RFC 3339 UTC with milliseconds.
+std::string NowRfc3339();
+
+// A command running in a sandbox, for GET .../execs and DELETE .../execs/{execId}.
+struct ExecInfo {
+  std::string exec_id;
+  std::string command;
+  uint32_t pid = 0;
+  std::string started_at;
+};
+
+class Registry;
+
+// One sandbox id. Shared by the registry and the requests that use it.
+class SandboxEntry {
+ public:
+  SandboxEntry(SandboxConfig config, std::string hash, std::string dir);
+
+  const SandboxConfig& config() const { return config_; }
+  const std::string& hash() const { return hash_; }
+  const std::string& dir() const { return dir_; }
+  bool running() const;
+
+  // Registers a running exec (its InitClient tag in the sandbox `box`); returns its exec id.
+  std::string AddExec(std::shared_ptr<Sandbox> box, uint64_t tag, std::string command);
+  void SetExecPid(const std::string& exec_id, uint32_t pid);
+  void RemoveExec(const std::string& exec_id);
+  std::vector<ExecInfo> Execs() const;
+  // Kills a running exec (its answer says "cancelled"); false when there is no such exec.
+  bool CancelExec(const std::string& exec_id);
+
+ private:
+  friend class Registry;
+  struct RunningExec {
+    ExecInfo info;
+    std::weak_ptr<Sandbox> box;
+    uint64_t tag = 0;
+  };
+
+  const SandboxConfig config_;
+  const std::string hash_;
+  const std::string dir_;
+  // Serialises start, stop and delete of this sandbox.
+  std::mutex lifecycle_mu_;
+  mutable std::mutex mu_;
+  std::shared_ptr<Sandbox> box_;  // while nsbox-init runs
+  bool deleted_ = false;
+  std::map<std::string, RunningExec> execs_;
+};
+
+struct RegistryOptions {
+  std::string state_dir;
+  std::string init_binary;  // "" for the default (beside the running executable)
+};
+
+class Registry {
+ public:
+  // Makes the state directory, takes its lock (one daemon per state dir), removes what a dead
+  // daemon left (half-created or half-deleted sandboxes, stale cgroups; never a workspace) and
+  // loads every sandbox, stopped.
+  static Result<std::unique_ptr<Registry>> Open(const RegistryOptions& options);
+  ~Registry();
+
+  // Find-or-create: the entry and whether this call created it. Race-free: of concurrent
+  // calls with one id, exactly one creates.
+  ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Create(SandboxConfig config);
+  std::shared_ptr<SandboxEntry> Find(std::string_view id) const;
+  std::vector<std::shared_ptr<SandboxEntry>> List() const;  // sorted by id
+  std::map<std::string, uint64_t> CountByState() const;
+
+  // The sandbox's running nsbox-init, started on demand.
+  ApiOutcome<std::shared_ptr<Sandbox>> Running(SandboxEntry& entry);
+  // Ends every process (running execs answer "stopped") and nsbox-init; the files stay.
+  ApiOutcome<bool> Stop(SandboxEntry& entry);
+  // Stop, then removes the sandbox and all its files. sandbox_not_found when there is none.
+  ApiOutcome<bool> Delete(std::string_view id);
+  // At shutdown: stops every sandbox.
+  void StopAll();
+
+  const std::string& state_dir() const { return state_dir_; }
+
+ private:
+  Registry() = default;
+  Status Load();
+  Status RemoveStaleCgroups();
+  Status StopLocked(SandboxEntry& entry);
+
+  std::string state_dir_;
+  std::string sandboxes_dir_;
+  std::string init_binary_;
+  std::string cgroup_prefix_;  // "nsbox-<8 hex of the state dir>-": ours, not another daemon's
+  UniqueFd lock_fd_;
+  isolate::IdMapping ids_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<SandboxEntry>, std::less<>> by_id_;
+};
+
+}  // namespace nsbox::runtime
