@@ -8,13 +8,15 @@
 
 #include "base/log.h"
 #include "isolate/jail.h"
+#include "runtime/cli.h"
 #include "runtime/doctor.h"
 #include "runtime/run.h"
 #include "runtime/serve.h"
+#include "runtime/version.h"
 
 namespace {
 
-constexpr const char* kVersion = "0.1.0";
+using nsbox::runtime::kVersion;
 
 }  // namespace
 
@@ -68,6 +70,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--token-file", serve.token_file,
                         "file holding the bearer token TCP clients must send");
 
+  // create, ls, exec, cp, stop, rm: clients of nsboxd, and --socket / --url / --token.
+  nsbox::runtime::ClientCommands client_commands(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -86,5 +91,6 @@ int main(int argc, char** argv) {
   if (*run_cmd) return nsbox::runtime::Run(run);
   if (*serve_cmd) return nsbox::runtime::Serve(serve);
   if (*doctor_cmd) return nsbox::runtime::RunDoctor(doctor_json, stdout);
+  if (auto rc = client_commands.Dispatch()) return *rc;
   return nsbox::isolate::kExitSetupFailed;
 }

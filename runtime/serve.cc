@@ -419,9 +419,12 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
         // Not HTTP: one answer, then the connection closes.
         Ctx c{socket, buffer, parser, tcp, false, false, 0, {}};
         bool too_big = ec == http::error::header_limit;
-        (void)co_await ReplyError(
-            c, too_big ? ApiError::Of(431, "invalid_request", "the request's header is too large")
-                       : ApiError::Invalid("malformed HTTP request: " + ec.message()));
+        {
+          const ApiError arg70 =
+              too_big ? ApiError::Of(431, "invalid_request", "the request's header is too large")
+                      : ApiError::Invalid("malformed HTTP request: " + ec.message());
+          (void)co_await ReplyError(c, arg70);
+        }
       }
       break;
     }
@@ -448,10 +451,13 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
     bool ok = auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer &&
               TokenMatches(auth.substr(kBearer.size()), token_);
     if (!ok) {
-      co_return co_await ReplyError(
-          c, ApiError::Of(401, "unauthorized",
-                          auth.empty() ? "this listener needs an Authorization: Bearer token"
-                                       : "the bearer token is not valid"));
+      {
+        const ApiError arg1 =
+            ApiError::Of(401, "unauthorized",
+                         auth.empty() ? "this listener needs an Authorization: Bearer token"
+                                      : "the bearer token is not valid");
+        co_return co_await ReplyError(c, arg1);
+      }
     }
   }
   std::string_view target = req.target();
@@ -462,7 +468,10 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
     query = target.substr(q + 1);
   }
   if (path.empty() || path[0] != '/') {
-    co_return co_await ReplyError(c, ApiError::Of(404, "not_found", "no such route"));
+    {
+      const ApiError arg2 = ApiError::Of(404, "not_found", "no such route");
+      co_return co_await ReplyError(c, arg2);
+    }
   }
   std::vector<std::string> segs;
   size_t pos = 1;
@@ -471,7 +480,10 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
     auto decoded = PercentDecode(
         path.substr(pos, slash == std::string_view::npos ? std::string_view::npos : slash - pos),
         false);
-    if (!decoded) co_return co_await ReplyError(c, ApiError::Invalid("malformed percent-encoding"));
+    if (!decoded) {
+      const ApiError arg3 = ApiError::Invalid("malformed percent-encoding");
+      co_return co_await ReplyError(c, arg3);
+    }
     segs.push_back(std::move(*decoded));
     if (slash == std::string_view::npos) break;
     pos = slash + 1;
@@ -489,8 +501,10 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
                               0, std::min<size_t>(200, c.parser.get().target().size()))));
   if (n == 1 && segs[0] == "metrics") {
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
-    co_return co_await Reply(c, 200, metrics_.Render(registry_.CountByState()),
-                             "text/plain; version=0.0.4; charset=utf-8");
+    {
+      std::string arg4 = metrics_.Render(registry_.CountByState());
+      co_return co_await Reply(c, 200, std::move(arg4), "text/plain; version=0.0.4; charset=utf-8");
+    }
   }
   if (n < 2 || segs[0] != "v1") co_return co_await ReplyError(c, not_found);
   if (n == 2 && segs[1] == "health") {
@@ -536,16 +550,25 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     co_return co_await MethodNotAllowed(c, allow);
   }
   if (auto reason = InvalidIdReason(id)) {
-    co_return co_await ReplyError(c, ApiError::Invalid(*reason));
+    {
+      const ApiError arg5 = ApiError::Invalid(*reason);
+      co_return co_await ReplyError(c, arg5);
+    }
   }
   c.sandbox_id = id;
   if (n == 3 && method == http::verb::put) co_return co_await PutSandbox(c, id);
   if (n == 3 && method == http::verb::delete_) co_return co_await DeleteSandbox(c, id);
 
   auto found = co_await FindEntry(id);
-  if (!found.ok()) co_return co_await ReplyError(c, found.error());
+  if (!found.ok()) {
+    const ApiError arg6 = found.error();
+    co_return co_await ReplyError(c, arg6);
+  }
   std::shared_ptr<SandboxEntry> entry = found.value();
-  if (n == 3) co_return co_await ReplyJson(c, 200, SandboxJson(*entry));
+  if (n == 3) {
+    const json::value arg7 = SandboxJson(*entry);
+    co_return co_await ReplyJson(c, 200, arg7);
+  }
   if (segs[3] == "stop") co_return co_await StopSandbox(c, entry);
   if (segs[3] == "exec") co_return co_await Exec(c, entry);
   if (segs[3] == "execs" && n == 4) {
@@ -564,9 +587,11 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   }
   if (segs[3] == "execs") {
     if (!entry->CancelExec(segs[4])) {
-      co_return co_await ReplyError(
-          c, ApiError::Of(404, "not_found",
-                          "no running exec '" + segs[4] + "' in sandbox '" + id + "'"));
+      {
+        const ApiError arg8 = ApiError::Of(
+            404, "not_found", "no running exec '" + segs[4] + "' in sandbox '" + id + "'");
+        co_return co_await ReplyError(c, arg8);
+      }
     }
     metrics_.Kill("cancelled");
     log::info("sandbox={} exec={} cancelled by DELETE", id, segs[4]);
@@ -599,7 +624,10 @@ asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
 }
 
 asio::awaitable<bool> Daemon::ReplyJson(Ctx& c, unsigned status, const json::value& value) {
-  co_return co_await Reply(c, status, json::serialize(value));
+  {
+    std::string arg9 = json::serialize(value);
+    co_return co_await Reply(c, status, std::move(arg9));
+  }
 }
 
 asio::awaitable<bool> Daemon::ReplyError(Ctx& c, const ApiError& error, std::string_view allow) {
@@ -608,8 +636,11 @@ asio::awaitable<bool> Daemon::ReplyError(Ctx& c, const ApiError& error, std::str
     log::error("{}{}: {}", c.sandbox_id.empty() ? "" : "sandbox=" + c.sandbox_id + " ", error.code,
                error.message);
   }
-  co_return co_await Reply(c, static_cast<unsigned>(error.status), ErrorBody(error),
-                           "application/json", allow);
+  {
+    const unsigned arg10 = static_cast<unsigned>(error.status);
+    std::string arg11 = ErrorBody(error);
+    co_return co_await Reply(c, arg10, std::move(arg11), "application/json", allow);
+  }
 }
 
 asio::awaitable<bool> Daemon::ReplyNoContent(Ctx& c, unsigned status) {
@@ -617,12 +648,12 @@ asio::awaitable<bool> Daemon::ReplyNoContent(Ctx& c, unsigned status) {
 }
 
 asio::awaitable<bool> Daemon::MethodNotAllowed(Ctx& c, std::string_view allow) {
-  co_return co_await ReplyError(
-      c,
-      ApiError::Of(405, "method_not_allowed",
-                   "method " + std::string(c.parser.get().method_string()) +
-                       " is not allowed here; use " + std::string(allow)),
-      allow);
+  {
+    const ApiError arg12 = ApiError::Of(405, "method_not_allowed",
+                                        "method " + std::string(c.parser.get().method_string()) +
+                                            " is not allowed here; use " + std::string(allow));
+    co_return co_await ReplyError(c, arg12, allow);
+  }
 }
 
 asio::awaitable<bool> Daemon::SendContinue(Ctx& c) {
@@ -683,43 +714,65 @@ asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> Daemon::FindEntry(
 
 asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
   auto body = co_await ReadJson(c, /*optional=*/true);
-  if (!body.ok()) co_return co_await ReplyError(c, body.error());
+  if (!body.ok()) {
+    const ApiError arg13 = body.error();
+    co_return co_await ReplyError(c, arg13);
+  }
   const json::object& o = body.value();
   Fields f(o);
   SandboxConfig config;
   config.id = id;
 
   auto image = f.String("image");
-  if (!image.ok()) co_return co_await ReplyError(c, image.error());
+  if (!image.ok()) {
+    const ApiError arg14 = image.error();
+    co_return co_await ReplyError(c, arg14);
+  }
   if (image.value() && *image.value() != "host") {
-    co_return co_await ReplyError(
-        c, ApiError::Unsupported("no image named '" + *image.value() +
-                                 "': this daemon has only the 'host' image"));
+    {
+      const ApiError arg15 = ApiError::Unsupported("no image named '" + *image.value() +
+                                                   "': this daemon has only the 'host' image");
+      co_return co_await ReplyError(c, arg15);
+    }
   }
   auto cwd = f.String("cwd");
-  if (!cwd.ok()) co_return co_await ReplyError(c, cwd.error());
+  if (!cwd.ok()) {
+    const ApiError arg16 = cwd.error();
+    co_return co_await ReplyError(c, arg16);
+  }
   if (cwd.value()) {
     if (cwd.value()->empty() || cwd.value()->find('\0') != std::string::npos) {
-      co_return co_await ReplyError(c, ApiError::Invalid("\"cwd\" must be a non-empty path"));
+      {
+        const ApiError arg17 = ApiError::Invalid("\"cwd\" must be a non-empty path");
+        co_return co_await ReplyError(c, arg17);
+      }
     }
     config.cwd = fs::ResolvePath("/workspace", *cwd.value());
   }
   if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
     if (!env->is_object()) {
-      co_return co_await ReplyError(c, ApiError::Invalid("\"env\" must be an object of strings"));
+      {
+        const ApiError arg18 = ApiError::Invalid("\"env\" must be an object of strings");
+        co_return co_await ReplyError(c, arg18);
+      }
     }
     for (const auto& [k, v] : env->get_object()) {
       if (!v.is_string()) {
-        co_return co_await ReplyError(
-            c, ApiError::Invalid("\"env\": the value of " + std::string(k) + " must be a string"));
+        {
+          const ApiError arg19 =
+              ApiError::Invalid("\"env\": the value of " + std::string(k) + " must be a string");
+          co_return co_await ReplyError(c, arg19);
+        }
       }
       std::string assignment = std::string(k) + "=" + std::string(v.get_string());
       auto parsed = policy::ParseEnvAssignment(assignment);
       if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
-        co_return co_await ReplyError(
-            c, ApiError::Invalid("\"env\": " + (parsed.ok()
-                                                    ? std::string("a value contains a NUL byte")
-                                                    : parsed.error().message())));
+        {
+          const ApiError arg20 = ApiError::Invalid(
+              "\"env\": " + (parsed.ok() ? std::string("a value contains a NUL byte")
+                                         : parsed.error().message()));
+          co_return co_await ReplyError(c, arg20);
+        }
       }
       config.env.emplace_back(std::string(k), std::string(v.get_string()));
     }
@@ -728,63 +781,97 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
   if (const json::value* limits = o.if_contains("limits");
       limits != nullptr && !limits->is_null()) {
     if (!limits->is_object()) {
-      co_return co_await ReplyError(c, ApiError::Invalid("\"limits\" must be an object"));
+      {
+        const ApiError arg21 = ApiError::Invalid("\"limits\" must be an object");
+        co_return co_await ReplyError(c, arg21);
+      }
     }
     const json::object& l = limits->get_object();
     Fields lf(l);
     auto memory = lf.Count("memoryBytes", 16u << 20, uint64_t{1} << 50);
-    if (!memory.ok()) co_return co_await ReplyError(c, memory.error());
+    if (!memory.ok()) {
+      const ApiError arg22 = memory.error();
+      co_return co_await ReplyError(c, arg22);
+    }
     config.limits.memory_bytes = memory.value();
     auto pids = lf.Count("pids", 1, 4194304);
-    if (!pids.ok()) co_return co_await ReplyError(c, pids.error());
+    if (!pids.ok()) {
+      const ApiError arg23 = pids.error();
+      co_return co_await ReplyError(c, arg23);
+    }
     config.limits.pids = pids.value();
     if (const json::value* cpus = l.if_contains("cpus"); cpus != nullptr && !cpus->is_null()) {
       boost::system::error_code ec;
       double value = cpus->is_number() ? cpus->to_number<double>(ec) : 0;
       if (!cpus->is_number() || ec || !(value >= 0.01 && value <= 4096)) {
-        co_return co_await ReplyError(
-            c, ApiError::Invalid("\"cpus\" must be a number of CPUs from 0.01 to 4096"));
+        {
+          const ApiError arg24 =
+              ApiError::Invalid("\"cpus\" must be a number of CPUs from 0.01 to 4096");
+          co_return co_await ReplyError(c, arg24);
+        }
       }
       config.limits.cpus = value;
     }
     if (const json::value* disk = l.if_contains("diskBytes"); disk != nullptr && !disk->is_null()) {
-      co_return co_await ReplyError(
-          c, ApiError::Unsupported("\"diskBytes\" cannot be enforced on the host image's "
-                                   "workspace directories yet; leave it out"));
+      {
+        const ApiError arg25 = ApiError::Unsupported(
+            "\"diskBytes\" cannot be enforced on the host image's "
+            "workspace directories yet; leave it out");
+        co_return co_await ReplyError(c, arg25);
+      }
     }
     for (const auto& [k, v] : l) {
       if (k != "memoryBytes" && k != "pids" && k != "cpus" && k != "diskBytes") {
-        co_return co_await ReplyError(c,
-                                      ApiError::Invalid("unknown limit \"" + std::string(k) +
-                                                        "\" (memoryBytes, pids, cpus, diskBytes)"));
+        {
+          const ApiError arg26 = ApiError::Invalid("unknown limit \"" + std::string(k) +
+                                                   "\" (memoryBytes, pids, cpus, diskBytes)");
+          co_return co_await ReplyError(c, arg26);
+        }
       }
     }
   }
   if (const json::value* network = o.if_contains("network");
       network != nullptr && !network->is_null()) {
     if (!network->is_string() || network->get_string() != "none") {
-      co_return co_await ReplyError(
-          c, ApiError::Unsupported("only \"network\": \"none\" (loopback only) is available"));
+      {
+        const ApiError arg27 =
+            ApiError::Unsupported("only \"network\": \"none\" (loopback only) is available");
+        co_return co_await ReplyError(c, arg27);
+      }
     }
   }
   auto work2 = [this, config]() mutable { return registry_.Create(std::move(config)); };
   auto created = co_await Blocking(std::move(work2));
-  if (!created.ok()) co_return co_await ReplyError(c, created.error());
-  co_return co_await ReplyJson(c, created.value().second ? 201 : 200,
-                               SandboxJson(*created.value().first));
+  if (!created.ok()) {
+    const ApiError arg28 = created.error();
+    co_return co_await ReplyError(c, arg28);
+  }
+  {
+    const json::value arg29 = SandboxJson(*created.value().first);
+    co_return co_await ReplyJson(c, created.value().second ? 201 : 200, arg29);
+  }
 }
 
 asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
   auto work3 = [this, entry] { return registry_.Stop(*entry); };
   auto stopped = co_await Blocking(std::move(work3));
-  if (!stopped.ok()) co_return co_await ReplyError(c, stopped.error());
-  co_return co_await ReplyJson(c, 200, SandboxJson(*entry));
+  if (!stopped.ok()) {
+    const ApiError arg30 = stopped.error();
+    co_return co_await ReplyError(c, arg30);
+  }
+  {
+    const json::value arg31 = SandboxJson(*entry);
+    co_return co_await ReplyJson(c, 200, arg31);
+  }
 }
 
 asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
   auto work4 = [this, id] { return registry_.Delete(id); };
   auto deleted = co_await Blocking(std::move(work4));
-  if (!deleted.ok()) co_return co_await ReplyError(c, deleted.error());
+  if (!deleted.ok()) {
+    const ApiError arg32 = deleted.error();
+    co_return co_await ReplyError(c, arg32);
+  }
   co_return co_await ReplyNoContent(c);
 }
 
@@ -792,41 +879,72 @@ asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
 
 asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
   auto body = co_await ReadJson(c, /*optional=*/false);
-  if (!body.ok()) co_return co_await ReplyError(c, body.error());
+  if (!body.ok()) {
+    const ApiError arg33 = body.error();
+    co_return co_await ReplyError(c, arg33);
+  }
   const json::object& o = body.value();
   Fields f(o);
   auto command = f.String("command");
-  if (!command.ok()) co_return co_await ReplyError(c, command.error());
-  if (!command.value())
-    co_return co_await ReplyError(c, ApiError::Invalid("\"command\" is required"));
+  if (!command.ok()) {
+    const ApiError arg34 = command.error();
+    co_return co_await ReplyError(c, arg34);
+  }
+  if (!command.value()) {
+    const ApiError arg35 = ApiError::Invalid("\"command\" is required");
+    co_return co_await ReplyError(c, arg35);
+  }
   if (command.value()->find('\0') != std::string::npos) {
-    co_return co_await ReplyError(c, ApiError::Invalid("\"command\" contains a NUL byte"));
+    {
+      const ApiError arg36 = ApiError::Invalid("\"command\" contains a NUL byte");
+      co_return co_await ReplyError(c, arg36);
+    }
   }
   auto cwd = f.String("cwd");
-  if (!cwd.ok()) co_return co_await ReplyError(c, cwd.error());
+  if (!cwd.ok()) {
+    const ApiError arg37 = cwd.error();
+    co_return co_await ReplyError(c, arg37);
+  }
   if (cwd.value() && cwd.value()->find('\0') != std::string::npos) {
-    co_return co_await ReplyError(c, ApiError::Invalid("\"cwd\" contains a NUL byte"));
+    {
+      const ApiError arg38 = ApiError::Invalid("\"cwd\" contains a NUL byte");
+      co_return co_await ReplyError(c, arg38);
+    }
   }
   auto stdin_text = f.String("stdin");
-  if (!stdin_text.ok()) co_return co_await ReplyError(c, stdin_text.error());
+  if (!stdin_text.ok()) {
+    const ApiError arg39 = stdin_text.error();
+    co_return co_await ReplyError(c, arg39);
+  }
   auto timeout = f.Count("timeoutMs", 0, uint64_t{1} << 40);
-  if (!timeout.ok()) co_return co_await ReplyError(c, timeout.error());
+  if (!timeout.ok()) {
+    const ApiError arg40 = timeout.error();
+    co_return co_await ReplyError(c, arg40);
+  }
   auto encoding = f.String("encoding");
-  if (!encoding.ok()) co_return co_await ReplyError(c, encoding.error());
+  if (!encoding.ok()) {
+    const ApiError arg41 = encoding.error();
+    co_return co_await ReplyError(c, arg41);
+  }
   bool base64 = false;
   if (encoding.value()) {
     if (*encoding.value() == "base64") {
       base64 = true;
     } else if (*encoding.value() != "utf8" && *encoding.value() != "utf-8") {
-      co_return co_await ReplyError(
-          c, ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\""));
+      {
+        const ApiError arg42 = ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\"");
+        co_return co_await ReplyError(c, arg42);
+      }
     }
   }
   std::vector<std::pair<std::string, std::optional<std::string>>> overrides;
   for (const auto& [k, v] : entry->config().env) overrides.emplace_back(k, v);
   if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
     if (!env->is_object()) {
-      co_return co_await ReplyError(c, ApiError::Invalid("\"env\" must be an object"));
+      {
+        const ApiError arg43 = ApiError::Invalid("\"env\" must be an object");
+        co_return co_await ReplyError(c, arg43);
+      }
     }
     for (const auto& [k, v] : env->get_object()) {
       if (v.is_null()) {
@@ -835,16 +953,20 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
         continue;
       }
       if (!v.is_string()) {
-        co_return co_await ReplyError(c,
-                                      ApiError::Invalid("\"env\": the value of " + std::string(k) +
-                                                        " must be a string or null"));
+        {
+          const ApiError arg44 = ApiError::Invalid("\"env\": the value of " + std::string(k) +
+                                                   " must be a string or null");
+          co_return co_await ReplyError(c, arg44);
+        }
       }
       auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()));
       if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
-        co_return co_await ReplyError(
-            c, ApiError::Invalid("\"env\": " + (parsed.ok()
-                                                    ? std::string("a value contains a NUL byte")
-                                                    : parsed.error().message())));
+        {
+          const ApiError arg45 = ApiError::Invalid(
+              "\"env\": " + (parsed.ok() ? std::string("a value contains a NUL byte")
+                                         : parsed.error().message()));
+          co_return co_await ReplyError(c, arg45);
+        }
       }
       overrides.emplace_back(std::string(k), std::string(v.get_string()));
     }
@@ -853,7 +975,10 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
   auto work5 = [this, entry] { return registry_.Running(*entry); };
   auto running = co_await Blocking(std::move(work5));
-  if (!running.ok()) co_return co_await ReplyError(c, running.error());
+  if (!running.ok()) {
+    const ApiError arg46 = running.error();
+    co_return co_await ReplyError(c, arg46);
+  }
   std::shared_ptr<Sandbox> box = running.value();
 
   fs::proto::ExecRequest request;
@@ -1067,20 +1192,35 @@ ApiOutcome<std::string> QueryPath(std::string_view query) {
 asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                       std::string_view query) {
   auto raw = QueryPath(query);
-  if (!raw.ok()) co_return co_await ReplyError(c, raw.error());
+  if (!raw.ok()) {
+    const ApiError arg47 = raw.error();
+    co_return co_await ReplyError(c, arg47);
+  }
   auto path = SandboxPath(*entry, raw.value());
-  if (!path.ok()) co_return co_await ReplyError(c, path.error());
+  if (!path.ok()) {
+    const ApiError arg48 = path.error();
+    co_return co_await ReplyError(c, arg48);
+  }
   auto work6 = [this, entry] { return registry_.Running(*entry); };
   auto running = co_await Blocking(std::move(work6));
-  if (!running.ok()) co_return co_await ReplyError(c, running.error());
+  if (!running.ok()) {
+    const ApiError arg49 = running.error();
+    co_return co_await ReplyError(c, arg49);
+  }
   auto start = Clock::now();
   auto work7 = [box = running.value(), p = path.value()] { return box->client().OpenRead(p); };
   auto opened = co_await Blocking(std::move(work7));
   metrics_.FileVerb("readFile", SecondsSince(start));
-  if (!opened.ok()) co_return co_await ReplyError(c, ApiError::FromFs(opened.error()));
+  if (!opened.ok()) {
+    const ApiError arg50 = ApiError::FromFs(opened.error());
+    co_return co_await ReplyError(c, arg50);
+  }
   fs::InitClient::OpenedRead& file = opened.value();
   if (!file.fd.valid()) {
-    co_return co_await Reply(c, 200, std::move(file.data), "application/octet-stream");
+    {
+      std::string arg51 = std::move(file.data);
+      co_return co_await Reply(c, 200, std::move(arg51), "application/octet-stream");
+    }
   }
   // A large file streams from the fd nsbox-init opened inside the jail: a piece
   // at a time, never whole in memory.
@@ -1119,17 +1259,29 @@ asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
 asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                       std::string_view query) {
   auto raw = QueryPath(query);
-  if (!raw.ok()) co_return co_await ReplyError(c, raw.error());
+  if (!raw.ok()) {
+    const ApiError arg52 = raw.error();
+    co_return co_await ReplyError(c, arg52);
+  }
   auto path = SandboxPath(*entry, raw.value());
-  if (!path.ok()) co_return co_await ReplyError(c, path.error());
+  if (!path.ok()) {
+    const ApiError arg53 = path.error();
+    co_return co_await ReplyError(c, arg53);
+  }
   auto work8 = [this, entry] { return registry_.Running(*entry); };
   auto running = co_await Blocking(std::move(work8));
-  if (!running.ok()) co_return co_await ReplyError(c, running.error());
+  if (!running.ok()) {
+    const ApiError arg54 = running.error();
+    co_return co_await ReplyError(c, arg54);
+  }
   std::shared_ptr<Sandbox> box = running.value();
   auto start = Clock::now();
   auto work9 = [box, p = path.value()] { return box->client().BeginWrite(p); };
   auto begun = co_await Blocking(std::move(work9));
-  if (!begun.ok()) co_return co_await ReplyError(c, ApiError::FromFs(begun.error()));
+  if (!begun.ok()) {
+    const ApiError arg55 = ApiError::FromFs(begun.error());
+    co_return co_await ReplyError(c, arg55);
+  }
   UniqueFd fd = std::move(begun.value().fd);
   const uint64_t tag = begun.value().tag;
   auto abort = [this, box, tag]() -> asio::awaitable<void> {
@@ -1169,10 +1321,13 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
     if (auto st = WriteAll(fd.get(), std::string_view(buf.data(), got), path.value()); !st.ok()) {
       co_await abort();
       int err = st.error().code();
-      co_return co_await ReplyError(
-          c, ApiError::Of(StatusForErrno(err), ErrnoName(err),
-                          ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw.value() + "'",
-                          raw.value(), "write"));
+      {
+        const ApiError arg56 =
+            ApiError::Of(StatusForErrno(err), ErrnoName(err),
+                         ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw.value() + "'",
+                         raw.value(), "write");
+        co_return co_await ReplyError(c, arg56);
+      }
     }
     total += got;
     metrics_.BytesIn(got);
@@ -1182,7 +1337,10 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   auto work11 = [box, tag] { return box->client().CommitWrite(tag); };
   auto committed = co_await Blocking(std::move(work11));
   metrics_.FileVerb("writeFile", SecondsSince(start));
-  if (!committed.ok()) co_return co_await ReplyError(c, ApiError::FromFs(committed.error()));
+  if (!committed.ok()) {
+    const ApiError arg57 = ApiError::FromFs(committed.error());
+    co_return co_await ReplyError(c, arg57);
+  }
   log::debug("sandbox={} wrote {} bytes to {}", entry->config().id, total, path.value());
   co_return co_await ReplyNoContent(c);
 }
@@ -1190,14 +1348,26 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
 asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                      const std::string& verb) {
   auto body = co_await ReadJson(c, /*optional=*/false);
-  if (!body.ok()) co_return co_await ReplyError(c, body.error());
+  if (!body.ok()) {
+    const ApiError arg58 = body.error();
+    co_return co_await ReplyError(c, arg58);
+  }
   Fields f(body.value());
   auto path_text = f.String("path");
-  if (!path_text.ok()) co_return co_await ReplyError(c, path_text.error());
+  if (!path_text.ok()) {
+    const ApiError arg59 = path_text.error();
+    co_return co_await ReplyError(c, arg59);
+  }
   auto path_b64 = f.String("pathBase64");
-  if (!path_b64.ok()) co_return co_await ReplyError(c, path_b64.error());
+  if (!path_b64.ok()) {
+    const ApiError arg60 = path_b64.error();
+    co_return co_await ReplyError(c, arg60);
+  }
   auto raw = RawPath(path_text.value(), path_b64.value());
-  if (!raw.ok()) co_return co_await ReplyError(c, raw.error());
+  if (!raw.ok()) {
+    const ApiError arg61 = raw.error();
+    co_return co_await ReplyError(c, arg61);
+  }
   auto path = SandboxPath(*entry, raw.value());
   if (verb == "exists" && !path.ok() && path.error().status != 503) {
     // exists never fails for the path itself (api.md): a NUL byte or "" is
@@ -1206,16 +1376,25 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     o["exists"] = false;
     co_return co_await ReplyJson(c, 200, o);
   }
-  if (!path.ok()) co_return co_await ReplyError(c, path.error());
+  if (!path.ok()) {
+    const ApiError arg62 = path.error();
+    co_return co_await ReplyError(c, arg62);
+  }
   auto with_types = f.Bool("withTypes");
   auto recursive = f.Bool("recursive");
   auto force = f.Bool("force");
   for (const auto* b : {&with_types, &recursive, &force}) {
-    if (!b->ok()) co_return co_await ReplyError(c, b->error());
+    if (!b->ok()) {
+      const ApiError arg63 = b->error();
+      co_return co_await ReplyError(c, arg63);
+    }
   }
   auto work12 = [this, entry] { return registry_.Running(*entry); };
   auto running = co_await Blocking(std::move(work12));
-  if (!running.ok()) co_return co_await ReplyError(c, running.error());
+  if (!running.ok()) {
+    const ApiError arg64 = running.error();
+    co_return co_await ReplyError(c, arg64);
+  }
   std::shared_ptr<Sandbox> box = running.value();
   const std::string p = path.value();
   auto start = Clock::now();
@@ -1225,7 +1404,10 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     auto work13 = [box, p] { return box->client().Stat(p); };
     auto r = co_await Blocking(std::move(work13));
     done();
-    if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+    if (!r.ok()) {
+      const ApiError arg65 = ApiError::FromFs(r.error());
+      co_return co_await ReplyError(c, arg65);
+    }
     json::object o;
     o["isFile"] = r.value().is_file;
     o["isDirectory"] = r.value().is_directory;
@@ -1239,7 +1421,10 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     auto work14 = [box, p, typed] { return box->client().Readdir(p, typed); };
     auto r = co_await Blocking(std::move(work14));
     done();
-    if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+    if (!r.ok()) {
+      const ApiError arg66 = ApiError::FromFs(r.error());
+      co_return co_await ReplyError(c, arg66);
+    }
     auto& entries = r.value().entries;
     std::sort(entries.begin(), entries.end(),
               [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -1263,7 +1448,10 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     auto work15 = [box, p] { return box->client().Exists(p); };
     auto r = co_await Blocking(std::move(work15));
     done();
-    if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+    if (!r.ok()) {
+      const ApiError arg67 = ApiError::FromFs(r.error());
+      co_return co_await ReplyError(c, arg67);
+    }
     json::object o;
     o["exists"] = r.value();
     co_return co_await ReplyJson(c, 200, o);
@@ -1273,7 +1461,10 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     auto work16 = [box, p, rec] { return box->client().Mkdir(p, rec); };
     auto r = co_await Blocking(std::move(work16));
     done();
-    if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+    if (!r.ok()) {
+      const ApiError arg68 = ApiError::FromFs(r.error());
+      co_return co_await ReplyError(c, arg68);
+    }
     co_return co_await ReplyNoContent(c);
   }
   bool rec = recursive.value();
@@ -1281,7 +1472,10 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
   auto work17 = [box, p, rec, frc] { return box->client().Rm(p, rec, frc); };
   auto r = co_await Blocking(std::move(work17));
   done();
-  if (!r.ok()) co_return co_await ReplyError(c, ApiError::FromFs(r.error()));
+  if (!r.ok()) {
+    const ApiError arg69 = ApiError::FromFs(r.error());
+    co_return co_await ReplyError(c, arg69);
+  }
   co_return co_await ReplyNoContent(c);
 }
 

@@ -1,0 +1,819 @@
+#include "runtime/cli.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <boost/json.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/files.h"
+#include "base/unique_fd.h"
+#include "runtime/api_client.h"
+#include "runtime/paths.h"
+#include "runtime/units.h"
+
+namespace nsbox::runtime {
+
+namespace json = boost::json;
+
+namespace {
+
+constexpr int kExitApiError = 1;
+constexpr int kExitUsage = 125;
+constexpr int kExitInterrupted = 130;
+
+}  // namespace
+
+struct ClientCommands::Options {
+  // Where the daemon is.
+  std::string socket;
+  std::string url;
+  std::string token;
+  CLI::Option* socket_opt = nullptr;
+  CLI::Option* url_opt = nullptr;
+  CLI::Option* token_opt = nullptr;
+
+  CLI::App* create = nullptr;
+  CLI::App* ls = nullptr;
+  CLI::App* exec = nullptr;
+  CLI::App* cp = nullptr;
+  CLI::App* stop = nullptr;
+  CLI::App* rm = nullptr;
+
+  std::string id;  // create, exec
+  bool json = false;
+
+  std::optional<std::string> image;
+  std::optional<std::string> memory;
+  std::optional<std::string> pids;
+  std::optional<std::string> cpus;
+  std::vector<std::string> env;  // create, exec
+
+  std::string cwd;
+  std::optional<std::string> timeout;
+  std::vector<std::string> command;
+
+  std::string src;
+  std::string dst;
+
+  std::vector<std::string> ids;  // stop, rm
+};
+
+namespace {
+
+using Options = ClientCommands::Options;
+
+// ---- errors ----
+
+int Fail(std::string_view what, std::string_view message, int code = kExitApiError) {
+  std::fprintf(stderr, "nsbox: %.*s: %.*s\n", static_cast<int>(what.size()), what.data(),
+               static_cast<int>(message.size()), message.data());
+  return code;
+}
+
+// A transport error, with the hint a user needs when the daemon is not there at all.
+Error Transport(const ApiClient& client, Error error) {
+  if (!client.connect_failed()) return error;
+  std::string flag = client.endpoint().socket_path.empty() ? "--url" : "--socket";
+  return Error(error.code(), error.message() + "; is nsboxd running? Start it with 'nsbox serve'" +
+                                 " or point " + flag + " at it");
+}
+
+// The answer of a call that must succeed: transport errors and API errors alike become an Error
+// whose message is what the user is shown.
+Result<ApiResponse> Check(const ApiClient& client, Result<ApiResponse> answer) {
+  if (!answer.ok()) return Transport(client, std::move(answer).error());
+  if (!answer->ok()) return Error::Msg(answer->error().message);
+  return answer;
+}
+
+// ---- small helpers ----
+
+Result<std::pair<std::string, std::string>> ParseEnv(std::string_view flag,
+                                                     const std::string& item) {
+  size_t eq = item.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return Error(EINVAL, std::string(flag) + " '" + item + "': expected NAME=VALUE");
+  }
+  return std::make_pair(item.substr(0, eq), item.substr(eq + 1));
+}
+
+Result<json::object> EnvObject(const std::vector<std::string>& items) {
+  json::object env;
+  for (const std::string& item : items) {
+    NSBOX_ASSIGN_OR_RETURN(auto kv, ParseEnv("--env", item));
+    env[kv.first] = kv.second;
+  }
+  return env;
+}
+
+void PrintBody(const ApiResponse& answer) {
+  std::string_view body = answer.body;
+  while (!body.empty() && (body.back() == '\n' || body.back() == ' ')) body.remove_suffix(1);
+  std::fwrite(body.data(), 1, body.size(), stdout);
+  std::fputc('\n', stdout);
+}
+
+std::string JsonText(const json::object& o, std::string_view key) {
+  const json::value* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return "-";
+  if (v->is_string()) return std::string(v->get_string());
+  return json::serialize(*v);
+}
+
+// Width on a terminal, counted in code points: ids may be any UTF-8.
+size_t DisplayWidth(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  return n;
+}
+
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    widths.resize(std::max(widths.size(), row.size()));
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], DisplayWidth(row[i]));
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line.append(widths[i] - DisplayWidth(row[i]) + 3, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+}
+
+// ---- where the daemon is ----
+
+Result<ApiEndpoint> Endpoint(const Options& o) {
+  bool socket_flag = o.socket_opt->count() > 0;
+  bool url_flag = o.url_opt->count() > 0;
+  if (socket_flag && url_flag) return Error(EINVAL, "--socket and --url exclude each other");
+  std::string token = o.token;
+  if (o.token_opt->count() == 0) {
+    const char* env_token = std::getenv("NSBOX_TOKEN");
+    if (env_token != nullptr) token = env_token;
+  }
+  if (url_flag) return ApiEndpoint::FromUrl(o.url, token);
+  if (socket_flag) {
+    if (o.socket.empty()) return Error(EINVAL, "--socket: empty path");
+    return ApiEndpoint::Unix(o.socket);
+  }
+  const char* env_url = std::getenv("NSBOX_URL");
+  if (env_url != nullptr && *env_url != '\0') {
+    auto endpoint = ApiEndpoint::FromUrl(env_url, token);
+    if (!endpoint.ok()) return std::move(endpoint).error().Context("NSBOX_URL");
+    return endpoint;
+  }
+  return ApiEndpoint::Unix(ClientSocketPath());
+}
+
+// ---- create, ls, stop, rm ----
+
+int Create(const Options& o, ApiClient& client) {
+  std::string what = "create " + o.id;
+  json::object body;
+  json::object limits;
+  bool options_given = false;
+  if (o.image) {
+    body["image"] = *o.image;
+    options_given = true;
+  }
+  if (o.memory) {
+    auto bytes = ParseBytes("--memory", *o.memory);
+    if (!bytes.ok()) return Fail("create", bytes.error().message(), kExitUsage);
+    limits["memoryBytes"] = *bytes;
+  }
+  if (o.pids) {
+    auto pids = ParseCount("--pids", *o.pids, 1, 4194304);
+    if (!pids.ok()) return Fail("create", pids.error().message(), kExitUsage);
+    limits["pids"] = *pids;
+  }
+  if (o.cpus) {
+    auto cpus = ParseDecimal("--cpus", *o.cpus, 0.01, 1024);
+    if (!cpus.ok()) return Fail("create", cpus.error().message(), kExitUsage);
+    limits["cpus"] = *cpus;
+  }
+  if (!limits.empty()) {
+    body["limits"] = std::move(limits);
+    options_given = true;
+  }
+  if (!o.env.empty()) {
+    auto env = EnvObject(o.env);
+    if (!env.ok()) return Fail("create", env.error().message(), kExitUsage);
+    body["env"] = std::move(*env);
+    options_given = true;
+  }
+  auto answer = Check(client, client.Call(Method::kPut, SandboxTarget(o.id), body));
+  if (!answer.ok()) return Fail(what, answer.error().message());
+  bool created = answer->status == 201;
+  if (o.json) {
+    PrintBody(*answer);
+  } else {
+    std::printf("%s %s\n", o.id.c_str(), created ? "created" : "existed");
+  }
+  if (!created && options_given) {
+    std::fprintf(stderr,
+                 "nsbox: create %s: the sandbox existed; options apply at creation only, its "
+                 "configuration is unchanged\n",
+                 o.id.c_str());
+  }
+  return 0;
+}
+
+int List(const Options& o, ApiClient& client) {
+  auto answer = Check(client, client.Call(Method::kGet, "/v1/sandboxes"));
+  if (!answer.ok()) return Fail("ls", answer.error().message());
+  if (o.json) {
+    PrintBody(*answer);
+    return 0;
+  }
+  auto parsed = answer->Json();
+  const json::object* top = parsed.ok() ? parsed->if_object() : nullptr;
+  const json::value* list = top != nullptr ? top->if_contains("sandboxes") : nullptr;
+  if (list == nullptr || !list->is_array()) {
+    return Fail("ls", "the daemon's answer has no \"sandboxes\" list");
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const json::value& item : list->get_array()) {
+    if (!item.is_object()) continue;
+    const json::object& s = item.get_object();
+    rows.push_back(
+        {JsonText(s, "id"), JsonText(s, "state"), JsonText(s, "image"), JsonText(s, "createdAt")});
+  }
+  std::sort(rows.begin(), rows.end());
+  rows.insert(rows.begin(), {"ID", "STATE", "IMAGE", "CREATED"});
+  PrintTable(rows);
+  return 0;
+}
+
+// stop and rm: each id in turn; the exit code is 1 if any failed.
+int ForEachId(const Options& o, ApiClient& client, std::string_view verb) {
+  int rc = 0;
+  for (const std::string& id : o.ids) {
+    Result<ApiResponse> answer = verb == "stop"
+                                     ? client.Call(Method::kPost, SandboxTarget(id, "/stop"))
+                                     : client.Call(Method::kDelete, SandboxTarget(id));
+    answer = Check(client, std::move(answer));
+    if (!answer.ok()) {
+      rc = Fail(std::string(verb) + " " + id, answer.error().message());
+      if (client.connect_failed()) break;
+      continue;
+    }
+    std::printf("%s\n", id.c_str());
+  }
+  return rc;
+}
+
+// ---- exec ----
+
+// The connection a running exec uses, for the signal handler to shut down: closing it is what
+// kills the command's process tree (api.md "exec", Cancellation).
+std::atomic<int> g_exec_fd{-1};
+volatile sig_atomic_t g_interrupted = 0;
+
+void OnInterrupt(int) {
+  g_interrupted = 1;
+  int fd = g_exec_fd.load();
+  // SAFETY: shutdown(2) is async-signal-safe; the fd stays open (only main code closes it), so
+  // it cannot name another file here. The blocked read returns and the connection is dropped.
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
+
+void CatchInterrupts() {
+  struct sigaction sa {};
+  sa.sa_handler = OnInterrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a blocked call returns at once
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
+int Exec(const Options& o, ApiClient& client) {
+  std::string what = "exec " + o.id;
+  json::object body;
+  body["command"] = ShellCommand(o.command);
+  body["encoding"] = "base64";
+  if (!o.cwd.empty()) body["cwd"] = o.cwd;
+  if (!o.env.empty()) {
+    auto env = EnvObject(o.env);
+    if (!env.ok()) return Fail("exec", env.error().message(), kExitUsage);
+    body["env"] = std::move(*env);
+  }
+  if (o.timeout) {
+    auto ms = ParseCount("--timeout", *o.timeout, 1, uint64_t{1} << 53);
+    if (!ms.ok()) return Fail("exec", ms.error().message(), kExitUsage);
+    body["timeoutMs"] = *ms;
+  }
+
+  CatchInterrupts();
+  if (Status st = client.Connect(); !st.ok()) {
+    return Fail(what, Transport(client, std::move(st).error()).message());
+  }
+  g_exec_fd.store(client.socket_fd());
+  if (g_interrupted) return kExitInterrupted;
+
+  bool exited = false;
+  int64_t exit_code = 1;
+  std::string reason;
+  auto on_line = [&](std::string_view line) -> Status {
+    if (line.empty()) return Ok();
+    boost::system::error_code ec;
+    json::value v = json::parse(line, ec);
+    if (ec || !v.is_object()) return Error::Msg("the daemon's stream has a line that is not JSON");
+    const json::object& event = v.get_object();
+    std::string type = JsonText(event, "type");
+    if (type == "stdout" || type == "stderr") {
+      std::string data;
+      if (const json::value* b64 = event.if_contains("dataBase64"); b64 && b64->is_string()) {
+        NSBOX_ASSIGN_OR_RETURN(data, Base64Decode(b64->get_string()));
+      } else if (const json::value* text = event.if_contains("data"); text && text->is_string()) {
+        data = std::string(text->get_string());
+      }
+      int fd = type == "stdout" ? STDOUT_FILENO : STDERR_FILENO;
+      return WriteAll(fd, data, type);
+    }
+    if (type == "exit") {
+      exited = true;
+      reason = JsonText(event, "reason");
+      const json::value* code = event.if_contains("exitCode");
+      exit_code = code != nullptr && code->is_int64() ? code->get_int64() : 1;
+    }
+    return Ok();
+  };
+  auto answer = client.StreamLines(Method::kPost, SandboxTarget(o.id, "/exec"), body,
+                                   "application/x-ndjson", on_line);
+  g_exec_fd.store(-1);
+  if (g_interrupted && !exited) return kExitInterrupted;
+  answer = Check(client, std::move(answer));
+  if (!answer.ok()) return Fail(what, answer.error().message());
+  if (!exited) return Fail(what, "the daemon's stream ended before the command did");
+  if (reason == "oom") {
+    Fail(what, "the command ran out of memory (the sandbox's memory limit) and was killed");
+  } else if (reason == "stopped") {
+    Fail(what, "the sandbox was stopped or removed while the command ran");
+  } else if (reason == "cancelled") {
+    Fail(what, "the command was cancelled");
+  }
+  if (exit_code < 0 || exit_code > 255) return kExitApiError;
+  return static_cast<int>(exit_code);
+}
+
+// ---- cp ----
+
+// One side of `nsbox cp`: a host path ("-" for stdin or stdout), or ID:PATH in a sandbox.
+struct CpSide {
+  bool remote = false;
+  std::string id;
+  std::string path;
+};
+
+// Like docker cp: a path that starts with "/" or "." is on the host (write "./a:b" for a host
+// file with a colon); otherwise "ID:PATH" splits at the first colon.
+CpSide ParseCpSide(const std::string& arg) {
+  CpSide side;
+  side.path = arg;
+  if (arg == "-" || arg.empty() || arg[0] == '/' || arg[0] == '.') return side;
+  size_t colon = arg.find(':');
+  if (colon == std::string::npos || colon == 0) return side;
+  side.remote = true;
+  side.id = arg.substr(0, colon);
+  side.path = arg.substr(colon + 1);
+  if (side.path.empty()) side.path = ".";  // "box:" is the sandbox's cwd
+  return side;
+}
+
+std::string JoinPath(const std::string& dir, std::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return dir + std::string(name);
+  return dir + "/" + std::string(name);
+}
+
+// The last component, trailing slashes ignored: "a/b/" gives "b", "/" gives "".
+std::string BaseName(std::string_view path) {
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  size_t slash = path.rfind('/');
+  return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
+}
+
+// docker cp's rule: copying "dir/." (or ".", or "/") into an existing directory copies what is
+// in it, not the directory itself.
+bool ContentsOnly(std::string_view path) {
+  std::string base = BaseName(path);
+  return base.empty() || base == "." || base == "..";
+}
+
+bool EndsWithSlash(std::string_view path) { return !path.empty() && path.back() == '/'; }
+
+void SetPath(json::object& body, std::string_view path) {
+  if (IsValidUtf8(path)) {
+    body["path"] = path;
+  } else {
+    body["pathBase64"] = Base64Encode(path);  // exact bytes (api.md "Paths")
+  }
+}
+
+struct RemoteStat {
+  bool exists = false;
+  bool is_dir = false;
+  bool is_file = false;
+};
+
+Result<RemoteStat> StatRemote(ApiClient& client, const std::string& id, const std::string& path) {
+  json::object body;
+  SetPath(body, path);
+  auto answer = client.Call(Method::kPost, SandboxTarget(id, "/fs/stat"), body);
+  if (!answer.ok()) return Transport(client, std::move(answer).error());
+  RemoteStat st;
+  if (answer->status == 404 && answer->error().code == "ENOENT") return st;
+  if (!answer->ok()) return Error::Msg(answer->error().message);
+  NSBOX_ASSIGN_OR_RETURN(json::value v, answer->Json());
+  const json::object* o = v.if_object();
+  if (o == nullptr) return Error::Msg("the daemon's stat answer is not an object");
+  auto flag = [&](std::string_view key) {
+    const json::value* f = o->if_contains(key);
+    return f != nullptr && f->is_bool() && f->get_bool();
+  };
+  st.exists = true;
+  st.is_dir = flag("isDirectory");
+  st.is_file = flag("isFile");
+  return st;
+}
+
+Status MkdirRemote(ApiClient& client, const std::string& id, const std::string& path) {
+  json::object body;
+  SetPath(body, path);
+  body["recursive"] = true;
+  NSBOX_TRY(Check(client, client.Call(Method::kPost, SandboxTarget(id, "/fs/mkdir"), body)));
+  return Ok();
+}
+
+struct RemoteEntry {
+  std::string name;  // exact bytes
+  std::string type;  // file, directory, symlink, other
+};
+
+Result<std::vector<RemoteEntry>> ReadDirRemote(ApiClient& client, const std::string& id,
+                                               const std::string& path) {
+  json::object body;
+  SetPath(body, path);
+  body["withTypes"] = true;
+  NSBOX_ASSIGN_OR_RETURN(
+      ApiResponse answer,
+      Check(client, client.Call(Method::kPost, SandboxTarget(id, "/fs/readdir"), body)));
+  NSBOX_ASSIGN_OR_RETURN(json::value v, answer.Json());
+  const json::object* o = v.if_object();
+  const json::value* entries = o != nullptr ? o->if_contains("entries") : nullptr;
+  if (entries == nullptr || !entries->is_array()) {
+    return Error::Msg("the daemon's readdir answer has no \"entries\" list");
+  }
+  std::vector<RemoteEntry> out;
+  for (const json::value& e : entries->get_array()) {
+    const json::object* eo = e.if_object();
+    if (eo == nullptr) continue;
+    RemoteEntry entry;
+    entry.type = JsonText(*eo, "type");
+    if (const json::value* b64 = eo->if_contains("nameBase64"); b64 && b64->is_string()) {
+      NSBOX_ASSIGN_OR_RETURN(entry.name, Base64Decode(b64->get_string()));
+    } else {
+      entry.name = JsonText(*eo, "name");
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+Status PutFile(ApiClient& client, const std::string& id, const std::string& path, int fd) {
+  NSBOX_TRY(Check(client, client.Upload(Method::kPut, FilesTarget(id, path), fd)));
+  return Ok();
+}
+
+// Streams a sandbox file into a host file that is opened by `open_file` only once the daemon
+// has answered 200, so a failed copy does not leave an empty file behind.
+Status GetFile(ApiClient& client, const std::string& id, const std::string& path,
+               const std::function<Result<UniqueFd>()>& open_file) {
+  UniqueFd out;
+  auto ensure_open = [&]() -> Status {
+    if (out.valid()) return Ok();
+    NSBOX_ASSIGN_OR_RETURN(out, open_file());
+    return Ok();
+  };
+  auto on_chunk = [&](std::string_view chunk) -> Status {
+    NSBOX_TRY(ensure_open());
+    return WriteAll(out.get(), chunk, "write");
+  };
+  NSBOX_TRY(Check(client, client.Download(FilesTarget(id, path), on_chunk)));
+  return ensure_open();
+}
+
+struct Skipped {
+  std::vector<std::string> items;
+  void Add(std::string what) { items.push_back(std::move(what)); }
+};
+
+// The names in the host directory `dirfd`, sorted, without "." and "..".
+Result<std::vector<std::string>> ListHostDir(int dirfd, const std::string& shown) {
+  int copy = ::fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return Error::Sys("fcntl", shown, errno);
+  DIR* dir = ::fdopendir(copy);
+  if (dir == nullptr) {
+    int err = errno;
+    UniqueFd closer(copy);
+    return Error::Sys("fdopendir", shown, err);
+  }
+  ::rewinddir(dir);
+  std::vector<std::string> names;
+  errno = 0;
+  while (dirent* e = ::readdir(dir)) {
+    std::string_view name = e->d_name;
+    if (name != "." && name != "..") names.emplace_back(name);
+  }
+  int err = errno;
+  ::closedir(dir);
+  if (err != 0) return Error::Sys("readdir", shown, err);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Host directory -> sandbox: mkdir, then a PUT per file; symlinks are not followed and other
+// file types not copied (they are named in `skipped`).
+Status UploadTree(ApiClient& client, const std::string& id, int dirfd, const std::string& shown,
+                  const std::string& remote, Skipped& skipped) {
+  NSBOX_TRY(MkdirRemote(client, id, remote));
+  NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> names, ListHostDir(dirfd, shown));
+  for (const std::string& name : names) {
+    std::string child_shown = JoinPath(shown, name);
+    std::string child_remote = JoinPath(remote, name);
+    struct stat st {};
+    if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      return Error::Sys("stat", child_shown, errno);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      NSBOX_ASSIGN_OR_RETURN(UniqueFd sub,
+                             OpenAt(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
+      NSBOX_TRY(UploadTree(client, id, sub.get(), child_shown, child_remote, skipped));
+    } else if (S_ISREG(st.st_mode)) {
+      // O_NONBLOCK: if it was swapped for a FIFO since the stat, opening it must not hang.
+      NSBOX_ASSIGN_OR_RETURN(UniqueFd file,
+                             OpenAt(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK));
+      NSBOX_TRY_CTX(PutFile(client, id, child_remote, file.get()), child_shown);
+    } else if (S_ISLNK(st.st_mode)) {
+      skipped.Add(child_shown + " (a symlink; symlinks are not copied)");
+    } else {
+      skipped.Add(child_shown + " (not a regular file or directory)");
+    }
+  }
+  return Ok();
+}
+
+bool SafeName(std::string_view name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
+         name.find('\0') == std::string_view::npos;
+}
+
+Status MkdirHostAt(int parent, const std::string& name, const std::string& shown) {
+  if (::mkdirat(parent, name.c_str(), 0777) == 0) return Ok();
+  int err = errno;
+  struct stat st {};
+  if (err == EEXIST && ::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISDIR(st.st_mode)) {
+    return Ok();
+  }
+  return Error::Sys("mkdir", shown, err);
+}
+
+// Sandbox directory -> host directory `dirfd`: readdir withTypes, then a GET per file. Names
+// come from the sandbox and are not trusted: each is one component, opened without following
+// symlinks below `dirfd`.
+Status DownloadTree(ApiClient& client, const std::string& id, const std::string& remote, int dirfd,
+                    const std::string& shown, Skipped& skipped) {
+  NSBOX_ASSIGN_OR_RETURN(std::vector<RemoteEntry> entries, ReadDirRemote(client, id, remote));
+  for (const RemoteEntry& e : entries) {
+    std::string child_remote = JoinPath(remote, e.name);
+    std::string child_shown = JoinPath(shown, e.name);
+    if (!SafeName(e.name)) {
+      skipped.Add(id + ":" + child_remote + " (a name that is not a single path component)");
+    } else if (e.type == "directory") {
+      NSBOX_TRY(MkdirHostAt(dirfd, e.name, child_shown));
+      NSBOX_ASSIGN_OR_RETURN(UniqueFd sub,
+                             OpenAt(dirfd, e.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
+      NSBOX_TRY(DownloadTree(client, id, child_remote, sub.get(), child_shown, skipped));
+    } else if (e.type == "file") {
+      NSBOX_TRY_CTX(GetFile(client, id, child_remote,
+                            [&]() {
+                              return OpenAt(dirfd, e.name,
+                                            O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0666);
+                            }),
+                    id + ":" + child_remote);
+    } else if (e.type == "symlink") {
+      skipped.Add(id + ":" + child_remote + " (a symlink; symlinks are not copied)");
+    } else {
+      skipped.Add(id + ":" + child_remote + " (not a regular file or directory)");
+    }
+  }
+  return Ok();
+}
+
+Status CopyToSandbox(ApiClient& client, const std::string& src, const CpSide& dst,
+                     Skipped& skipped) {
+  if (src == "-") {
+    // Standard input to one file: streamed with chunked transfer-encoding.
+    return PutFile(client, dst.id, dst.path, STDIN_FILENO);
+  }
+  struct stat st {};
+  if (::stat(src.c_str(), &st) != 0) return Error::Sys("stat", src, errno);
+  NSBOX_ASSIGN_OR_RETURN(RemoteStat target, StatRemote(client, dst.id, dst.path));
+  if (S_ISDIR(st.st_mode)) {
+    std::string remote = dst.path;
+    if (target.exists && !target.is_dir) {
+      return Error(ENOTDIR,
+                   "cannot copy directory " + src + " onto file " + dst.id + ":" + dst.path);
+    }
+    if (target.exists && !ContentsOnly(src)) remote = JoinPath(dst.path, BaseName(src));
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd dir, OpenAt(AT_FDCWD, src, O_RDONLY | O_DIRECTORY));
+    return UploadTree(client, dst.id, dir.get(), src, remote, skipped);
+  }
+  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+    return Error(EINVAL, src + ": not a regular file, directory or FIFO");
+  }
+  std::string remote = dst.path;
+  if (target.is_dir || EndsWithSlash(dst.path)) remote = JoinPath(dst.path, BaseName(src));
+  NSBOX_ASSIGN_OR_RETURN(UniqueFd file, OpenAt(AT_FDCWD, src, O_RDONLY));
+  return PutFile(client, dst.id, remote, file.get());
+}
+
+Status CopyFromSandbox(ApiClient& client, const CpSide& src, const std::string& dst,
+                       Skipped& skipped) {
+  NSBOX_ASSIGN_OR_RETURN(RemoteStat source, StatRemote(client, src.id, src.path));
+  if (!source.exists) {
+    return Error(ENOENT, "no such file or directory in sandbox " + src.id + ": " + src.path);
+  }
+  if (dst == "-") {
+    if (source.is_dir) return Error(EISDIR, "cannot write a directory to standard output");
+    return GetFile(client, src.id, src.path, [] { return Result<UniqueFd>(UniqueFd(::dup(1))); });
+  }
+  struct stat st {};
+  bool exists = ::stat(dst.c_str(), &st) == 0;
+  if (!exists && errno != ENOENT) return Error::Sys("stat", dst, errno);
+  bool is_dir = exists && S_ISDIR(st.st_mode);
+  if (source.is_dir) {
+    if (exists && !is_dir) {
+      return Error(ENOTDIR,
+                   "cannot copy directory " + src.id + ":" + src.path + " onto file " + dst);
+    }
+    std::string local = dst;
+    if (is_dir && !ContentsOnly(src.path)) local = JoinPath(dst, BaseName(src.path));
+    if (::mkdir(local.c_str(), 0777) != 0 && errno != EEXIST) {
+      return Error::Sys("mkdir", local, errno);
+    }
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd dir, OpenAt(AT_FDCWD, local, O_RDONLY | O_DIRECTORY));
+    return DownloadTree(client, src.id, src.path, dir.get(), local, skipped);
+  }
+  std::string local = dst;
+  if (is_dir) {
+    local = JoinPath(dst, BaseName(src.path));
+  } else if (EndsWithSlash(dst)) {
+    return Error(ENOENT, dst + ": no such directory");
+  }
+  return GetFile(client, src.id, src.path,
+                 [&] { return OpenAt(AT_FDCWD, local, O_WRONLY | O_CREAT | O_TRUNC, 0666); });
+}
+
+int Copy(const Options& o, ApiClient& client) {
+  CpSide src = ParseCpSide(o.src);
+  CpSide dst = ParseCpSide(o.dst);
+  std::string what = "cp " + o.src + " " + o.dst;
+  if (src.remote == dst.remote) {
+    return Fail("cp", "exactly one of SRC and DST must be ID:PATH in a sandbox (e.g. box:/a.txt)",
+                kExitUsage);
+  }
+  if (src.remote && o.src == "-") return Fail("cp", "'-' is not a sandbox path", kExitUsage);
+  Skipped skipped;
+  Status st = dst.remote ? CopyToSandbox(client, o.src, dst, skipped)
+                         : CopyFromSandbox(client, src, o.dst, skipped);
+  for (const std::string& item : skipped.items) {
+    std::fprintf(stderr, "nsbox: cp: skipped %s\n", item.c_str());
+  }
+  if (!st.ok()) return Fail(what, st.error().message());
+  return 0;
+}
+
+}  // namespace
+
+// ---- the commands ----
+
+std::string ShellCommand(const std::vector<std::string>& args) {
+  if (args.size() == 1) return args[0];
+  std::string out;
+  for (const std::string& arg : args) {
+    if (!out.empty()) out += ' ';
+    bool plain = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             std::string_view("-_./:,+%@").find(c) != std::string_view::npos;
+    });
+    // '=' is not plain: an unquoted NAME=VALUE first word would be an assignment, not argv[0].
+    if (plain) {
+      out += arg;
+      continue;
+    }
+    // Single quotes keep everything but a single quote, which is closed, escaped, reopened.
+    out += '\'';
+    for (char c : arg) {
+      if (c == '\'') {
+        out += "'\\''";
+      } else {
+        out += c;
+      }
+    }
+    out += '\'';
+  }
+  return out;
+}
+
+ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Options>()) {
+  Options& o = *options_;
+  const std::string group = "Daemon connection (for create, ls, exec, cp, stop, rm)";
+  o.socket_opt =
+      app.add_option("--socket", o.socket,
+                     "nsboxd's Unix socket (env NSBOX_SOCKET; default " + DefaultSocketPath() + ")")
+          ->group(group);
+  o.url_opt = app.add_option("--url", o.url,
+                             "reach nsboxd over TCP instead, http://HOST:PORT (env NSBOX_URL)")
+                  ->group(group);
+  o.token_opt =
+      app.add_option("--token", o.token, "bearer token for --url (env NSBOX_TOKEN)")->group(group);
+
+  o.create = app.add_subcommand(
+      "create", "Create a persistent sandbox, or find the existing one: nsbox create ID");
+  o.create->add_option("id", o.id, "the sandbox's id (any UTF-8, up to 256 bytes)")->required();
+  o.create->add_option("--image", o.image, "root file system (default: host)");
+  o.create->add_option("--memory,-m", o.memory, "memory limit, e.g. 512M or 2G");
+  o.create->add_option("--pids", o.pids, "most processes and threads at once");
+  o.create->add_option("--cpus", o.cpus, "CPU time limit in CPUs, e.g. 1.5");
+  // allow_extra_args(false): one value per --env, so `--env A=1 ID` leaves ID alone.
+  o.create->add_option("--env,-e", o.env, "base environment, NAME=VALUE (repeatable)")
+      ->allow_extra_args(false);
+  o.create->add_flag("--json", o.json, "print the API's JSON");
+
+  o.ls = app.add_subcommand("ls", "List sandboxes");
+  o.ls->add_flag("--json", o.json, "print the API's JSON");
+
+  o.exec = app.add_subcommand(
+      "exec", "Run a command in a sandbox, output live: nsbox exec ID [OPTIONS] -- COMMAND...");
+  o.exec->add_option("id", o.id, "the sandbox's id")->required();
+  o.exec->add_option("--cwd", o.cwd, "working directory, relative to the sandbox's cwd");
+  o.exec->add_option("--env,-e", o.env, "set a variable, NAME=VALUE (repeatable)")
+      ->allow_extra_args(false);
+  o.exec->add_option("--timeout", o.timeout,
+                     "kill the command after this many milliseconds (exit code 124)");
+  o.exec
+      ->add_option("command", o.command,
+                   "one argument: a shell command line, as is; several: the command's argv")
+      ->required();
+
+  o.cp = app.add_subcommand(
+      "cp", "Copy files between the host and a sandbox: nsbox cp SRC DST, one side ID:PATH");
+  o.cp->add_option("src", o.src, "host path, '-' for standard input, or ID:PATH")->required();
+  o.cp->add_option("dst", o.dst, "host path, '-' for standard output, or ID:PATH")->required();
+
+  o.stop = app.add_subcommand("stop", "Stop sandboxes (their processes end; files stay)");
+  o.stop->add_option("id", o.ids, "the sandboxes' ids")->required();
+  o.rm = app.add_subcommand("rm", "Remove sandboxes and all their files");
+  o.rm->add_option("id", o.ids, "the sandboxes' ids")->required();
+}
+
+ClientCommands::~ClientCommands() = default;
+
+std::optional<int> ClientCommands::Dispatch() {
+  const Options& o = *options_;
+  CLI::App* chosen = nullptr;
+  for (CLI::App* cmd : {o.create, o.ls, o.exec, o.cp, o.stop, o.rm}) {
+    if (cmd->parsed()) chosen = cmd;
+  }
+  if (chosen == nullptr) return std::nullopt;
+  auto endpoint = Endpoint(o);
+  if (!endpoint.ok()) return Fail(chosen->get_name(), endpoint.error().message(), kExitUsage);
+  ApiClient client(std::move(*endpoint));
+  if (chosen == o.create) return Create(o, client);
+  if (chosen == o.ls) return List(o, client);
+  if (chosen == o.exec) return Exec(o, client);
+  if (chosen == o.cp) return Copy(o, client);
+  if (chosen == o.stop) return ForEachId(o, client, "stop");
+  return ForEachId(o, client, "rm");
+}
+
+}  // namespace nsbox::runtime

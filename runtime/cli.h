@@ -1,0 +1,40 @@
+#pragma once
+
+// The `nsbox` commands that drive nsboxd over api.md: create, ls, exec, cp, stop and rm, and the
+// global options that say where the daemon is (--socket, or --url with --token).
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}  // namespace CLI
+
+namespace nsbox::runtime {
+
+class ClientCommands {
+ public:
+  // Adds the commands and the global options to `app`, which must outlive this.
+  explicit ClientCommands(CLI::App& app);
+  ~ClientCommands();
+  ClientCommands(const ClientCommands&) = delete;
+  ClientCommands& operator=(const ClientCommands&) = delete;
+
+  // After parsing: the exit code of the client command that was given (having run it), or
+  // nullopt when the subcommand is none of them.
+  std::optional<int> Dispatch();
+
+  struct Options;
+
+ private:
+  std::unique_ptr<Options> options_;
+};
+
+// The shell command string for exec's COMMAND arguments: one argument is used as it is (it is a
+// shell command already); several are each quoted for a POSIX shell and joined with spaces, so
+// the shell sees exactly those arguments.
+std::string ShellCommand(const std::vector<std::string>& args);
+
+}  // namespace nsbox::runtime
