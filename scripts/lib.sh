@@ -33,7 +33,8 @@ install_packages() {
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
-# build DIR [cmake options...]: configure (once) and build everything.
+# build DIR [cmake options...]: configure (once) and build everything (or only the targets
+# named in $NSBOX_TARGETS, a regular expression over target names).
 build() {
   local dir=$1
   shift
@@ -42,5 +43,13 @@ build() {
     cmake -S "$NSBOX_ROOT" -B "$NSBOX_ROOT/$dir" -G Ninja "$@"
   fi
   log "building $dir"
-  cmake --build "$NSBOX_ROOT/$dir"
+  if [[ -n "${NSBOX_TARGETS:-}" ]]; then
+    local targets
+    targets=$(ninja -C "$NSBOX_ROOT/$dir" -t targets all | sed -n 's/^\([A-Za-z0-9_-]*\): phony$/\1/p' |
+      grep -E "^(${NSBOX_TARGETS})$" | sort -u)
+    # shellcheck disable=SC2086
+    cmake --build "$NSBOX_ROOT/$dir" --target $targets
+  else
+    cmake --build "$NSBOX_ROOT/$dir"
+  fi
 }
