@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -288,9 +289,13 @@ int CommandMain(void* arg) {
   }
 
   // The maps are written: become root of the new user namespace, with no host groups.
-  if (::setgroups(0, nullptr) < 0) ChildFail(sync, Step::kSetgroups, errno);
-  if (::setresgid(0, 0, 0) < 0) ChildFail(sync, Step::kSetgid, errno);
-  if (::setresuid(0, 0, 0) < 0) ChildFail(sync, Step::kSetuid, errno);
+  // SAFETY: raw syscalls, not glibc's wrappers: those broadcast the change to every thread glibc
+  // believes the process has (__nptl_setxid), and a child cloned from a multi-threaded parent
+  // (nsboxd's worker pool) would wait forever for threads that exist only in the parent. The
+  // kernel calls change this one thread, which is the whole child.
+  if (::syscall(SYS_setgroups, 0, nullptr) < 0) ChildFail(sync, Step::kSetgroups, errno);
+  if (::syscall(SYS_setresgid, 0, 0, 0) < 0) ChildFail(sync, Step::kSetgid, errno);
+  if (::syscall(SYS_setresuid, 0, 0, 0) < 0) ChildFail(sync, Step::kSetuid, errno);
   // Now that the parent has placed us in our cgroups, they become the root of our view.
   if (::unshare(CLONE_NEWCGROUP) < 0) ChildFail(sync, Step::kUnshareCgroup, errno);
 
