@@ -18,8 +18,8 @@
 
 #include "base/files.h"
 #include "base/log.h"
-#include "isolate/cgroup.h"
 #include "exec/runner.h"
+#include "isolate/cgroup.h"
 #include "isolate/idmap.h"
 #include "runtime/utf8.h"
 

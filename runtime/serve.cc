@@ -321,6 +321,9 @@ class Daemon {
   // The whole body of a JSON request (up to 1 MiB); an empty body is an empty
   // object when `optional`.
   asio::awaitable<ApiOutcome<json::object>> ReadJson(Ctx& c, bool optional);
+  // The raw body, up to 1 MiB (read and dropped by the routes that take none, so that a
+  // malformed body is an error and the connection stays usable).
+  asio::awaitable<ApiOutcome<std::string>> ReadBody(Ctx& c);
   asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> FindEntry(const std::string& id);
 
   // The routes.
@@ -407,6 +410,7 @@ void Daemon::Shutdown(std::vector<Acceptor*> acceptors) {
 
 asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
   beast::flat_buffer buffer;
+  bool linger = false;
   for (;;) {
     http::request_parser<http::buffer_body> parser;
     parser.header_limit(kHeaderLimit);
@@ -436,9 +440,30 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
     log::debug("{} {} -> {} in {:.3f} ms{}", std::string_view(parser.get().method_string()),
                std::string_view(parser.get().target()), c.status, SecondsSince(start) * 1000,
                c.sandbox_id.empty() ? "" : " sandbox=" + c.sandbox_id);
-    if (!keep) break;
+    if (!keep) {
+      linger = !c.body_done && !parser.is_done();
+      break;
+    }
   }
   boost::system::error_code ignored;
+  if (linger) {
+    // The answer went out before the request's body was read (413, an unknown sandbox for an
+    // upload): close our side, then read and drop what the client is still sending for a
+    // moment, so that it can finish writing and read the answer instead of a reset.
+    socket.shutdown(asio::socket_base::shutdown_send, ignored);
+    asio::steady_timer deadline(io_, std::chrono::seconds(2));
+    deadline.async_wait([&socket](boost::system::error_code ec) {
+      boost::system::error_code e;
+      if (!ec) socket.cancel(e);
+    });
+    std::vector<char> sink(64u << 10);
+    for (size_t total = 0; total < (64u << 20);) {
+      auto [ec, n] = co_await socket.async_read_some(asio::buffer(sink), kTuple);
+      if (ec) break;
+      total += n;
+    }
+    deadline.cancel();
+  }
   socket.shutdown(asio::socket_base::shutdown_both, ignored);
   socket.close(ignored);
 }
@@ -495,6 +520,15 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
                                     std::string_view query) {
   const http::verb method = c.parser.get().method();
   const size_t n = segs.size();
+  const bool uses_body = method == http::verb::put || (method == http::verb::post && n >= 4 &&
+                                                       (segs[3] == "exec" || segs[3] == "fs"));
+  if (!uses_body && !c.body_done) {
+    auto drained = co_await ReadBody(c);
+    if (!drained.ok()) {
+      const ApiError error = drained.error();
+      co_return co_await ReplyError(c, error);
+    }
+  }
   auto not_found = ApiError::Of(
       404, "not_found",
       "no such route: " + std::string(c.parser.get().target().substr(
@@ -667,7 +701,7 @@ asio::awaitable<bool> Daemon::SendContinue(Ctx& c) {
   co_return !ec;
 }
 
-asio::awaitable<ApiOutcome<json::object>> Daemon::ReadJson(Ctx& c, bool optional) {
+asio::awaitable<ApiOutcome<std::string>> Daemon::ReadBody(Ctx& c) {
   auto& p = c.parser;
   if (auto length = p.content_length(); length && *length > kMaxJsonBody) {
     co_return ApiError::Of(
@@ -692,6 +726,13 @@ asio::awaitable<ApiOutcome<json::object>> Daemon::ReadJson(Ctx& c, bool optional
   }
   c.body_done = true;
   metrics_.BytesIn(body.size());
+  co_return body;
+}
+
+asio::awaitable<ApiOutcome<json::object>> Daemon::ReadJson(Ctx& c, bool optional) {
+  auto read = co_await ReadBody(c);
+  if (!read.ok()) co_return read.error();
+  const std::string& body = read.value();
   if (body.empty()) {
     if (optional) co_return json::object();
     co_return ApiError::Invalid("the request needs a JSON body");
