@@ -1,0 +1,781 @@
+// api.md's service and sandbox endpoints, and its bad-input contract, driven over the daemon's
+// real Unix socket (and TCP with a bearer token): statuses, error codes, what is on disk, and
+// that no error crashes the daemon or leaks a file descriptor.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/e2e/daemon_harness.h"
+
+namespace nsbox::e2e {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::string Str(const json::object& o, std::string_view key) {
+  const json::value* v = o.if_contains(key);
+  return v != nullptr && v->is_string() ? std::string(v->as_string()) : "<missing>";
+}
+
+json::object Obj(const Response& r) {
+  json::value v = r.Json();
+  return v.is_object() ? v.as_object() : json::object{};
+}
+
+// A member array of the answer, by value (safe in a range-for).
+json::array Arr(const Response& r, std::string_view key) {
+  json::object o = Obj(r);
+  const json::value* v = o.if_contains(key);
+  return v != nullptr && v->is_array() ? v->as_array() : json::array{};
+}
+
+// Every error answer: the status, a JSON body with error.code and a non-empty message.
+void ExpectError(const Response& r, int status, std::string_view code, std::string_view what) {
+  EXPECT_EQ(r.status, status) << what << ": " << r.Describe();
+  EXPECT_EQ(r.ErrorCode(), code) << what << ": " << r.Describe();
+  EXPECT_FALSE(r.ErrorMessage().empty()) << what << ": error.message is empty: " << r.Describe();
+  EXPECT_NE(r.Header("content-type").find("application/json"), std::string::npos)
+      << what << ": " << r.Describe();
+}
+
+// Checks the shape of a sandbox object of api.md.
+void ExpectSandbox(const json::object& sb, std::string_view id, std::string_view cwd) {
+  EXPECT_EQ(Str(sb, "id"), id) << json::serialize(sb);
+  const std::string state = Str(sb, "state");
+  EXPECT_TRUE(state == "running" || state == "stopped") << json::serialize(sb);
+  EXPECT_EQ(Str(sb, "image"), "host") << json::serialize(sb);
+  EXPECT_EQ(Str(sb, "cwd"), cwd) << json::serialize(sb);
+  EXPECT_TRUE(std::regex_match(Str(sb, "createdAt"),
+                               std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)")))
+      << json::serialize(sb);
+  EXPECT_TRUE(sb.contains("limits") && sb.at("limits").is_object()) << json::serialize(sb);
+  EXPECT_EQ(Str(sb, "network"), "none") << json::serialize(sb);
+}
+
+class ApiTest : public E2eTest {};
+
+// ---- service ----
+
+TEST_F(ApiTest, HealthAnswersOkAndVersion) {
+  Response r = client().Get("/v1/health");
+  ASSERT_EQ(r.status, 200) << r.Describe();
+  EXPECT_NE(r.Header("content-type").find("application/json"), std::string::npos);
+  json::object o = Obj(r);
+  ASSERT_TRUE(o.contains("ok")) << r.Describe();
+  EXPECT_EQ(o.at("ok"), json::value(true)) << r.Describe();
+  EXPECT_FALSE(Str(o, "version").empty());
+  EXPECT_NE(Str(o, "version"), "<missing>") << r.Describe();
+  // Keep-alive: a second request on the same connection.
+  EXPECT_EQ(client().Get("/v1/health").status, 200);
+}
+
+TEST_F(ApiTest, SocketIsMode0660) {
+  struct stat st;
+  ASSERT_EQ(stat(daemon().socket_path().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+}
+
+TEST_F(ApiTest, MetricsIsPrometheusText) {
+  const std::string id = NewId();
+  Create(id);
+  Sh(id, "true");
+  Response r = client().Get("/metrics");
+  ASSERT_EQ(r.status, 200) << r.Describe();
+  EXPECT_EQ(r.Header("content-type").rfind("text/plain", 0), 0u) << r.Describe();
+  EXPECT_NE(r.body.find("# TYPE "), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("# HELP "), std::string::npos) << r.body;
+  // Latency histograms.
+  EXPECT_NE(r.body.find("_bucket{"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("le=\"+Inf\""), std::string::npos) << r.body;
+  // Every sample line is "name{labels} value" or "name value".
+  std::regex sample(R"(^[a-zA-Z_:][a-zA-Z0-9_:]*(\{.*\})? [-+0-9.eEInfaN]+( \d+)?$)");
+  size_t start = 0;
+  while (start < r.body.size()) {
+    size_t end = r.body.find('\n', start);
+    if (end == std::string::npos) end = r.body.size();
+    std::string line = r.body.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    EXPECT_TRUE(std::regex_match(line, sample)) << "not a Prometheus sample: " << line;
+  }
+}
+
+// ---- create, get, list ----
+
+TEST_F(ApiTest, PutCreatesThenFindsAndIgnoresOptions) {
+  const std::string id = NewId();
+  Response created = client().PutJson(
+      SbPath(id), json::object{{"cwd", "/root"}, {"env", json::object{{"FOO", "bar"}}}});
+  ASSERT_EQ(created.status, 201) << created.Describe();
+  json::object sb = Obj(created);
+  ExpectSandbox(sb, id, "/root");
+
+  Response again = client().PutJson(
+      SbPath(id), json::object{{"cwd", "/tmp"}, {"env", json::object{{"FOO", "other"}}}});
+  ASSERT_EQ(again.status, 200) << again.Describe();
+  json::object sb2 = Obj(again);
+  ExpectSandbox(sb2, id, "/root");
+  EXPECT_EQ(Str(sb2, "createdAt"), Str(sb, "createdAt"));
+
+  // Without a body, too.
+  Response third = client().Request("PUT", SbPath(id));
+  EXPECT_EQ(third.status, 200) << third.Describe();
+
+  // The creation options hold, the later ones were ignored.
+  EXPECT_EQ(Sh(id, "pwd; echo $FOO"), "/root\nbar\n");
+  EXPECT_EQ(daemon().SandboxDirs().size(), 1u);
+}
+
+TEST_F(ApiTest, PutWithoutBodyUsesDefaults) {
+  const std::string id = NewId();
+  Response r = client().Request("PUT", SbPath(id));
+  ASSERT_EQ(r.status, 201) << r.Describe();
+  ExpectSandbox(Obj(r), id, "/workspace");
+  EXPECT_EQ(Sh(id, "pwd"), "/workspace\n");
+}
+
+TEST_F(ApiTest, GetOneAndList) {
+  const std::string a = NewId("a"), b = NewId("b");
+  json::object ca = Obj(Create(a));
+  Create(b);
+  Response one = client().Get(SbPath(a));
+  ASSERT_EQ(one.status, 200) << one.Describe();
+  json::object got = Obj(one);
+  ExpectSandbox(got, a, "/workspace");
+  EXPECT_EQ(Str(got, "createdAt"), Str(ca, "createdAt"));
+
+  Response all = client().Get("/v1/sandboxes");
+  ASSERT_EQ(all.status, 200) << all.Describe();
+  json::object o = Obj(all);
+  ASSERT_TRUE(o.contains("sandboxes") && o.at("sandboxes").is_array()) << all.Describe();
+  std::multiset<std::string> ids;
+  for (const auto& v : o.at("sandboxes").as_array()) {
+    ASSERT_TRUE(v.is_object());
+    ExpectSandbox(v.as_object(), Str(v.as_object(), "id"), "/workspace");
+    ids.insert(Str(v.as_object(), "id"));
+  }
+  EXPECT_EQ(ids, (std::multiset<std::string>{a, b}));
+}
+
+TEST_F(ApiTest, EmptyListIsAnEmptyArray) {
+  Response all = client().Get("/v1/sandboxes");
+  ASSERT_EQ(all.status, 200) << all.Describe();
+  json::object o = Obj(all);
+  ASSERT_TRUE(o.contains("sandboxes") && o.at("sandboxes").is_array()) << all.Describe();
+  EXPECT_TRUE(o.at("sandboxes").as_array().empty());
+}
+
+// ---- ids ----
+
+TEST_F(ApiTest, InvalidIdsAre400AndCreateNothing) {
+  const std::vector<std::string> bad = {
+      std::string(257, 'a'),
+      "a\x01"
+      "b",
+      "tab\there",
+      "new\nline",
+      "nul" + std::string(1, '\0') + "x",
+      "del\x7f",
+      "\x1f",
+      "c1\xc2\x85",
+      "bad\xff",
+      "trunc\xc3",
+      "overlong\xc0\xaf",
+      "surrogate\xed\xa0\x80",
+      "\xf8\x88\x80\x80\x80",
+  };
+  for (const std::string& id : bad) {
+    SCOPED_TRACE("id " + PctEncode(id));
+    ExpectError(client().Request("PUT", SbPath(id)), 400, "invalid_request", "PUT");
+    ExpectError(client().Get(SbPath(id)), 400, "invalid_request", "GET");
+    ExpectError(client().PostJson(SbPath(id, "/exec"), json::object{{"command", "true"}}), 400,
+                "invalid_request", "exec");
+    ExpectError(client().Delete(SbPath(id)), 400, "invalid_request", "DELETE");
+  }
+  // The empty id.
+  ExpectError(client().Request("PUT", "/v1/sandboxes/"), 400, "invalid_request", "PUT empty id");
+  EXPECT_TRUE(daemon().SandboxDirs().empty());
+  Response all = client().Get("/v1/sandboxes");
+  EXPECT_EQ(Obj(all)["sandboxes"].as_array().size(), 0u) << all.Describe();
+  ExpectDaemonHealthy();
+}
+
+TEST_F(ApiTest, IdOf256BytesIsValid) {
+  // 256 bytes, multi-byte characters included: 2 + 254.
+  const std::string id = "\xc3\xa9" + std::string(254, 'x');
+  ASSERT_EQ(id.size(), 256u);
+  Response r = client().Request("PUT", SbPath(id));
+  ASSERT_EQ(r.status, 201) << r.Describe();
+  EXPECT_EQ(Str(Obj(r), "id"), id);
+  EXPECT_EQ(client().Get(SbPath(id)).status, 200);
+}
+
+TEST_F(ApiTest, IdsWithSlashesDotsAndUnicodeAreDistinctSandboxes) {
+  const std::vector<std::string> ids = {
+      "conv/42", "conv", "..",   ".",        "../..",       "../../etc", "a/../b",
+      "b",       "%2F",  "100%", "日本語-🎉", "a b?c#d&e=f", "sandboxes", "~root",
+  };
+  for (const auto& id : ids) {
+    Response r = client().Request("PUT", SbPath(id));
+    ASSERT_EQ(r.status, 201) << "id " << id << ": " << r.Describe();
+    EXPECT_EQ(Str(Obj(r), "id"), id);
+    // Each gets a file with its own id.
+    Response put = PutFile(id, "/workspace/id.txt", id);
+    EXPECT_EQ(put.status, 204) << "id " << id << ": " << put.Describe();
+  }
+  for (const auto& id : ids) {
+    Response g = client().Get(SbPath(id));
+    EXPECT_EQ(g.status, 200) << "id " << id << ": " << g.Describe();
+    EXPECT_EQ(Str(Obj(g), "id"), id);
+    Response f = GetFile(id, "/workspace/id.txt");
+    EXPECT_EQ(f.status, 200) << f.Describe();
+    EXPECT_EQ(f.body, id) << "sandboxes share a workspace";
+  }
+  // One directory each, named by a hash: no id appears as a host file name.
+  std::vector<std::string> dirs = daemon().SandboxDirs();
+  EXPECT_EQ(dirs.size(), ids.size());
+  for (const auto& d : dirs) {
+    for (const auto& id : ids) {
+      if (id.size() > 2) {
+        EXPECT_EQ(d.find(id), std::string::npos) << d << " holds id " << id;
+      }
+    }
+    EXPECT_NE(d, "..");
+    EXPECT_NE(d, ".");
+  }
+  for (const auto& id : ids) EXPECT_FALSE(daemon().SandboxDir(id).empty()) << id;
+  // Nothing appeared on the host by the ids' names.
+  for (const auto& e : {"/etc/b", "/etc/conv"}) {
+    struct stat st;
+    EXPECT_NE(lstat(e, &st), 0) << e << " was created on the host";
+  }
+  // The list holds each exactly once.
+  std::multiset<std::string> listed;
+  for (const auto& v : Arr(client().Get("/v1/sandboxes"), "sandboxes")) {
+    listed.insert(Str(v.as_object(), "id"));
+  }
+  EXPECT_EQ(listed, std::multiset<std::string>(ids.begin(), ids.end()));
+  // A slash that is not encoded is a path separator, not part of an id: no such route.
+  Response raw = client().Get("/v1/sandboxes/conv/42");
+  EXPECT_EQ(raw.status, 404) << raw.Describe();
+}
+
+// ---- unknown things ----
+
+TEST_F(ApiTest, UnknownSandboxIs404SandboxNotFound) {
+  const std::string id = NewId("missing");
+  const std::string p = SbPath(id);
+  ExpectError(client().Get(p), 404, "sandbox_not_found", "GET");
+  ExpectError(client().Delete(p), 404, "sandbox_not_found", "DELETE");
+  ExpectError(client().Request("POST", p + "/stop"), 404, "sandbox_not_found", "stop");
+  ExpectError(client().PostJson(p + "/exec", json::object{{"command", "true"}}), 404,
+              "sandbox_not_found", "exec");
+  ExpectError(client().Get(p + "/execs"), 404, "sandbox_not_found", "execs");
+  ExpectError(client().Delete(p + "/execs/e-1"), 404, "sandbox_not_found", "cancel");
+  ExpectError(GetFile(id, "/workspace/a"), 404, "sandbox_not_found", "GET file");
+  ExpectError(PutFile(id, "/workspace/a", "x"), 404, "sandbox_not_found", "PUT file");
+  for (const char* verb : {"stat", "readdir", "exists", "mkdir", "rm"}) {
+    ExpectError(Fs(id, verb, json::object{{"path", "/workspace"}}), 404, "sandbox_not_found", verb);
+  }
+  // Streaming exec, too.
+  NdjsonStream s(daemon().endpoint(), "POST", p + "/exec", R"({"command":"true"})");
+  EXPECT_EQ(s.status(), 404) << s.error();
+  // None of them created it.
+  EXPECT_EQ(client().Get(p).status, 404);
+  EXPECT_TRUE(daemon().SandboxDirs().empty());
+}
+
+TEST_F(ApiTest, UnknownRouteIs404NotFound) {
+  const std::string id = NewId();
+  Create(id);
+  for (const char* target : {"/", "/v1", "/v1/", "/v2/health", "/v1/nope", "/v1/healthz",
+                             "/metricsx", "/v1/sandboxes/x/y/z/w"}) {
+    ExpectError(client().Get(target), 404, "not_found", target);
+  }
+  ExpectError(client().Get(SbPath(id, "/nope")), 404, "not_found", "sandbox subroute");
+  ExpectError(client().PostJson(SbPath(id, "/fs/chmod"), json::object{{"path", "a"}}), 404,
+              "not_found", "fs/chmod");
+  ExpectError(client().PostJson(SbPath(id, "/fs"), json::object{{"path", "a"}}), 404, "not_found",
+              "fs");
+  // An exec id that is not running.
+  Response r = client().Delete(SbPath(id, "/execs/e-doesnotexist"));
+  EXPECT_EQ(r.status, 404) << r.Describe();
+}
+
+TEST_F(ApiTest, WrongMethodIs405) {
+  const std::string id = NewId();
+  Create(id);
+  struct Case {
+    const char* method;
+    std::string target;
+  };
+  const std::vector<Case> cases = {
+      {"POST", "/v1/health"},
+      {"DELETE", "/v1/health"},
+      {"POST", "/metrics"},
+      {"DELETE", "/v1/sandboxes"},
+      {"PUT", "/v1/sandboxes"},
+      {"POST", "/v1/sandboxes"},
+      {"POST", SbPath(id)},
+      {"PATCH", SbPath(id)},
+      {"GET", SbPath(id, "/exec")},
+      {"PUT", SbPath(id, "/exec")},
+      {"GET", SbPath(id, "/stop")},
+      {"DELETE", SbPath(id, "/stop")},
+      {"POST", SbPath(id, "/execs")},
+      {"POST", SbPath(id, "/files?path=a")},
+      {"DELETE", SbPath(id, "/files?path=a")},
+      {"GET", SbPath(id, "/fs/stat")},
+      {"PUT", SbPath(id, "/fs/readdir")},
+      {"GET", SbPath(id, "/fs/exists")},
+      {"DELETE", SbPath(id, "/fs/rm")},
+  };
+  for (const auto& c : cases) {
+    ExpectError(client().Request(c.method, c.target), 405, "method_not_allowed",
+                std::string(c.method) + " " + c.target);
+  }
+  // Nothing was deleted or changed by them.
+  EXPECT_EQ(client().Get(SbPath(id)).status, 200);
+}
+
+// ---- malformed input ----
+
+TEST_F(ApiTest, MalformedJsonIs400) {
+  const std::string id = NewId();
+  Create(id);
+  const Headers json_type = {{"Content-Type", "application/json"}};
+  const std::vector<std::string> bodies = {
+      "{",
+      "not json",
+      "{\"command\": \"echo hi\"",  // truncated
+      "{\"command\": \"ech",        // truncated inside a string
+      "{\"command\": 42}",
+      "{\"command\": null}",
+      "[]",
+      "\"echo\"",
+      "{}",
+      "{\"command\": \"true\", \"timeoutMs\": \"soon\"}",
+      "{\"command\": \"true\", \"env\": [\"A=1\"]}",
+      "{\"command\": \"true\", \"env\": {\"A\": 1}}",
+      "{\"command\": \"true\", \"cwd\": 7}",
+      "{\"command\": \"true\", \"stdin\": {}}",
+      "{\"command\": \"true\"} trailing",
+      "{\"command\": \"\xff\"}",  // invalid UTF-8 in JSON
+  };
+  for (const auto& body : bodies) {
+    ExpectError(client().Request("POST", SbPath(id, "/exec"), body, json_type), 400,
+                "invalid_request", "exec body " + body);
+  }
+  for (const char* verb : {"stat", "readdir", "exists", "mkdir", "rm"}) {
+    for (const std::string body : {"{", "{}", "{\"path\": 5}", "[\"/workspace\"]"}) {
+      ExpectError(client().Request("POST", SbPath(id, std::string("/fs/") + verb), body, json_type),
+                  400, "invalid_request", std::string(verb) + " body " + body);
+    }
+  }
+  // A sandbox PUT with a bad body creates nothing.
+  const std::string other = NewId("other");
+  for (const std::string body : {"{", "{\"cwd\": 5}", "{\"limits\": {\"memoryBytes\": \"lots\"}}",
+                                 "[1]", "{\"env\": {\"A\": 5}}", "{\"image\": 5}"}) {
+    ExpectError(client().Request("PUT", SbPath(other), body, json_type), 400, "invalid_request",
+                "PUT body " + body);
+  }
+  ExpectError(client().Get(SbPath(other)), 404, "sandbox_not_found", "after bad PUTs");
+  EXPECT_EQ(daemon().SandboxDirs().size(), 1u);
+  // The connection and the daemon still work.
+  EXPECT_EQ(Sh(id, "echo ok"), "ok\n");
+}
+
+TEST_F(ApiTest, JsonBodyOver1MiBIs413) {
+  const std::string id = NewId();
+  Create(id);
+  const Headers json_type = {{"Content-Type", "application/json"}};
+  // One byte over: 1 MiB + 1.
+  const std::string prefix = "{\"command\":\"wc -c\",\"stdin\":\"";
+  const std::string suffix = "\"}";
+  std::string over =
+      prefix + std::string((1 << 20) + 1 - prefix.size() - suffix.size(), 'x') + suffix;
+  ASSERT_EQ(over.size(), (1u << 20) + 1);
+  ExpectError(client().Request("POST", SbPath(id, "/exec"), over, json_type), 413,
+              "payload_too_large", "exec 1 MiB + 1");
+  // Exactly 1 MiB is accepted.
+  std::string exact = prefix + std::string((1 << 20) - prefix.size() - suffix.size(), 'x') + suffix;
+  ASSERT_EQ(exact.size(), 1u << 20);
+  Response ok = client().Request("POST", SbPath(id, "/exec"), exact, json_type);
+  ASSERT_EQ(ok.status, 200) << ok.Describe();
+  EXPECT_EQ(Str(Obj(ok), "stdout"),
+            std::to_string((1 << 20) - prefix.size() - suffix.size()) + "\n");
+
+  // A PUT of a sandbox with a huge body creates nothing.
+  const std::string other = NewId("other");
+  std::string big = "{\"env\":{\"A\":\"" + std::string(2 << 20, 'y') + "\"}}";
+  ExpectError(client().Request("PUT", SbPath(other), big, json_type), 413, "payload_too_large",
+              "PUT 2 MiB");
+  EXPECT_EQ(client().Get(SbPath(other)).status, 404);
+  ExpectError(client().Request("POST", SbPath(id, "/fs/stat"), big, json_type), 413,
+              "payload_too_large", "stat 2 MiB");
+
+  // "read no further": a Content-Length of 1 GiB with only a few bytes sent is refused at once.
+  RawConnection raw(daemon().endpoint());
+  ASSERT_TRUE(raw.connected()) << raw.error();
+  ASSERT_TRUE(raw.Send("POST " + SbPath(id, "/exec") +
+                       " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: 1073741824\r\n\r\n{\"command\":\"true\",\"stdin\":\""));
+  Response early = raw.ReadResponse(milliseconds(5000));
+  ExpectError(early, 413, "payload_too_large", "Content-Length 1 GiB");
+
+  // Chunked, without a length: refused once over the limit.
+  RawConnection chunked(daemon().endpoint());
+  std::string req = "POST " + SbPath(id, "/exec") +
+                    " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n";
+  ASSERT_TRUE(chunked.Send(req));
+  std::string piece(64 * 1024, 'z');
+  char size_line[32];
+  std::snprintf(size_line, sizeof(size_line), "%zx\r\n", piece.size());
+  bool sent_all = true;
+  for (int i = 0; i < 24 && sent_all; ++i) {
+    sent_all = chunked.Send(std::string(size_line) + piece + "\r\n", milliseconds(5000));
+  }
+  Response r = chunked.ReadResponse(milliseconds(5000));
+  ExpectError(r, 413, "payload_too_large", "chunked 1.5 MiB");
+  ExpectDaemonHealthy();
+}
+
+TEST_F(ApiTest, PathWithNulIs400ButExistsIsFalse) {
+  const std::string id = NewId();
+  Create(id);
+  const std::string nul_path = std::string("/workspace/a") + '\0' + "b";
+  for (const char* verb : {"stat", "readdir", "mkdir", "rm"}) {
+    ExpectError(Fs(id, verb, json::object{{"path", nul_path}}), 400, "invalid_request", verb);
+  }
+  Response ex = Fs(id, "exists", json::object{{"path", nul_path}});
+  ASSERT_EQ(ex.status, 200) << ex.Describe();
+  EXPECT_EQ(Obj(ex)["exists"], json::value(false)) << ex.Describe();
+  ExpectError(GetFile(id, nul_path), 400, "invalid_request", "GET file");
+  ExpectError(PutFile(id, nul_path, "x"), 400, "invalid_request", "PUT file");
+  Response exec = Exec(id, json::object{{"command", "true"}, {"cwd", nul_path}}).response;
+  EXPECT_TRUE(exec.status == 400 || (exec.status == 200 && Obj(exec)["exitCode"] == 1))
+      << exec.Describe();
+  // Nothing named a or a\0b appeared.
+  EXPECT_EQ(Sh(id, "ls -A /workspace"), "");
+}
+
+// ---- robustness: errors and broken connections leak nothing ----
+
+TEST_F(ApiTest, BadRequestsNeitherCrashNorLeakFds) {
+  const std::string id = NewId();
+  Create(id);
+  Sh(id, "true");
+  PutFile(id, "/workspace/f", "x");
+  client().Disconnect();
+  std::this_thread::sleep_for(milliseconds(200));
+  const int baseline = daemon().CountFds();
+  ASSERT_GT(baseline, 0);
+  const std::string exec_path = SbPath(id, "/exec");
+
+  for (int round = 0; round < 3; ++round) {
+    Client c = NewClient();
+    c.Request("PUT", "/v1/sandboxes/" + std::string(300, 'x'));
+    c.Get(SbPath("nope-" + std::to_string(round)));
+    c.Get("/v1/nope");
+    c.Request("POST", "/v1/health");
+    c.Request("POST", exec_path, "{", {{"Content-Type", "application/json"}});
+    c.Request("POST", exec_path, std::string(2 << 20, '{'), {{"Content-Type", "application/json"}});
+    c.PostJson(SbPath(id, "/fs/stat"), json::object{{"path", std::string("a\0b", 3)}});
+    c.Get(SbPath(id, "/files?path=/workspace/missing"));
+    c.Get(SbPath(id, "/files?path=/workspace"));
+    c.PostJson(SbPath(id, "/fs/rm"), json::object{{"path", "/workspace/missing"}});
+
+    // Raw abuses on fresh connections.
+    const std::vector<std::string> garbage = {
+        "GARBAGE\r\n\r\n",
+        "GET /v1/health HTTP/1.1\r\nBad Header Line\r\n\r\n",
+        "GET /v1/health HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        "POST /v1/health HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  // a TLS ClientHello
+    };
+    for (const auto& g : garbage) {
+      RawConnection raw(daemon().endpoint());
+      raw.Send(g);
+      Response r = raw.ReadResponse(milliseconds(3000));
+      if (r.status != 0) {
+        EXPECT_GE(r.status, 400) << PctEncode(g) << ": " << r.Describe();
+        EXPECT_LT(r.status, 500) << PctEncode(g) << ": " << r.Describe();
+      }
+      EXPECT_TRUE(raw.WaitClosed(milliseconds(5000)))
+          << "the daemon kept a connection open after " << PctEncode(g);
+    }
+    // A header line of 1 MiB.
+    {
+      RawConnection raw(daemon().endpoint());
+      raw.Send(
+          "GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(1 << 20, 'h') + "\r\n\r\n",
+          milliseconds(5000));
+      Response r = raw.ReadResponse(milliseconds(3000));
+      if (r.status != 0) {
+        EXPECT_GE(r.status, 400) << r.Describe();
+      }
+      raw.WaitClosed(milliseconds(5000));
+    }
+    // Hang-ups: mid-request line, mid-headers, mid-body (JSON and upload), after the request.
+    for (const std::string& part :
+         {std::string("GET /v1/hea"), std::string("PUT " + SbPath(id) + " HTTP/1.1\r\nHost: x\r\n"),
+          "POST " + exec_path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"comm",
+          "PUT " + SbPath(id, "/files?path=/workspace/up") +
+              " HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + std::string(5000, 'u'),
+          "POST " + exec_path +
+              " HTTP/1.1\r\nHost: x\r\nContent-Length: 18\r\n\r\n{\"command\":\"true\"}"}) {
+      RawConnection raw(daemon().endpoint());
+      raw.Send(part);
+      std::this_thread::sleep_for(milliseconds(20));
+      raw.Close();
+    }
+    // A truncated body followed by EOF (half-close): a 400 or a close, never a hang.
+    {
+      RawConnection raw(daemon().endpoint());
+      raw.Send("POST " + exec_path +
+               " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+               "100\r\n\r\n{\"command\": \"tr");
+      raw.ShutdownWrite();
+      Response r = raw.ReadResponse(milliseconds(5000));
+      if (r.status != 0) {
+        EXPECT_EQ(r.status, 400) << r.Describe();
+      }
+      EXPECT_TRUE(raw.WaitClosed(milliseconds(5000)));
+    }
+  }
+  ExpectDaemonHealthy();
+  // The half-sent upload created nothing.
+  Response up = Fs(id, "exists", json::object{{"path", "/workspace/up"}});
+  EXPECT_EQ(Obj(up)["exists"], json::value(false)) << up.Describe();
+  client().Disconnect();
+  // fds are closed asynchronously: give the daemon a moment.
+  int now = -1;
+  for (int i = 0; i < 50; ++i) {
+    now = daemon().CountFds();
+    if (std::abs(now - baseline) <= 5) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_LE(std::abs(now - baseline), 5) << "fds: " << baseline << " before, " << now << " after\n"
+                                         << daemon().DescribeFds();
+  EXPECT_EQ(daemon().SandboxDirs().size(), 1u);
+}
+
+TEST_F(ApiTest, SlowClientDoesNotBlockOthers) {
+  // A client that sent half a request and stalls must not delay anyone else.
+  std::vector<std::unique_ptr<RawConnection>> stalled;
+  for (int i = 0; i < 20; ++i) {
+    stalled.push_back(std::make_unique<RawConnection>(daemon().endpoint()));
+    stalled.back()->Send("GET /v1/health HTTP/1.1\r\nHost: x\r\n");
+  }
+  RawConnection upload(daemon().endpoint());
+  const std::string id = NewId();
+  Create(id);
+  upload.Send("PUT " + SbPath(id, "/files?path=/workspace/slow") +
+              " HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nabc");
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 20; ++i) ASSERT_EQ(client().Get("/v1/health").status, 200);
+  EXPECT_EQ(Sh(id, "echo hi"), "hi\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(3000));
+}
+
+// ---- concurrency and scale ----
+
+TEST_F(ApiTest, ConcurrentPutsOfOneIdCreateOneSandbox) {
+  const std::string id = NewId("race");
+  constexpr int kThreads = 32;
+  std::atomic<int> ready{0};
+  std::atomic<bool> go{false};
+  std::vector<Response> answers(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      Client c = NewClient();
+      c.Get("/v1/health");  // connected before the race
+      ready.fetch_add(1);
+      while (!go.load()) std::this_thread::yield();
+      answers[i] = c.Request("PUT", SbPath(id));
+    });
+  }
+  while (ready.load() < kThreads) std::this_thread::sleep_for(milliseconds(1));
+  go = true;
+  for (auto& t : threads) t.join();
+  int created = 0, found = 0;
+  std::set<std::string> created_at;
+  for (const auto& r : answers) {
+    if (r.status == 201) ++created;
+    if (r.status == 200) ++found;
+    EXPECT_TRUE(r.status == 200 || r.status == 201) << r.Describe();
+    created_at.insert(Str(Obj(r), "createdAt"));
+  }
+  EXPECT_EQ(created, 1);
+  EXPECT_EQ(found, kThreads - 1);
+  EXPECT_EQ(created_at.size(), 1u) << "the answers describe different sandboxes";
+  EXPECT_EQ(daemon().SandboxDirs().size(), 1u);
+  EXPECT_FALSE(daemon().SandboxDir(id).empty());
+  EXPECT_EQ(Sh(id, "echo one"), "one\n");
+}
+
+TEST_F(ApiTest, TwoHundredSandboxesCreatedListedUsedDeleted) {
+  constexpr int kCount = 200;
+  constexpr int kThreads = 4;
+  const std::set<std::string> cgroups_before = FindNsboxCgroups();
+  const int fds_before = daemon().CountFds();
+  std::vector<std::string> ids;
+  for (int i = 0; i < kCount; ++i) ids.push_back("many-" + std::to_string(i));
+  std::atomic<int> failures{0};
+  auto parallel = [&](auto fn) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        Client c = NewClient();
+        for (int i = t; i < kCount; i += kThreads) {
+          if (!fn(c, i)) failures.fetch_add(1);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  };
+  parallel([&](Client& c, int i) {
+    Response r = c.Request("PUT", SbPath(ids[i]));
+    EXPECT_EQ(r.status, 201) << ids[i] << ": " << r.Describe();
+    return r.status == 201;
+  });
+  ASSERT_EQ(failures.load(), 0);
+  Response all = client().Get("/v1/sandboxes");
+  ASSERT_EQ(all.status, 200);
+  std::set<std::string> listed;
+  for (const auto& v : Arr(all, "sandboxes")) listed.insert(Str(v.as_object(), "id"));
+  EXPECT_EQ(listed, std::set<std::string>(ids.begin(), ids.end()));
+  EXPECT_EQ(daemon().SandboxDirs().size(), static_cast<size_t>(kCount));
+
+  parallel([&](Client& c, int i) {
+    Response r =
+        c.PostJson(SbPath(ids[i], "/exec"), json::object{{"command", "echo " + std::to_string(i)}});
+    json::object o = Obj(r);
+    bool ok = r.status == 200 && Str(o, "stdout") == std::to_string(i) + "\n";
+    EXPECT_TRUE(ok) << ids[i] << ": " << r.Describe();
+    return ok;
+  });
+  EXPECT_EQ(failures.load(), 0);
+
+  parallel([&](Client& c, int i) {
+    Response r = c.Delete(SbPath(ids[i]), milliseconds(10000));
+    EXPECT_EQ(r.status, 204) << ids[i] << ": " << r.Describe();
+    return r.status == 204;
+  });
+  EXPECT_EQ(failures.load(), 0);
+  all = client().Get("/v1/sandboxes");
+  EXPECT_TRUE(Obj(all)["sandboxes"].as_array().empty()) << all.Describe();
+  EXPECT_TRUE(daemon().SandboxDirs().empty());
+  client().Disconnect();
+  std::vector<std::string> left;
+  int fds = -1;
+  for (int i = 0; i < 50; ++i) {
+    left = NewNsboxCgroups(cgroups_before);
+    fds = daemon().CountFds();
+    if (left.empty() && std::abs(fds - fds_before) <= 5) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(left.empty()) << "cgroups left: " << left.size() << ", first " << left[0];
+  EXPECT_LE(std::abs(fds - fds_before), 5) << fds_before << " -> " << fds << "\n"
+                                           << daemon().DescribeFds();
+  int inits = 0;
+  for (const auto& p : Descendants(daemon().pid())) inits += p.comm == "nsbox-init" ? 1 : 0;
+  EXPECT_EQ(inits, 0) << "sandbox inits left under the daemon";
+}
+
+// ---- TCP ----
+
+class TcpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (auto reason = E2eUnavailable()) GTEST_SKIP() << "NOT RUN: " << *reason;
+  }
+};
+
+TEST_F(TcpTest, BearerTokenIsRequired) {
+  Daemon d;
+  const std::string token = "s3cret-token-0123456789abcdef";
+  const std::string token_file = d.dir() + "/token";
+  {
+    FILE* f = std::fopen(token_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "%s\n", token.c_str());
+    std::fclose(f);
+    chmod(token_file.c_str(), 0600);
+  }
+  const uint16_t port = FreeTcpPort();
+  ASSERT_NE(port, 0);
+  ASSERT_TRUE(
+      d.Start({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", token_file}))
+      << d.error();
+  const Endpoint tcp = Endpoint::Tcp("127.0.0.1", port);
+
+  Client none(tcp);
+  ExpectError(none.Get("/v1/health"), 401, "unauthorized", "no token");
+  ExpectError(none.Request("PUT", "/v1/sandboxes/tcp"), 401, "unauthorized", "no token PUT");
+  ExpectError(none.Get("/v1/nope"), 401, "unauthorized", "no token, unknown route");
+  Client wrong(tcp, "s3cret-token-0123456789abcdeX");
+  ExpectError(wrong.Get("/v1/health"), 401, "unauthorized", "wrong token, same length");
+  Client shorter(tcp, "s3cret");
+  ExpectError(shorter.Get("/v1/health"), 401, "unauthorized", "prefix of the token");
+  Client longer(tcp, token + "x");
+  ExpectError(longer.Get("/v1/health"), 401, "unauthorized", "token plus a byte");
+  Client basic(tcp);
+  ExpectError(basic.Request("GET", "/v1/health", "", {{"Authorization", "Basic " + token}}), 401,
+              "unauthorized", "Basic scheme");
+  EXPECT_TRUE(Client(d.endpoint()).Get("/v1/sandboxes/tcp").status == 404);
+
+  Client right(tcp, token);
+  EXPECT_EQ(right.Get("/v1/health").status, 200);
+  Response created = right.Request("PUT", "/v1/sandboxes/tcp");
+  EXPECT_EQ(created.status, 201) << created.Describe();
+  Response exec = right.PostJson("/v1/sandboxes/tcp/exec", json::object{{"command", "echo tcp"}});
+  EXPECT_EQ(Str(Obj(exec), "stdout"), "tcp\n") << exec.Describe();
+  // The Unix socket needs no token.
+  EXPECT_EQ(Client(d.endpoint()).Get("/v1/sandboxes/tcp").status, 200);
+  EXPECT_TRUE(d.Stop()) << d.error() << "\n" << d.Log();
+}
+
+TEST_F(TcpTest, ListenWithoutTokenFileRefusesToStart) {
+  Daemon d;
+  const uint16_t port = FreeTcpPort();
+  int code = d.RunToExit({"--listen", "127.0.0.1:" + std::to_string(port)});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, -1) << "it kept running";
+  const std::string log = d.Log();
+  EXPECT_NE(log.find("token"), std::string::npos) << log;
+  // Nothing listens on the port.
+  Client c(Endpoint::Tcp("127.0.0.1", port));
+  EXPECT_EQ(c.Get("/v1/health", milliseconds(2000)).status, 0);
+}
+
+TEST_F(TcpTest, MissingOrEmptyTokenFileRefusesToStart) {
+  Daemon d;
+  const uint16_t port = FreeTcpPort();
+  int code = d.RunToExit({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file",
+                          d.dir() + "/no-such-token"});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, -1) << "it kept running";
+  const std::string empty = d.dir() + "/empty-token";
+  FILE* f = std::fopen(empty.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  code = d.RunToExit({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", empty});
+  EXPECT_NE(code, 0) << "an empty token would let anyone in";
+  EXPECT_NE(code, -1) << "it kept running";
+}
+
+}  // namespace
+}  // namespace nsbox::e2e

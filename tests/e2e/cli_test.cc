@@ -1,0 +1,955 @@
+// e2e: the `nsbox` client commands (create, ls, exec, cp, stop, rm) against a real
+// `nsbox serve`, run as a user would: a subprocess whose stdout, stderr and exit code are
+// checked exactly.
+//
+// The fixture starts its own daemon per suite (NSBOX_BIN serve --socket <tmp>/s.sock --state-dir
+// <tmp>/state). With NSBOX_CLI_TEST_SOCKET set it uses the daemon already listening there
+// instead (for running these tests against a daemon under a debugger).
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/json.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+extern char** environ;
+
+namespace {
+
+namespace json = boost::json;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr const char* kNsbox = NSBOX_BIN;
+
+// ---- host helpers ----
+
+void WriteHostFile(const std::string& path, std::string_view bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+std::string ReadHostFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string RandomBytes(size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>(gen() & 0xff);
+  // Every byte value at least once, NUL and 0xFF included.
+  for (size_t i = 0; i < 256 && i < n; ++i) s[i] = static_cast<char>(i);
+  return s;
+}
+
+int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
+  return type == FTW_DP ? ::rmdir(path) : ::unlink(path);
+}
+
+// Removes a tree without following symlinks or crossing into other mounts.
+void RemoveTree(const std::string& path) {
+  ::nftw(path.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string line; std::getline(ss, line);) out.push_back(line);
+  return out;
+}
+
+bool CanConnect(const std::string& socket_path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket_path.c_str());
+  // SAFETY: sockaddr_un is a sockaddr for connect(2); the size passed is its own.
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+bool CanConnectTcp(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  // SAFETY: sockaddr_in is a sockaddr for connect(2); the size passed is its own.
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// ---- running the CLI ----
+
+struct CliResult {
+  int code = -1;  // the exit code, or 128 + the signal that killed it
+  std::string out;
+  std::string err;
+  std::string Describe() const {
+    return "exit " + std::to_string(code) + "\n--- stdout:\n" + out.substr(0, 4000) +
+           "\n--- stderr:\n" + err.substr(0, 4000);
+  }
+};
+
+// A running `nsbox` process with its stdin, stdout and stderr on pipes.
+class CliProcess {
+ public:
+  CliProcess(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+    int in[2], out[2], err[2];
+    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 ||
+        ::pipe2(err, O_CLOEXEC) != 0) {
+      std::abort();
+    }
+    std::vector<std::string> argv_s = {kNsbox};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<std::string> env_s;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string_view kv = *e;
+      if (kv.starts_with("NSBOX_")) continue;  // nothing of the caller's set-up leaks in
+      env_s.emplace_back(kv);
+    }
+    env_s.insert(env_s.end(), env.begin(), env.end());
+    std::vector<char*> envp;
+    for (auto& e : env_s) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::execve(kNsbox, argv.data(), envp.data());
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    ::close(err[1]);
+    in_ = in[1];
+    out_ = out[0];
+    err_ = err[0];
+  }
+  ~CliProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    for (int fd : {in_, out_, err_}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+  const std::string& out() const { return result_.out; }
+  const std::string& err() const { return result_.err; }
+
+  // Pumps the pipes until `done()` is true or `timeout` passes; false on timeout.
+  bool PumpUntil(const std::function<bool()>& done, milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (!done()) {
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return false;
+      if (!PumpOnce(static_cast<int>(std::min<int64_t>(left.count(), 100)))) {
+        if (out_ < 0 && err_ < 0) return done();
+      }
+    }
+    return true;
+  }
+
+  // Feeds `input` to stdin (then EOF), reads everything, and waits for the exit.
+  CliResult Finish(std::string_view input = "", milliseconds timeout = milliseconds(120000)) {
+    stdin_data_ = std::string(input);
+    if (stdin_data_.empty()) CloseStdin();
+    auto deadline = Clock::now() + timeout;
+    while (out_ >= 0 || err_ >= 0) {
+      auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) {
+        ADD_FAILURE() << "nsbox did not finish within " << timeout.count() << " ms; killed";
+        ::kill(pid_, SIGKILL);
+        break;
+      }
+      PumpOnce(static_cast<int>(std::min<int64_t>(left.count(), 100)));
+    }
+    Wait(deadline);
+    return result_;
+  }
+
+  // Waits for the exit only (the pipes are drained as it goes).
+  int WaitExit(milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        result_.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return result_.code;
+      }
+      PumpOnce(20);
+    }
+    return -1;
+  }
+
+  bool Running() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == 0) return true;
+    pid_ = -1;
+    result_.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return false;
+  }
+
+ private:
+  void CloseStdin() {
+    if (in_ >= 0) ::close(in_);
+    in_ = -1;
+  }
+
+  // One poll round; false when nothing happened.
+  bool PumpOnce(int timeout_ms) {
+    std::vector<pollfd> fds;
+    if (out_ >= 0) fds.push_back({out_, POLLIN, 0});
+    if (err_ >= 0) fds.push_back({err_, POLLIN, 0});
+    if (in_ >= 0 && !stdin_data_.empty()) fds.push_back({in_, POLLOUT, 0});
+    if (fds.empty()) {
+      std::this_thread::sleep_for(milliseconds(timeout_ms));
+      return false;
+    }
+    int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n <= 0) return false;
+    for (const pollfd& p : fds) {
+      if (p.revents == 0) continue;
+      if (p.fd == in_) {
+        ssize_t w = ::write(in_, stdin_data_.data(), std::min<size_t>(stdin_data_.size(), 65536));
+        if (w > 0) stdin_data_.erase(0, static_cast<size_t>(w));
+        if (w < 0 || stdin_data_.empty()) CloseStdin();
+        continue;
+      }
+      char buf[65536];
+      ssize_t r = ::read(p.fd, buf, sizeof buf);
+      std::string& sink = p.fd == out_ ? result_.out : result_.err;
+      if (r > 0) {
+        sink.append(buf, static_cast<size_t>(r));
+      } else {
+        ::close(p.fd);
+        (p.fd == out_ ? out_ : err_) = -1;
+      }
+    }
+    return true;
+  }
+
+  void Wait(Clock::time_point deadline) {
+    while (pid_ > 0) {
+      int status = 0;
+      pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        result_.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return;
+      }
+      if (Clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        deadline = Clock::now() + milliseconds(5000);
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  }
+
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  int err_ = -1;
+  std::string stdin_data_;
+  CliResult result_;
+};
+
+// ---- the fixture ----
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (::geteuid() != 0) return;
+    char tmpl[] = "/tmp/nsbox-cli-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    if (const char* existing = std::getenv("NSBOX_CLI_TEST_SOCKET")) {
+      socket_ = existing;
+      return;
+    }
+    socket_ = dir_ + "/s.sock";
+    daemon_ =
+        StartDaemon({"--socket", socket_, "--state-dir", dir_ + "/state"}, dir_ + "/daemon.log");
+    auto deadline = Clock::now() + milliseconds(15000);
+    while (!CanConnect(socket_)) {
+      int status = 0;
+      if (::waitpid(daemon_, &status, WNOHANG) == daemon_) {
+        daemon_ = -1;
+        FAIL() << "nsbox serve exited early:\n" << ReadHostFile(dir_ + "/daemon.log");
+      }
+      ASSERT_LT(Clock::now(), deadline) << "nsbox serve does not accept on " << socket_ << "\n"
+                                        << ReadHostFile(dir_ + "/daemon.log");
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+
+  static void TearDownTestSuite() {
+    StopDaemon(daemon_);
+    daemon_ = -1;
+    if (!dir_.empty()) RemoveTree(dir_);
+    dir_.clear();
+  }
+
+  static pid_t StartDaemon(const std::vector<std::string>& args, const std::string& log) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<std::string> argv_s = {kNsbox, "serve"};
+      argv_s.insert(argv_s.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& a : argv_s) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(kNsbox, argv.data());
+      ::_exit(127);
+    }
+    return pid;
+  }
+
+  // SIGTERM, then SIGKILL if it is still there after 10 s.
+  static void StopDaemon(pid_t pid) {
+    if (pid <= 0) return;
+    ::kill(pid, SIGTERM);
+    auto deadline = Clock::now() + milliseconds(10000);
+    int status = 0;
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (Clock::now() > deadline) {
+        ADD_FAILURE() << "nsbox serve did not exit within 10 s of SIGTERM";
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        return;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  }
+
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "the e2e tier runs as root (nsbox serve needs it)";
+    ASSERT_FALSE(socket_.empty()) << "no daemon (see the suite's set-up failure)";
+    ASSERT_TRUE(CanConnect(socket_)) << "the daemon is gone:\n"
+                                     << ReadHostFile(dir_ + "/daemon.log");
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    prefix_ = std::string(info->name()) + "-";
+  }
+
+  void TearDown() override {
+    for (const std::string& id : created_) Nsbox({"rm", id});
+    if (HasFailure() && daemon_ > 0) {
+      std::string log = ReadHostFile(dir_ + "/daemon.log");
+      std::printf("--- daemon log (tail):\n%s\n",
+                  log.substr(log.size() > 8000 ? log.size() - 8000 : 0).c_str());
+    }
+  }
+
+  // A sandbox id for this test, removed at the end of it.
+  std::string Id(std::string_view hint = "box") {
+    std::string id = prefix_ + std::string(hint);
+    created_.push_back(id);
+    return id;
+  }
+
+  // A sandbox made with `nsbox create`.
+  std::string NewBox(std::string_view hint = "box") {
+    std::string id = Id(hint);
+    CliResult r = Nsbox({"create", id});
+    EXPECT_EQ(r.code, 0) << r.Describe();
+    EXPECT_EQ(r.out, id + " created\n") << r.Describe();
+    return id;
+  }
+
+  // Runs `nsbox ARGS...` with NSBOX_SOCKET pointing at the daemon.
+  CliResult Nsbox(const std::vector<std::string>& args, std::string_view input = "",
+                  std::vector<std::string> env = {}) {
+    env.push_back("NSBOX_SOCKET=" + socket_);
+    CliProcess p(args, env);
+    return p.Finish(input);
+  }
+  std::unique_ptr<CliProcess> Start(const std::vector<std::string>& args) {
+    return std::make_unique<CliProcess>(args, std::vector<std::string>{"NSBOX_SOCKET=" + socket_});
+  }
+
+  // `nsbox exec ID -- COMMAND` that must succeed; its stdout.
+  std::string Sh(const std::string& id, const std::string& command) {
+    CliResult r = Nsbox({"exec", id, "--", command});
+    EXPECT_EQ(r.code, 0) << command << "\n" << r.Describe();
+    return r.out;
+  }
+
+  json::object SandboxJson(const std::string& id) {
+    CliResult r = Nsbox({"ls", "--json"});
+    EXPECT_EQ(r.code, 0) << r.Describe();
+    json::value v = json::parse(r.out);
+    for (const json::value& s : v.at("sandboxes").as_array()) {
+      if (s.at("id").as_string() == id) return s.as_object();
+    }
+    return {};
+  }
+
+  static std::string dir_;
+  static std::string socket_;
+  static pid_t daemon_;
+  std::string prefix_;
+  std::vector<std::string> created_;
+};
+
+std::string CliTest::dir_;
+std::string CliTest::socket_;
+pid_t CliTest::daemon_ = -1;
+
+// ---- create ----
+
+TEST_F(CliTest, CreateSaysCreatedThenExisted) {
+  std::string id = Id();
+  CliResult r = Nsbox({"create", id});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, id + " created\n");
+  EXPECT_EQ(r.err, "");
+
+  r = Nsbox({"create", id});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, id + " existed\n");
+  EXPECT_EQ(r.err, "");
+
+  // Options on an existing sandbox are ignored by the API: the CLI says so.
+  r = Nsbox({"create", id, "--memory", "256M"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, id + " existed\n");
+  EXPECT_EQ(r.err, "nsbox: create " + id +
+                       ": the sandbox existed; options apply at creation only, its "
+                       "configuration is unchanged\n");
+
+  r = Nsbox({"create", "--json", id});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  json::value v = json::parse(r.out);
+  EXPECT_EQ(v.at("id").as_string(), id);
+  EXPECT_EQ(v.at("image").as_string(), "host");
+}
+
+TEST_F(CliTest, CreateSendsLimitsEnvAndImage) {
+  std::string id = Id();
+  CliResult r = Nsbox({"create", id, "--image", "host", "--memory", "512M", "--pids", "64",
+                       "--cpus", "1.5", "--env", "GREETING=hello world", "-e", "N=1", "--json"});
+  ASSERT_EQ(r.code, 0) << r.Describe();
+  json::object s = json::parse(r.out).as_object();
+  EXPECT_EQ(s.at("id").as_string(), id);
+  EXPECT_EQ(s.at("image").as_string(), "host");
+  const json::object& limits = s.at("limits").as_object();
+  EXPECT_EQ(limits.at("memoryBytes").to_number<int64_t>(), 512 << 20);
+  EXPECT_EQ(limits.at("pids").to_number<int64_t>(), 64);
+  EXPECT_DOUBLE_EQ(limits.at("cpus").to_number<double>(), 1.5);
+  EXPECT_EQ(Sh(id, "echo \"$GREETING/$N\""), "hello world/1\n");
+}
+
+TEST_F(CliTest, CreateRejectsBadOptions) {
+  CliResult r = Nsbox({"create", Id(), "--memory", "lots"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err,
+            "nsbox: create: --memory 'lots': not a byte count (examples: 536870912, 512M, 2G)\n");
+
+  r = Nsbox({"create", Id(), "--env", "NOEQUALS"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: create: --env 'NOEQUALS': expected NAME=VALUE\n");
+
+  r = Nsbox({"create"});  // no id
+  EXPECT_EQ(r.code, 125) << r.Describe();
+}
+
+// ---- ls ----
+
+TEST_F(CliTest, LsTableAndJson) {
+  std::string a = NewBox("a");
+  std::string b = Id("conv/42 ü");  // an id with a slash, a space and non-ASCII
+  ASSERT_EQ(Nsbox({"create", b}).code, 0);
+
+  CliResult r = Nsbox({"ls", "--json"});
+  ASSERT_EQ(r.code, 0) << r.Describe();
+  json::value v = json::parse(r.out);
+  std::map<std::string, json::object> by_id;
+  for (const json::value& s : v.at("sandboxes").as_array()) {
+    by_id[std::string(s.at("id").as_string())] = s.as_object();
+  }
+  ASSERT_TRUE(by_id.count(a)) << r.out;
+  ASSERT_TRUE(by_id.count(b)) << r.out;
+
+  r = Nsbox({"ls"});
+  ASSERT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.err, "");
+  std::vector<std::string> lines = Lines(r.out);
+  ASSERT_GE(lines.size(), 3u) << r.out;
+  EXPECT_TRUE(std::regex_match(lines[0], std::regex("ID +STATE +IMAGE +CREATED"))) << lines[0];
+  // Columns: 3 spaces at least between them, aligned on the header; ids are counted in
+  // characters, not bytes.
+  auto chars_before = [](const std::string& line, size_t byte_pos) {
+    size_t n = 0;
+    for (size_t k = 0; k < byte_pos && k < line.size(); ++k) {
+      n += (static_cast<unsigned char>(line[k]) & 0xc0) != 0x80;
+    }
+    return n;
+  };
+  size_t state_col = chars_before(lines[0], lines[0].find("STATE"));
+  int seen = 0;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    for (const std::string& id : {a, b}) {
+      if (!lines[i].starts_with(id + "  ")) continue;
+      ++seen;
+      const json::object& s = by_id[id];
+      std::string expected_tail = std::string(s.at("state").as_string()) + " +" +
+                                  std::string(s.at("image").as_string()) + " +" +
+                                  std::string(s.at("createdAt").as_string());
+      EXPECT_TRUE(std::regex_search(lines[i], std::regex(" {3,}" + expected_tail + "$")))
+          << lines[i];
+      EXPECT_EQ(chars_before(lines[i], lines[i].find_first_not_of(' ', id.size())), state_col)
+          << r.out;
+    }
+  }
+  EXPECT_EQ(seen, 2) << r.out;
+}
+
+// ---- exec ----
+
+TEST_F(CliTest, ExecExitCodeAndSeparateStreams) {
+  std::string id = NewBox();
+  CliResult r = Nsbox({"exec", id, "--", "printf out; printf err >&2; exit 7"});
+  EXPECT_EQ(r.code, 7) << r.Describe();
+  EXPECT_EQ(r.out, "out");
+  EXPECT_EQ(r.err, "err");
+
+  r = Nsbox({"exec", id, "--", "true"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+
+  // A signal death is 128 + the signal, as a shell reports it.
+  r = Nsbox({"exec", id, "--", "kill -SEGV $$"});
+  EXPECT_EQ(r.code, 139) << r.Describe();
+}
+
+TEST_F(CliTest, ExecOneArgumentIsAShellLineSeveralAreArgv) {
+  std::string id = NewBox();
+  CliResult r = Nsbox({"exec", id, "--", "echo abc | tr a-c x-z; echo $((6*7))"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "xyz\n42\n");
+
+  r = Nsbox({"exec", id, "--", "printf", "[%s]\\n", "a b", "c'd", "$HOME", "", "*", "x;y"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "[a b]\n[c'd]\n[$HOME]\n[]\n[*]\n[x;y]\n");
+
+  // argv[0] "X=1" is a command name, not an assignment: not found.
+  r = Nsbox({"exec", id, "--", "X=1", "true"});
+  EXPECT_EQ(r.code, 127) << r.Describe();
+
+  // Without "--" too, and options after the id.
+  r = Nsbox({"exec", id, "--env", "V=1", "printenv", "V"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "1\n");
+}
+
+TEST_F(CliTest, ExecOutputIsByteExact) {
+  std::string id = NewBox();
+  // Invalid UTF-8, NUL and a split multi-byte character come out as they were written.
+  CliResult r = Nsbox({"exec", id, "--", "printf '\\377\\000\\342\\202'; printf '\\254\\n' >&2"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, std::string("\xff\0\xe2\x82", 4));
+  EXPECT_EQ(r.err, "\xac\n");
+
+  // A large output arrives whole.
+  r = Nsbox({"exec", id, "--", "head -c 3000000 /dev/zero | tr '\\0' a"});
+  EXPECT_EQ(r.code, 0) << r.Describe().substr(0, 200);
+  EXPECT_EQ(r.out, std::string(3000000, 'a'));
+}
+
+TEST_F(CliTest, ExecStreamsOutputLive) {
+  std::string id = NewBox();
+  auto p = Start({"exec", id, "--", "echo first; echo warn >&2; sleep 4; echo second"});
+  auto started = Clock::now();
+  EXPECT_TRUE(p->PumpUntil([&] { return p->out() == "first\n" && p->err() == "warn\n"; },
+                           milliseconds(3000)))
+      << "stdout: " << p->out() << " stderr: " << p->err();
+  EXPECT_TRUE(p->Running()) << "the first line came only at the end";
+  EXPECT_LT(Clock::now() - started, milliseconds(3500));
+  CliResult r = p->Finish();
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "first\nsecond\n");
+  EXPECT_EQ(r.err, "warn\n");
+}
+
+TEST_F(CliTest, ExecCwdEnvAndTimeout) {
+  std::string id = NewBox();
+  EXPECT_EQ(Sh(id, "pwd"), "/workspace\n");
+  EXPECT_EQ(Sh(id, "mkdir -p sub/dir"), "");
+  CliResult r = Nsbox({"exec", id, "--cwd", "sub/dir", "--", "pwd"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "/workspace/sub/dir\n");
+
+  r = Nsbox(
+      {"exec", "--env", "A=1", "-e", "B=x y", "-e", "C=", id, "--", "echo \"$A|$B|$C|\"${C+set}"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "1|x y||set\n");
+
+  auto started = Clock::now();
+  r = Nsbox({"exec", id, "--timeout", "500", "--", "echo before; sleep 30"});
+  EXPECT_EQ(r.code, 124) << r.Describe();
+  EXPECT_EQ(r.out, "before\n");
+  EXPECT_EQ(r.err, "nsbox: command timed out after 500 ms\n");
+  EXPECT_LT(Clock::now() - started, milliseconds(8000));
+
+  r = Nsbox({"exec", id, "--timeout", "soon", "--", "true"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: exec: --timeout 'soon': not a whole number\n");
+}
+
+// Ctrl-C on `nsbox exec` ends the command for real: closing the connection kills its process
+// tree in the sandbox (api.md "exec", Cancellation).
+class CliInterruptTest : public CliTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(CliInterruptTest, InterruptKillsTheCommand) {
+  int sig = GetParam();
+  std::string id = NewBox();
+  auto p = Start({"exec", id, "--", "sleep 1000 & echo ready; wait"});
+  ASSERT_TRUE(p->PumpUntil([&] { return p->out() == "ready\n"; }, milliseconds(15000)))
+      << p->out() << p->err();
+  std::string ps = "for f in /proc/[0-9]*/comm; do cat $f; done 2>/dev/null | grep -c '^sleep$'";
+  EXPECT_EQ(Sh(id, ps), "1\n");
+
+  ::kill(p->pid(), sig);
+  EXPECT_EQ(p->WaitExit(milliseconds(3000)), 130) << p->err();
+  EXPECT_EQ(p->err(), "");
+
+  // The sandbox's sleep is gone within a few seconds (SIGTERM at once, SIGKILL 2 s later).
+  std::string count;
+  auto deadline = Clock::now() + milliseconds(6000);
+  do {
+    CliResult r = Nsbox({"exec", id, "--", ps + " || true"});
+    count = r.out;
+    if (count == "0\n") break;
+    std::this_thread::sleep_for(milliseconds(200));
+  } while (Clock::now() < deadline);
+  EXPECT_EQ(count, "0\n") << "the command still runs after the CLI was interrupted";
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, CliInterruptTest, ::testing::Values(SIGINT, SIGTERM),
+                         [](const ::testing::TestParamInfo<int>& param) {
+                           return std::string(sigabbrev_np(param.param));
+                         });
+
+// ---- cp ----
+
+TEST_F(CliTest, CpFileBothWaysBinary) {
+  std::string id = NewBox();
+  std::string host = dir_ + "/" + prefix_ + "data.bin";
+  std::string data = RandomBytes(3 * 1024 * 1024 + 17, 1);
+  WriteHostFile(host, data);
+
+  // Host -> sandbox, missing parents made; the path is relative to the sandbox cwd.
+  CliResult r = Nsbox({"cp", host, id + ":in/data.bin"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(Sh(id, "wc -c < /workspace/in/data.bin"), std::to_string(data.size()) + "\n");
+
+  // Sandbox -> host file.
+  std::string back = host + ".back";
+  r = Nsbox({"cp", id + ":/workspace/in/data.bin", back});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_TRUE(ReadHostFile(back) == data) << "the round trip changed the bytes";
+
+  // Sandbox -> stdout.
+  r = Nsbox({"cp", id + ":in/data.bin", "-"});
+  EXPECT_EQ(r.code, 0) << r.Describe().substr(0, 300);
+  EXPECT_TRUE(r.out == data) << "stdout differs, " << r.out.size() << " bytes";
+  EXPECT_EQ(r.err, "");
+
+  // Stdin -> sandbox (chunked upload), then into an existing directory (keeps the name).
+  r = Nsbox({"cp", "-", id + ":from-stdin"}, data.substr(0, 100000));
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(Sh(id, "wc -c < from-stdin"), "100000\n");
+  r = Nsbox({"cp", host, id + ":in"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(Sh(id, "LC_ALL=C ls in"), prefix_ + "data.bin\ndata.bin\n");
+
+  // Into an existing host directory.
+  std::string dir = dir_ + "/" + prefix_ + "dl";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  r = Nsbox({"cp", id + ":in/data.bin", dir});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_TRUE(ReadHostFile(dir + "/data.bin") == data);
+
+  // An id with a slash, a space and a colon-free unicode name.
+  std::string odd = Id("conv/7 ü");
+  ASSERT_EQ(Nsbox({"create", odd}).code, 0);
+  r = Nsbox({"cp", host, odd + ":odd name ü.bin"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  r = Nsbox({"cp", odd + ":odd name ü.bin", "-"});
+  EXPECT_EQ(r.code, 0) << r.Describe().substr(0, 300);
+  EXPECT_TRUE(r.out == data);
+}
+
+TEST_F(CliTest, CpDirectoryTreeBothWays) {
+  std::string id = NewBox();
+  std::string src = dir_ + "/" + prefix_ + "tree";
+  for (const char* d : {"", "/a", "/a/b", "/empty", "/sp ace"}) {
+    ASSERT_EQ(::mkdir((src + d).c_str(), 0755), 0) << d;
+  }
+  std::string bin = RandomBytes(200000, 2);
+  WriteHostFile(src + "/top.txt", "top\n");
+  WriteHostFile(src + "/a/b/deep.bin", bin);
+  WriteHostFile(src + "/sp ace/f", "");
+  ASSERT_EQ(::symlink("/etc/passwd", (src + "/a/link").c_str()), 0);
+
+  CliResult r = Nsbox({"cp", src, id + ":copied"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "nsbox: cp: skipped " + src + "/a/link (a symlink; symlinks are not copied)\n");
+  EXPECT_EQ(Sh(id, "cd copied && find . | LC_ALL=C sort"),
+            ".\n./a\n./a/b\n./a/b/deep.bin\n./empty\n./sp ace\n./sp ace/f\n./top.txt\n");
+  EXPECT_EQ(Sh(id, "cat copied/top.txt; wc -c < copied/a/b/deep.bin"), "top\n200000\n");
+
+  // Into an existing directory: the source directory goes inside it, like docker cp.
+  r = Nsbox({"cp", src, id + ":copied"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(Sh(id, "ls copied/" + prefix_ + "tree"), "a\nempty\nsp ace\ntop.txt\n");
+
+  // Sandbox -> host, a symlink made inside is reported and skipped.
+  EXPECT_EQ(Sh(id, "ln -s /etc copied/a/etc-link"), "");
+  std::string dst = dir_ + "/" + prefix_ + "back";
+  r = Nsbox({"cp", id + ":copied", dst});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: cp: skipped " + id +
+                       ":copied/a/etc-link (a symlink; symlinks are not copied)\n");
+  EXPECT_EQ(ReadHostFile(dst + "/top.txt"), "top\n");
+  EXPECT_TRUE(ReadHostFile(dst + "/a/b/deep.bin") == bin);
+  struct stat st {};
+  EXPECT_EQ(::stat((dst + "/empty").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+  EXPECT_EQ(::stat((dst + "/sp ace/f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
+  EXPECT_EQ(::lstat((dst + "/a/etc-link").c_str(), &st), -1);
+  EXPECT_TRUE(ReadHostFile(dst + "/" + prefix_ + "tree/a/b/deep.bin") == bin);
+
+  // A directory cannot go to stdout.
+  r = Nsbox({"cp", id + ":copied", "-"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: cp " + id + ":copied -: cannot write a directory to standard output\n");
+}
+
+TEST_F(CliTest, CpErrors) {
+  std::string id = NewBox();
+  CliResult r = Nsbox({"cp", id + ":missing.txt", dir_ + "/x"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: cp " + id + ":missing.txt " + dir_ +
+                       "/x: no such file or directory in sandbox " + id + ": missing.txt\n");
+  struct stat st {};
+  EXPECT_NE(::stat((dir_ + "/x").c_str(), &st), 0) << "a failed copy left a file";
+
+  r = Nsbox({"cp", "/nonexistent-host-file", id + ":x"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: cp /nonexistent-host-file " + id +
+                       ":x: stat(\"/nonexistent-host-file\"): ENOENT (No such file or "
+                       "directory)\n");
+
+  r = Nsbox({"cp", "/etc/hostname", "/tmp/x"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: cp: exactly one of SRC and DST must be ID:PATH in a sandbox (e.g. "
+            "box:/a.txt)\n");
+}
+
+// ---- stop, rm ----
+
+TEST_F(CliTest, StopThenExecKeepsFiles) {
+  std::string id = NewBox();
+  CliResult r = Nsbox({"cp", "-", id + ":kept.txt"}, "still here\n");
+  ASSERT_EQ(r.code, 0) << r.Describe();
+
+  r = Nsbox({"stop", id});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, id + "\n");
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(SandboxJson(id).at("state").as_string(), "stopped");
+
+  // The next exec starts it again; the workspace survived.
+  EXPECT_EQ(Sh(id, "cat kept.txt"), "still here\n");
+  EXPECT_EQ(SandboxJson(id).at("state").as_string(), "running");
+}
+
+TEST_F(CliTest, RmThenLs) {
+  std::string id = NewBox();
+  CliResult r = Nsbox({"rm", id});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, id + "\n");
+  EXPECT_EQ(r.err, "");
+  EXPECT_TRUE(SandboxJson(id).empty());
+  r = Nsbox({"ls"});
+  EXPECT_EQ(r.out.find(id), std::string::npos) << r.out;
+
+  // Again: the API's 404, one line, exit 1.
+  r = Nsbox({"rm", id});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_TRUE(r.err.starts_with("nsbox: rm " + id + ": ")) << r.err;
+  EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
+}
+
+// ---- errors ----
+
+TEST_F(CliTest, UnknownSandbox) {
+  std::string id = prefix_ + "never-created";
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"exec", id, "--", "true"},
+                                               {"stop", id},
+                                               {"rm", id},
+                                               {"cp", id + ":/a", dir_ + "/unknown-dst"},
+                                               {"cp", "/etc/hostname", id + ":/a"}}) {
+    CliResult r = Nsbox(args);
+    EXPECT_EQ(r.code, 1) << args[0] << "\n" << r.Describe();
+    EXPECT_EQ(r.out, "");
+    std::string what = args[0] == "cp" ? "cp " + args[1] + " " + args[2] : args[0] + " " + id;
+    std::string prefix = "nsbox: " + what + ": ";
+    EXPECT_TRUE(r.err.starts_with(prefix)) << r.err;
+    // api.md: messages are self-contained, so it names the sandbox.
+    EXPECT_NE(r.err.find(id, prefix.size()), std::string::npos) << r.err;
+    EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
+  }
+}
+
+TEST_F(CliTest, UnreachableDaemon) {
+  std::string missing = dir_ + "/nobody.sock";
+  std::string expected = "nsbox: ls: connect to nsboxd at " + missing +
+                         ": ENOENT (No such file or directory); is nsboxd running? Start it "
+                         "with 'nsbox serve' or point --socket at it\n";
+  // The global option before or after the subcommand, or the environment.
+  for (const auto& args : {std::vector<std::string>{"--socket", missing, "ls"},
+                           std::vector<std::string>{"ls", "--socket", missing}}) {
+    CliResult r = Nsbox(args);
+    EXPECT_EQ(r.code, 1) << r.Describe();
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(r.err, expected);
+  }
+  CliProcess p({"ls"}, {"NSBOX_SOCKET=" + missing});
+  CliResult r = p.Finish();
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(r.err, expected);
+
+  // TCP: a port nobody listens on.
+  r = Nsbox({"exec", "--url", "http://localhost:1", "box", "--", "true"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: exec box: connect to nsboxd at http://127.0.0.1:1: ECONNREFUSED (Connection "
+            "refused); is nsboxd running? Start it with 'nsbox serve' or point --url at it\n");
+
+  r = Nsbox({"ls", "--url", "https://127.0.0.1:7711"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: ls: --url 'https://127.0.0.1:7711': only http://HOST:PORT is supported (put "
+            "TLS in front with a proxy)\n");
+  r = Nsbox({"ls", "--url", "http://example.com:80"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  r = Nsbox({"ls", "--url", "http://127.0.0.1:1", "--socket", missing});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: ls: --socket and --url exclude each other\n");
+}
+
+// --url and --token against a daemon with a TCP listener; a wrong token is the API's 401.
+TEST_F(CliTest, TcpWithToken) {
+  if (daemon_ <= 0) GTEST_SKIP() << "needs a daemon of its own";
+  std::string dir = dir_ + "/tcp";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  WriteHostFile(dir + "/token", "s3cret-token-0123456789\n");
+  ASSERT_EQ(::chmod((dir + "/token").c_str(), 0600), 0);
+  // A free port: bind to 0 and read it back.
+  int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  // SAFETY: sockaddr_in is a sockaddr for bind(2)/getsockname(2); sizes are its own.
+  ASSERT_EQ(::bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  int port = ntohs(addr.sin_port);
+  ::close(probe);
+  std::string url = "http://127.0.0.1:" + std::to_string(port);
+
+  pid_t tcp = StartDaemon({"--socket", dir + "/s.sock", "--state-dir", dir + "/state", "--listen",
+                           "127.0.0.1:" + std::to_string(port), "--token-file", dir + "/token"},
+                          dir + "/daemon.log");
+  auto deadline = Clock::now() + milliseconds(15000);
+  while (!CanConnect(dir + "/s.sock") || !CanConnectTcp(port)) {
+    int status = 0;
+    ASSERT_EQ(::waitpid(tcp, &status, WNOHANG), 0) << "nsbox serve --listen exited:\n"
+                                                   << ReadHostFile(dir + "/daemon.log");
+    ASSERT_LT(Clock::now(), deadline) << ReadHostFile(dir + "/daemon.log");
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  std::string id = prefix_ + "tcp";
+  CliResult r = Nsbox({"create", "--url", url, "--token", "s3cret-token-0123456789", id});
+  EXPECT_EQ(r.code, 0) << r.Describe() << ReadHostFile(dir + "/daemon.log");
+  EXPECT_EQ(r.out, id + " created\n");
+
+  CliProcess p({"exec", id, "--", "echo over tcp"},
+               {"NSBOX_URL=" + url, "NSBOX_TOKEN=s3cret-token-0123456789"});
+  r = p.Finish();
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "over tcp\n");
+
+  r = Nsbox({"rm", "--url", url, "--token", "s3cret-token-0123456789", id});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+
+  // A wrong or missing token: the API's 401 as one line, and the daemon carries on.
+  r = Nsbox({"ls", "--url", url, "--token", "wrong"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_TRUE(r.err.starts_with("nsbox: ls: ")) << r.err;
+  EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
+  EXPECT_EQ(r.err.find("connect to nsboxd"), std::string::npos) << r.err;
+  r = Nsbox({"ls", "--url", url});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_TRUE(r.err.starts_with("nsbox: ls: ")) << r.err;
+  EXPECT_EQ(r.err.find("connect to nsboxd"), std::string::npos) << r.err;
+  r = Nsbox({"ls", "--url", url, "--token", "s3cret-token-0123456789"});
+  EXPECT_EQ(r.code, 0) << r.Describe() << "\n" << ReadHostFile(dir + "/daemon.log");
+  StopDaemon(tcp);
+}
+
+}  // namespace

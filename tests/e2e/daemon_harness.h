@@ -1,0 +1,173 @@
+#pragma once
+
+// The e2e tier's harness: the real `nsbox serve` as a child process on a socket and state dir of
+// its own in a temp dir, started, stopped (SIGTERM, asserting a clean exit) or killed (SIGKILL)
+// and restarted on the same state dir; what it holds (open fds, descendants); what it leaves on
+// the host (sandbox directories, nsbox-* cgroups). And the fixture the e2e tests share: a daemon
+// per test, a client, and short-hands for the API's calls.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/e2e/http.h"
+
+namespace nsbox::e2e {
+
+// Absolute paths of the binaries under test (tests/CMakeLists.txt).
+inline constexpr const char* kNsboxBin = NSBOX_BIN;
+inline constexpr const char* kNsboxInitBin = NSBOX_INIT_BIN;
+
+// Why the e2e tier cannot run here (not root, binaries missing), or nullopt when it can.
+std::optional<std::string> E2eUnavailable();
+
+// A process as it was seen: its pid and start time (so a reused pid is not mistaken for it).
+struct ProcessId {
+  pid_t pid = 0;
+  unsigned long long start_time = 0;
+  std::string comm;
+  bool operator<(const ProcessId& o) const { return pid < o.pid; }
+};
+// Every process under `root` (not `root` itself).
+std::vector<ProcessId> Descendants(pid_t root);
+// Whether that process (same pid and start time) is still alive (zombies count as gone).
+bool StillAlive(const ProcessId& p);
+
+// Paths of the directories named nsbox-* under /sys/fs/cgroup, 6 levels deep (each v1
+// hierarchy and the v2 tree).
+std::set<std::string> FindNsboxCgroups();
+// The nsbox-* cgroups that are in FindNsboxCgroups() but not in `before`, leaving out the
+// nsbox-run-* of concurrent `nsbox run`s whose process is alive (not the daemon's).
+std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before);
+
+class Daemon {
+ public:
+  // Makes a temp dir (removed with everything in it by the destructor, after the daemon is
+  // stopped) holding nsboxd.sock, state/ and daemon.log.
+  Daemon();
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Starts `nsbox serve --socket S --state-dir D --log-level debug <extra_args...>` and waits
+  // (up to 10 s) until GET /v1/health answers 200 on the socket. False, with the reason in
+  // error(), when it exited or never answered.
+  bool Start(const std::vector<std::string>& extra_args = {});
+  // Starts it and waits for it to exit on its own (for command lines it must refuse): the exit
+  // code, or -1 when it was still running after `timeout` (it is killed then).
+  int RunToExit(const std::vector<std::string>& extra_args,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+  // SIGTERM; true when it exited with 0 within `timeout` (else it is SIGKILLed, and error() says
+  // how it ended).
+  bool Stop(std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+  // SIGKILL, and reaped.
+  void Kill();
+  // Start again with the arguments of the last Start, on the same state dir.
+  bool Restart();
+  bool running();
+
+  pid_t pid() const { return pid_; }
+  const std::string& dir() const { return dir_; }
+  const std::string& socket_path() const { return socket_; }
+  const std::string& state_dir() const { return state_; }
+  std::string log_path() const { return dir_ + "/daemon.log"; }
+  Endpoint endpoint() const { return Endpoint::Unix(socket_); }
+  const std::string& error() const { return error_; }
+
+  // The log, from byte `from` on (the last `max` bytes of it).
+  std::string Log(size_t from = 0, size_t max = 64 * 1024) const;
+  size_t LogSize() const;
+
+  // Open fds of the daemon process (/proc/PID/fd), -1 if it is not running.
+  int CountFds() const;
+  // A listing of them (fd -> target) for messages.
+  std::string DescribeFds() const;
+
+  // state/sandboxes/<entry> for every entry (the on-disk names).
+  std::vector<std::string> SandboxDirs() const;
+  // The directory of sandbox `id` (the entry whose config.json names it), "" if none.
+  std::string SandboxDir(std::string_view id) const;
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  std::string state_;
+  std::vector<std::string> args_;
+  pid_t pid_ = -1;
+  std::string error_;
+  int exit_status_ = -1;  // waitpid status of the last run
+  bool Spawn(const std::vector<std::string>& extra_args);
+  bool Reap(std::chrono::milliseconds timeout);
+};
+
+// Removes a tree without crossing into other mounts (FTW_MOUNT) or following symlinks.
+void RemoveTree(const std::string& path);
+// The whole content of a host file ("" when missing).
+std::string ReadHostFile(const std::string& path);
+// A TCP port nobody listens on now.
+uint16_t FreeTcpPort();
+
+// The result of a buffered exec.
+struct ExecResult {
+  Response response;
+  json::object answer;  // the JSON answer when the status is 200
+  std::string out() const;
+  std::string err() const;
+  int64_t exit_code() const;
+  std::string reason() const;
+  std::string Describe() const { return response.Describe(); }
+};
+
+// The fixture of the e2e tests: a daemon of its own for every test, stopped with SIGTERM at the
+// end (it must exit 0), its log printed for a failed test; and short-hands.
+class E2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite();
+  static void TearDownTestSuite();
+  void SetUp() override;
+  void TearDown() override;
+
+  static Daemon& daemon() { return *daemon_; }
+  Client& client() { return *client_; }
+  // A new client on the daemon's socket (one per thread).
+  Client NewClient() const { return Client(daemon_->endpoint()); }
+
+  // "/v1/sandboxes/<pct-encoded id>" + suffix.
+  static std::string SbPath(std::string_view id, std::string_view suffix = "");
+  // A fresh id for this test (test name + a counter).
+  std::string NewId(std::string_view hint = "sb");
+
+  // PUT the sandbox; asserts (non-fatally) 200 or 201.
+  Response Create(std::string_view id, std::string_view body = "");
+  // POST exec; the answer.
+  ExecResult Exec(std::string_view id, const json::object& request,
+                  std::chrono::milliseconds timeout = kDefaultTimeout);
+  ExecResult Exec(std::string_view id, std::string_view command) {
+    return Exec(id, json::object{{"command", command}});
+  }
+  // Runs `command` and returns its stdout, failing the test unless it exits 0.
+  std::string Sh(std::string_view id, std::string_view command);
+  Response PutFile(std::string_view id, std::string_view path, std::string_view bytes);
+  Response GetFile(std::string_view id, std::string_view path);
+  Response Fs(std::string_view id, std::string_view verb, const json::object& body);
+  Response Delete(std::string_view id) { return client().Delete(SbPath(id)); }
+  // Checks the daemon is alive and answers health.
+  void ExpectDaemonHealthy();
+
+  static std::unique_ptr<Daemon> daemon_;
+
+ private:
+  std::unique_ptr<Client> client_;
+  size_t log_offset_ = 0;
+  int id_counter_ = 0;
+};
+
+}  // namespace nsbox::e2e

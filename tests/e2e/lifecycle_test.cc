@@ -1,0 +1,353 @@
+// A sandbox's life: stop (and the transparent start after it), DELETE (and what it must leave:
+// nothing), DELETE racing an exec, and the daemon's own restarts: SIGTERM, SIGKILL, and SIGKILL
+// in the middle of a 100 MB upload. Files live until DELETE, whatever happens to the daemon.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/e2e/daemon_harness.h"
+
+namespace nsbox::e2e {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+std::string Str(const json::object& o, std::string_view key) {
+  const json::value* v = o.if_contains(key);
+  return v != nullptr && v->is_string() ? std::string(v->as_string()) : "<missing>";
+}
+
+json::object Obj(const Response& r) {
+  json::value v = r.Json();
+  return v.is_object() ? v.as_object() : json::object{};
+}
+
+// A member array of the answer, by value (safe in a range-for).
+json::array Arr(const Response& r, std::string_view key) {
+  json::object o = Obj(r);
+  const json::value* v = o.if_contains(key);
+  return v != nullptr && v->is_array() ? v->as_array() : json::array{};
+}
+
+json::value Field(const json::object& o, std::string_view key) {
+  const json::value* v = o.if_contains(key);
+  return v != nullptr ? *v : json::value("<missing>");
+}
+
+std::string Describe(const std::vector<ProcessId>& ps) {
+  std::string out;
+  for (const auto& p : ps) out += std::to_string(p.pid) + " " + p.comm + "\n";
+  return out;
+}
+
+// The processes of `ps` still alive after waiting up to `timeout` for them to go.
+std::vector<ProcessId> WaitGone(const std::vector<ProcessId>& ps, milliseconds timeout) {
+  const auto t0 = Clock::now();
+  std::vector<ProcessId> alive;
+  do {
+    alive.clear();
+    for (const auto& p : ps) {
+      if (StillAlive(p)) alive.push_back(p);
+    }
+    if (alive.empty()) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  } while (Clock::now() - t0 < timeout);
+  return alive;
+}
+
+// The cgroups of `cgroups` that still exist after waiting up to `timeout`.
+std::vector<std::string> WaitCgroupsGone(const std::vector<std::string>& cgroups,
+                                         milliseconds timeout) {
+  const auto t0 = Clock::now();
+  std::vector<std::string> left;
+  do {
+    left.clear();
+    for (const auto& c : cgroups) {
+      struct stat st;
+      if (stat(c.c_str(), &st) == 0) left.push_back(c);
+    }
+    if (left.empty()) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  } while (Clock::now() - t0 < timeout);
+  return left;
+}
+
+class LifecycleTest : public E2eTest {};
+
+TEST_F(LifecycleTest, StopKeepsFilesAndNextCallStartsAgain) {
+  const std::string id = NewId();
+  Create(id);
+  ASSERT_EQ(PutFile(id, "/workspace/kept.txt", "kept").status, 204);
+  Sh(id, "echo home > /root/h.txt; echo tmp > /tmp/t.txt; sleep 1000 &");
+  const auto before = Descendants(daemon().pid());
+  Response stop = client().Request("POST", SbPath(id, "/stop"));
+  ASSERT_EQ(stop.status, 200) << stop.Describe();
+  EXPECT_EQ(Str(Obj(stop), "state"), "stopped");
+  EXPECT_EQ(Str(Obj(stop), "id"), id);
+  EXPECT_EQ(Str(Obj(client().Get(SbPath(id))), "state"), "stopped");
+  // Its processes are gone.
+  EXPECT_TRUE(WaitGone(before, milliseconds(3000)).empty())
+      << Describe(WaitGone(before, milliseconds(0)));
+  // Stopping again is fine.
+  EXPECT_EQ(client().Request("POST", SbPath(id, "/stop")).status, 200);
+  EXPECT_EQ(ReadHostFile(daemon().SandboxDir(id) + "/workspace/kept.txt"), "kept");
+
+  // Any endpoint starts it again, transparently.
+  EXPECT_EQ(GetFile(id, "/workspace/kept.txt").body, "kept");
+  EXPECT_EQ(Sh(id, "cat /workspace/kept.txt /root/h.txt; ls -A /tmp; pgrep -c sleep || true"),
+            "kepthome\n0\n");
+  EXPECT_EQ(Str(Obj(client().Get(SbPath(id))), "state"), "running");
+  // Stop then a file verb first.
+  ASSERT_EQ(client().Request("POST", SbPath(id, "/stop")).status, 200);
+  Response st = Fs(id, "stat", json::object{{"path", "/workspace/kept.txt"}});
+  EXPECT_EQ(st.status, 200) << st.Describe();
+}
+
+TEST_F(LifecycleTest, StopEndsARunningExec) {
+  const std::string id = NewId();
+  Create(id);
+  // Buffered, in a thread.
+  ExecResult buffered;
+  std::thread t([&] {
+    Client c = NewClient();
+    buffered.response = c.PostJson(SbPath(id, "/exec"), json::object{{"command", "sleep 1000"}});
+    json::value v = buffered.response.Json();
+    if (v.is_object()) buffered.answer = v.as_object();
+  });
+  NdjsonStream s(daemon().endpoint(), "POST", SbPath(id, "/exec"),
+                 R"({"command":"echo go; sleep 1000"})");
+  ASSERT_EQ(s.status(), 200) << s.error();
+  ASSERT_TRUE(s.Next(milliseconds(10000)).has_value()) << s.error();  // start
+  ASSERT_TRUE(s.Next(milliseconds(10000)).has_value()) << s.error();  // "go"
+  std::this_thread::sleep_for(milliseconds(200));
+  const auto t0 = Clock::now();
+  Response stop = client().Request("POST", SbPath(id, "/stop"));
+  EXPECT_EQ(stop.status, 200) << stop.Describe();
+  t.join();
+  EXPECT_LT(Clock::now() - t0, milliseconds(5000));
+  ASSERT_EQ(buffered.response.status, 200) << buffered.Describe();
+  EXPECT_EQ(buffered.reason(), "stopped") << buffered.Describe();
+  EXPECT_EQ(buffered.exit_code(), 137) << buffered.Describe();
+  EXPECT_EQ(Field(buffered.answer, "signal"), json::value("SIGKILL")) << buffered.Describe();
+  auto events = s.ReadAll(milliseconds(5000));
+  ASSERT_FALSE(events.empty()) << s.error();
+  const json::object& exit = events.back();
+  EXPECT_EQ(Str(exit, "type"), "exit") << json::serialize(exit);
+  EXPECT_EQ(Str(exit, "reason"), "stopped") << json::serialize(exit);
+  EXPECT_EQ(Field(exit, "exitCode"), json::value(137)) << json::serialize(exit);
+  EXPECT_EQ(Field(exit, "signal"), json::value("SIGKILL")) << json::serialize(exit);
+  EXPECT_EQ(Field(exit, "cancelled"), json::value(false)) << json::serialize(exit);
+}
+
+TEST_F(LifecycleTest, DeleteRemovesEverything) {
+  const std::string id = NewId();
+  const std::string keep = NewId("keep");
+  Create(keep);
+  Sh(keep, "echo keep > k");
+  // Taken once the other sandbox runs: every nsbox cgroup that appears later is this one's.
+  const std::set<std::string> cgroups_before = FindNsboxCgroups();
+  const auto procs_before = Descendants(daemon().pid());
+  Create(id);
+  ASSERT_EQ(PutFile(id, "/workspace/f", "x").status, 204);
+  Sh(id, "mkdir -p deep/er; echo y > /root/y; sleep 1000 & setsid sleep 1000 &");
+  const std::string dir = daemon().SandboxDir(id);
+  ASSERT_FALSE(dir.empty());
+  std::vector<ProcessId> procs;
+  for (const auto& p : Descendants(daemon().pid())) {
+    bool old = false;
+    for (const auto& b : procs_before) old = old || (b.pid == p.pid);
+    if (!old) procs.push_back(p);
+  }
+  EXPECT_FALSE(procs.empty());
+  const std::vector<std::string> cgroups = NewNsboxCgroups(cgroups_before);
+  EXPECT_FALSE(cgroups.empty()) << "no cgroup of its own (the host allows them here)";
+
+  Response del = Delete(id);
+  EXPECT_EQ(del.status, 204) << del.Describe();
+  EXPECT_TRUE(del.body.empty());
+  Response get = client().Get(SbPath(id));
+  EXPECT_EQ(get.status, 404);
+  EXPECT_EQ(get.ErrorCode(), "sandbox_not_found");
+  Response again = Delete(id);
+  EXPECT_EQ(again.status, 404) << again.Describe();
+  EXPECT_EQ(again.ErrorCode(), "sandbox_not_found");
+  struct stat st;
+  EXPECT_NE(lstat(dir.c_str(), &st), 0) << dir << " is still on disk";
+  EXPECT_EQ(daemon().SandboxDirs().size(), 1u);
+  auto alive = WaitGone(procs, milliseconds(3000));
+  EXPECT_TRUE(alive.empty()) << Describe(alive);
+  // Its cgroups are gone.
+  auto left = WaitCgroupsGone(cgroups, milliseconds(3000));
+  EXPECT_TRUE(left.empty()) << "cgroup left: " << left.front();
+  std::vector<std::string> appeared = NewNsboxCgroups(cgroups_before);
+  EXPECT_TRUE(appeared.empty()) << "cgroup left: " << appeared.front();
+  // The other sandbox is untouched; the id can be created anew, empty.
+  EXPECT_EQ(Sh(keep, "cat k"), "keep\n");
+  Response re = client().Request("PUT", SbPath(id));
+  EXPECT_EQ(re.status, 201) << re.Describe();
+  EXPECT_EQ(Sh(id, "ls -A /workspace; ls -A /root"), "");
+}
+
+TEST_F(LifecycleTest, DeleteRacingExec) {
+  for (int round = 0; round < 4; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const std::string id = NewId();
+    Create(id);
+    Sh(id, "true");
+    ExecResult r;
+    std::atomic<bool> started{false};
+    std::thread t([&] {
+      Client c = NewClient();
+      started = true;
+      r.response = c.PostJson(SbPath(id, "/exec"),
+                              json::object{{"command", "echo x > /workspace/w; sleep 30"}});
+      json::value v = r.response.Json();
+      if (v.is_object()) r.answer = v.as_object();
+    });
+    while (!started) std::this_thread::yield();
+    // Round 0..1: the exec is surely running; 2..3: the race proper.
+    if (round < 2) std::this_thread::sleep_for(milliseconds(300));
+    const std::string dir = daemon().SandboxDir(id);
+    const auto t0 = Clock::now();
+    Response del = Delete(id);
+    EXPECT_EQ(del.status, 204) << del.Describe();
+    t.join();
+    EXPECT_LT(Clock::now() - t0, milliseconds(10000));
+    if (r.response.status == 200) {
+      EXPECT_EQ(r.reason(), "stopped") << r.Describe();
+      EXPECT_EQ(r.exit_code(), 137) << r.Describe();
+    } else {
+      EXPECT_EQ(r.response.status, 404) << r.Describe();
+      EXPECT_EQ(r.response.ErrorCode(), "sandbox_not_found") << r.Describe();
+    }
+    EXPECT_EQ(client().Get(SbPath(id)).status, 404);
+    struct stat st;
+    EXPECT_NE(lstat(dir.c_str(), &st), 0) << dir << " is still on disk";
+  }
+  EXPECT_TRUE(daemon().SandboxDirs().empty());
+  ExpectDaemonHealthy();
+}
+
+TEST_F(LifecycleTest, FilesSurviveSigtermRestart) {
+  const std::string a = NewId("a"), b = NewId("b");
+  Create(a);
+  Create(b);
+  ASSERT_EQ(PutFile(a, "/workspace/a.txt", "aaa").status, 204);
+  Sh(b, "echo bbb > /workspace/b.txt; echo rc > /root/.rc; sleep 1000 &");
+  const auto procs = Descendants(daemon().pid());
+  ASSERT_TRUE(daemon().Stop()) << daemon().error() << "\n" << daemon().Log();
+  // SIGTERM ends the sandboxes' processes.
+  auto alive = WaitGone(procs, milliseconds(3000));
+  EXPECT_TRUE(alive.empty()) << Describe(alive);
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+  Response list = client().Get("/v1/sandboxes");
+  ASSERT_EQ(list.status, 200);
+  std::set<std::string> ids;
+  for (const auto& v : Arr(list, "sandboxes")) ids.insert(Str(v.as_object(), "id"));
+  EXPECT_EQ(ids, (std::set<std::string>{a, b}));
+  EXPECT_EQ(GetFile(a, "/workspace/a.txt").body, "aaa");
+  EXPECT_EQ(Sh(b, "cat /workspace/b.txt /root/.rc"), "bbb\nrc\n");
+  // Existing ids are found, not created.
+  EXPECT_EQ(client().Request("PUT", SbPath(a)).status, 200);
+}
+
+TEST_F(LifecycleTest, FilesSurviveSigkillAndNothingOfTheOldDaemonStays) {
+  const std::set<std::string> cgroups_before = FindNsboxCgroups();
+  const std::string a = NewId("a"), b = NewId("b");
+  Create(a);
+  Create(b);
+  ASSERT_EQ(PutFile(a, "/workspace/a.txt", "aaa").status, 204);
+  Sh(b, "echo bbb > /workspace/b.txt; sleep 1000 & setsid sleep 1000 &");
+  const auto procs = Descendants(daemon().pid());
+  const std::vector<std::string> cgroups = NewNsboxCgroups(cgroups_before);
+  ASSERT_FALSE(procs.empty());
+  // A command running at the moment of the kill, too.
+  std::thread t([&] {
+    Client c = NewClient();
+    c.PostJson(SbPath(a, "/exec"), json::object{{"command", "sleep 1000"}});
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  const auto procs2 = Descendants(daemon().pid());
+  daemon().Kill();
+  t.join();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+  // What the dead daemon left is gone once the new one answers (give it a moment).
+  auto alive = WaitGone(procs, milliseconds(5000));
+  auto alive2 = WaitGone(procs2, milliseconds(1000));
+  EXPECT_TRUE(alive.empty() && alive2.empty()) << Describe(alive) << Describe(alive2);
+  auto left = WaitCgroupsGone(cgroups, milliseconds(3000));
+  EXPECT_TRUE(left.empty()) << "cgroups of the old sandboxes left: " << left.front();
+  EXPECT_EQ(GetFile(a, "/workspace/a.txt").body, "aaa");
+  EXPECT_EQ(Sh(b, "cat /workspace/b.txt; pgrep -c sleep || true"), "bbb\n0\n");
+  EXPECT_EQ(Sh(a, "echo usable"), "usable\n");
+}
+
+TEST_F(LifecycleTest, SigkillDuringA100MBUploadLeavesOldOrNew) {
+  const std::string id = NewId(), other = NewId("other");
+  Create(id);
+  Create(other);
+  constexpr size_t kSize = 100 * 1000 * 1000;
+  std::string old_content(kSize, '\0');
+  for (size_t i = 0; i < kSize; ++i) old_content[i] = static_cast<char>(i % 251);
+  Response put = client().Request("PUT", SbPath(id, "/files?path=/workspace/big.bin"), old_content,
+                                  {}, milliseconds(120000));
+  ASSERT_EQ(put.status, 204) << put.Describe();
+  ASSERT_EQ(PutFile(id, "/workspace/small.txt", "small").status, 204);
+  ASSERT_EQ(PutFile(other, "/workspace/o.txt", "other").status, 204);
+  const std::string ws = daemon().SandboxDir(id) + "/workspace";
+
+  // The new content, sent slowly from a thread: 1 MB every 10 ms.
+  std::atomic<size_t> sent{0};
+  std::thread uploader([&] {
+    RawConnection raw(daemon().endpoint());
+    std::string head = "PUT " + SbPath(id, "/files?path=/workspace/big.bin") +
+                       " HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                       "Content-Length: " +
+                       std::to_string(kSize) + "\r\n\r\n";
+    if (!raw.Send(head)) return;
+    std::string piece(1000 * 1000, 'N');
+    for (size_t off = 0; off < kSize; off += piece.size()) {
+      if (!raw.Send(piece, milliseconds(10000))) return;
+      sent += piece.size();
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  });
+  while (sent.load() < 30 * 1000 * 1000) std::this_thread::sleep_for(milliseconds(5));
+  // The upload is in flight: there should be a temporary file somewhere by now.
+  daemon().Kill();
+  uploader.join();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+
+  Response got = client().Request("GET", SbPath(id, "/files?path=/workspace/big.bin"), "", {},
+                                  milliseconds(120000));
+  ASSERT_EQ(got.status, 200) << got.Describe();
+  EXPECT_EQ(got.body.size(), kSize);
+  EXPECT_TRUE(got.body == old_content) << "the file is neither wholly old nor wholly new";
+  got.body.clear();
+  // No temporary file is visible, in the API's listing or on disk.
+  Response rd = Fs(id, "readdir", json::object{{"path", "/workspace"}});
+  ASSERT_EQ(rd.status, 200) << rd.Describe();
+  EXPECT_EQ(json::serialize(Obj(rd)["entries"]), R"(["big.bin","small.txt"])");
+  EXPECT_EQ(Sh(id, "ls -A /workspace"), "big.bin\nsmall.txt\n");
+  EXPECT_EQ(GetFile(id, "/workspace/small.txt").body, "small");
+  EXPECT_EQ(GetFile(other, "/workspace/o.txt").body, "other");
+  EXPECT_EQ(Sh(other, "ls -A /workspace"), "o.txt\n");
+  // Usable: a new upload works and replaces the file.
+  ASSERT_EQ(PutFile(id, "/workspace/big.bin", "new").status, 204);
+  EXPECT_EQ(GetFile(id, "/workspace/big.bin").body, "new");
+  EXPECT_EQ(Sh(id, "echo ok"), "ok\n");
+}
+
+}  // namespace
+}  // namespace nsbox::e2e
