@@ -798,6 +798,8 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
 
 ClientCommands::~ClientCommands() = default;
 
+std::string ClientCommands::GlobalSocket() const { return options_->socket; }
+
 std::optional<int> ClientCommands::Dispatch() {
   const Options& o = *options_;
   CLI::App* chosen = nullptr;

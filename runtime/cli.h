@@ -25,6 +25,9 @@ class ClientCommands {
   // After parsing: the exit code of the client command that was given (having run it), or
   // nullopt when the subcommand is none of them.
   std::optional<int> Dispatch();
+  // The global --socket as given ("" when it was not), so that `nsbox --socket S serve` listens
+  // where `nsbox --socket S exec ...` connects.
+  std::string GlobalSocket() const;
 
   struct Options;
 

@@ -89,7 +89,10 @@ int main(int argc, char** argv) {
     return nsbox::isolate::kExitSetupFailed;
   }
   if (*run_cmd) return nsbox::runtime::Run(run);
-  if (*serve_cmd) return nsbox::runtime::Serve(serve);
+  if (*serve_cmd) {
+    if (serve.socket.empty()) serve.socket = client_commands.GlobalSocket();
+    return nsbox::runtime::Serve(serve);
+  }
   if (*doctor_cmd) return nsbox::runtime::RunDoctor(doctor_json, stdout);
   if (auto rc = client_commands.Dispatch()) return *rc;
   return nsbox::isolate::kExitSetupFailed;
