@@ -206,6 +206,12 @@ bool SandboxEntry::running() const {
   return box_ != nullptr && box_->client().connected();
 }
 
+std::shared_ptr<Sandbox> SandboxEntry::running_box() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (deleted_ || box_ == nullptr || !box_->client().connected()) return nullptr;
+  return box_;
+}
+
 std::string SandboxEntry::AddExec(std::shared_ptr<Sandbox> box, uint64_t tag, std::string command) {
   std::lock_guard<std::mutex> lock(mu_);
   std::string exec_id;

@@ -80,6 +80,8 @@ class SandboxEntry {
   const std::string& hash() const { return hash_; }
   const std::string& dir() const { return dir_; }
   bool running() const;
+  // Its nsbox-init while it runs and answers, else null (Registry::Running starts it).
+  std::shared_ptr<Sandbox> running_box() const;
 
   // Registers a running exec (its InitClient tag in the sandbox `box`); returns its exec id.
   std::string AddExec(std::shared_ptr<Sandbox> box, uint64_t tag, std::string command);

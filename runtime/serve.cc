@@ -325,6 +325,9 @@ class Daemon {
   // malformed body is an error and the connection stays usable).
   asio::awaitable<ApiOutcome<std::string>> ReadBody(Ctx& c);
   asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> FindEntry(const std::string& id);
+  // The sandbox's running nsbox-init: found on the loop when it runs, started on the pool when not.
+  asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> EnsureRunning(
+      std::shared_ptr<SandboxEntry> entry);
 
   // The routes.
   asio::awaitable<bool> PutSandbox(Ctx& c, const std::string& id);
@@ -751,6 +754,13 @@ asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> Daemon::FindEntry(
   co_return entry;
 }
 
+asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> Daemon::EnsureRunning(
+    std::shared_ptr<SandboxEntry> entry) {
+  if (std::shared_ptr<Sandbox> box = entry->running_box()) co_return box;
+  auto work = [this, entry] { return registry_.Running(*entry); };
+  co_return co_await Blocking(std::move(work));
+}
+
 // ---- sandboxes ----
 
 asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
@@ -1014,8 +1024,7 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
   }
   const bool stream =
       c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
-  auto work5 = [this, entry] { return registry_.Running(*entry); };
-  auto running = co_await Blocking(std::move(work5));
+  auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
     const ApiError arg46 = running.error();
     co_return co_await ReplyError(c, arg46);
@@ -1242,8 +1251,7 @@ asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
     const ApiError arg48 = path.error();
     co_return co_await ReplyError(c, arg48);
   }
-  auto work6 = [this, entry] { return registry_.Running(*entry); };
-  auto running = co_await Blocking(std::move(work6));
+  auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
     const ApiError arg49 = running.error();
     co_return co_await ReplyError(c, arg49);
@@ -1309,8 +1317,7 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
     const ApiError arg53 = path.error();
     co_return co_await ReplyError(c, arg53);
   }
-  auto work8 = [this, entry] { return registry_.Running(*entry); };
-  auto running = co_await Blocking(std::move(work8));
+  auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
     const ApiError arg54 = running.error();
     co_return co_await ReplyError(c, arg54);
@@ -1430,8 +1437,7 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
       co_return co_await ReplyError(c, arg63);
     }
   }
-  auto work12 = [this, entry] { return registry_.Running(*entry); };
-  auto running = co_await Blocking(std::move(work12));
+  auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
     const ApiError arg64 = running.error();
     co_return co_await ReplyError(c, arg64);
