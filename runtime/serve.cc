@@ -1,13 +1,13 @@
-// nsboxd: the HTTP API of docs/api.md over a Unix socket (and TCP with a bearer
-// token).
+// nsboxd: the HTTP API of api.md over a Unix socket (and TCP with a bearer token).
 //
-// One thread runs the event loop (Boost.Asio, C++20 coroutines, one per
-// connection): it parses requests (Boost.Beast), streams bodies and exec
-// output, and never blocks on a client. What may block (starting a jail, a file
-// verb waiting for nsbox-init's answer, fsync) runs on a worker pool and
-// resumes the connection's coroutine when it is done. Exec output arrives on
-// the sandbox's control-channel reader thread and is handed to the loop through
-// a queue.
+// One thread runs the event loop (Boost.Asio, C++20 coroutines, one per connection): it parses
+// requests (Boost.Beast), streams bodies and exec output, and never blocks on a client. What may
+// block (starting a jail, a file verb waiting for nsbox-init's answer, fsync) runs on a worker
+// pool and resumes the connection's coroutine when it is done. Exec output arrives on the
+// sandbox's control-channel reader thread and is handed to the loop through a queue.
+//
+// GCC 12 miscompiles some temporaries in co_await expressions (docs/daemon.md): every awaited
+// call here takes named locals (reply_error, reply_json, reply_body, work) or trivial values.
 
 #include <errno.h>
 #include <fcntl.h>
@@ -427,10 +427,10 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
         Ctx c{socket, buffer, parser, tcp, false, false, 0, {}};
         bool too_big = ec == http::error::header_limit;
         {
-          const ApiError arg70 =
+          const ApiError reply_error =
               too_big ? ApiError::Of(431, "invalid_request", "the request's header is too large")
                       : ApiError::Invalid("malformed HTTP request: " + ec.message());
-          (void)co_await ReplyError(c, arg70);
+          (void)co_await ReplyError(c, reply_error);
         }
       }
       break;
@@ -480,11 +480,11 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
               TokenMatches(auth.substr(kBearer.size()), token_);
     if (!ok) {
       {
-        const ApiError arg1 =
+        const ApiError reply_error =
             ApiError::Of(401, "unauthorized",
                          auth.empty() ? "this listener needs an Authorization: Bearer token"
                                       : "the bearer token is not valid");
-        co_return co_await ReplyError(c, arg1);
+        co_return co_await ReplyError(c, reply_error);
       }
     }
   }
@@ -497,8 +497,8 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
   }
   if (path.empty() || path[0] != '/') {
     {
-      const ApiError arg2 = ApiError::Of(404, "not_found", "no such route");
-      co_return co_await ReplyError(c, arg2);
+      const ApiError reply_error = ApiError::Of(404, "not_found", "no such route");
+      co_return co_await ReplyError(c, reply_error);
     }
   }
   std::vector<std::string> segs;
@@ -509,8 +509,8 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
         path.substr(pos, slash == std::string_view::npos ? std::string_view::npos : slash - pos),
         false);
     if (!decoded) {
-      const ApiError arg3 = ApiError::Invalid("malformed percent-encoding");
-      co_return co_await ReplyError(c, arg3);
+      const ApiError reply_error = ApiError::Invalid("malformed percent-encoding");
+      co_return co_await ReplyError(c, reply_error);
     }
     segs.push_back(std::move(*decoded));
     if (slash == std::string_view::npos) break;
@@ -539,8 +539,9 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   if (n == 1 && segs[0] == "metrics") {
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
     {
-      std::string arg4 = metrics_.Render(registry_.CountByState());
-      co_return co_await Reply(c, 200, std::move(arg4), "text/plain; version=0.0.4; charset=utf-8");
+      std::string reply_body = metrics_.Render(registry_.CountByState());
+      co_return co_await Reply(c, 200, std::move(reply_body),
+                               "text/plain; version=0.0.4; charset=utf-8");
     }
   }
   if (n < 2 || segs[0] != "v1") co_return co_await ReplyError(c, not_found);
@@ -588,8 +589,8 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   }
   if (auto reason = InvalidIdReason(id)) {
     {
-      const ApiError arg5 = ApiError::Invalid(*reason);
-      co_return co_await ReplyError(c, arg5);
+      const ApiError reply_error = ApiError::Invalid(*reason);
+      co_return co_await ReplyError(c, reply_error);
     }
   }
   c.sandbox_id = id;
@@ -598,13 +599,13 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
 
   auto found = co_await FindEntry(id);
   if (!found.ok()) {
-    const ApiError arg6 = found.error();
-    co_return co_await ReplyError(c, arg6);
+    const ApiError reply_error = found.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   std::shared_ptr<SandboxEntry> entry = found.value();
   if (n == 3) {
-    const json::value arg7 = SandboxJson(*entry);
-    co_return co_await ReplyJson(c, 200, arg7);
+    const json::value reply_json = SandboxJson(*entry);
+    co_return co_await ReplyJson(c, 200, reply_json);
   }
   if (segs[3] == "stop") co_return co_await StopSandbox(c, entry);
   if (segs[3] == "exec") co_return co_await Exec(c, entry);
@@ -625,9 +626,9 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   if (segs[3] == "execs") {
     if (!entry->CancelExec(segs[4])) {
       {
-        const ApiError arg8 = ApiError::Of(
+        const ApiError reply_error = ApiError::Of(
             404, "not_found", "no running exec '" + segs[4] + "' in sandbox '" + id + "'");
-        co_return co_await ReplyError(c, arg8);
+        co_return co_await ReplyError(c, reply_error);
       }
     }
     metrics_.Kill("cancelled");
@@ -662,8 +663,8 @@ asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
 
 asio::awaitable<bool> Daemon::ReplyJson(Ctx& c, unsigned status, const json::value& value) {
   {
-    std::string arg9 = json::serialize(value);
-    co_return co_await Reply(c, status, std::move(arg9));
+    std::string reply_body = json::serialize(value);
+    co_return co_await Reply(c, status, std::move(reply_body));
   }
 }
 
@@ -674,9 +675,9 @@ asio::awaitable<bool> Daemon::ReplyError(Ctx& c, const ApiError& error, std::str
                error.message);
   }
   {
-    const unsigned arg10 = static_cast<unsigned>(error.status);
-    std::string arg11 = ErrorBody(error);
-    co_return co_await Reply(c, arg10, std::move(arg11), "application/json", allow);
+    const unsigned reply_status = static_cast<unsigned>(error.status);
+    std::string reply_body = ErrorBody(error);
+    co_return co_await Reply(c, reply_status, std::move(reply_body), "application/json", allow);
   }
 }
 
@@ -686,10 +687,11 @@ asio::awaitable<bool> Daemon::ReplyNoContent(Ctx& c, unsigned status) {
 
 asio::awaitable<bool> Daemon::MethodNotAllowed(Ctx& c, std::string_view allow) {
   {
-    const ApiError arg12 = ApiError::Of(405, "method_not_allowed",
-                                        "method " + std::string(c.parser.get().method_string()) +
-                                            " is not allowed here; use " + std::string(allow));
-    co_return co_await ReplyError(c, arg12, allow);
+    const ApiError reply_error =
+        ApiError::Of(405, "method_not_allowed",
+                     "method " + std::string(c.parser.get().method_string()) +
+                         " is not allowed here; use " + std::string(allow));
+    co_return co_await ReplyError(c, reply_error, allow);
   }
 }
 
@@ -766,8 +768,8 @@ asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> Daemon::EnsureRunning(
 asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
   auto body = co_await ReadJson(c, /*optional=*/true);
   if (!body.ok()) {
-    const ApiError arg13 = body.error();
-    co_return co_await ReplyError(c, arg13);
+    const ApiError reply_error = body.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   const json::object& o = body.value();
   Fields f(o);
@@ -776,26 +778,26 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
 
   auto image = f.String("image");
   if (!image.ok()) {
-    const ApiError arg14 = image.error();
-    co_return co_await ReplyError(c, arg14);
+    const ApiError reply_error = image.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   if (image.value() && *image.value() != "host") {
     {
-      const ApiError arg15 = ApiError::Unsupported("no image named '" + *image.value() +
-                                                   "': this daemon has only the 'host' image");
-      co_return co_await ReplyError(c, arg15);
+      const ApiError reply_error = ApiError::Unsupported(
+          "no image named '" + *image.value() + "': this daemon has only the 'host' image");
+      co_return co_await ReplyError(c, reply_error);
     }
   }
   auto cwd = f.String("cwd");
   if (!cwd.ok()) {
-    const ApiError arg16 = cwd.error();
-    co_return co_await ReplyError(c, arg16);
+    const ApiError reply_error = cwd.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   if (cwd.value()) {
     if (cwd.value()->empty() || cwd.value()->find('\0') != std::string::npos) {
       {
-        const ApiError arg17 = ApiError::Invalid("\"cwd\" must be a non-empty path");
-        co_return co_await ReplyError(c, arg17);
+        const ApiError reply_error = ApiError::Invalid("\"cwd\" must be a non-empty path");
+        co_return co_await ReplyError(c, reply_error);
       }
     }
     config.cwd = fs::ResolvePath("/workspace", *cwd.value());
@@ -803,26 +805,26 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
   if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
     if (!env->is_object()) {
       {
-        const ApiError arg18 = ApiError::Invalid("\"env\" must be an object of strings");
-        co_return co_await ReplyError(c, arg18);
+        const ApiError reply_error = ApiError::Invalid("\"env\" must be an object of strings");
+        co_return co_await ReplyError(c, reply_error);
       }
     }
     for (const auto& [k, v] : env->get_object()) {
       if (!v.is_string()) {
         {
-          const ApiError arg19 =
+          const ApiError reply_error =
               ApiError::Invalid("\"env\": the value of " + std::string(k) + " must be a string");
-          co_return co_await ReplyError(c, arg19);
+          co_return co_await ReplyError(c, reply_error);
         }
       }
       std::string assignment = std::string(k) + "=" + std::string(v.get_string());
       auto parsed = policy::ParseEnvAssignment(assignment);
       if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
         {
-          const ApiError arg20 = ApiError::Invalid(
+          const ApiError reply_error = ApiError::Invalid(
               "\"env\": " + (parsed.ok() ? std::string("a value contains a NUL byte")
                                          : parsed.error().message()));
-          co_return co_await ReplyError(c, arg20);
+          co_return co_await ReplyError(c, reply_error);
         }
       }
       config.env.emplace_back(std::string(k), std::string(v.get_string()));
@@ -833,22 +835,22 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
       limits != nullptr && !limits->is_null()) {
     if (!limits->is_object()) {
       {
-        const ApiError arg21 = ApiError::Invalid("\"limits\" must be an object");
-        co_return co_await ReplyError(c, arg21);
+        const ApiError reply_error = ApiError::Invalid("\"limits\" must be an object");
+        co_return co_await ReplyError(c, reply_error);
       }
     }
     const json::object& l = limits->get_object();
     Fields lf(l);
     auto memory = lf.Count("memoryBytes", 16u << 20, uint64_t{1} << 50);
     if (!memory.ok()) {
-      const ApiError arg22 = memory.error();
-      co_return co_await ReplyError(c, arg22);
+      const ApiError reply_error = memory.error();
+      co_return co_await ReplyError(c, reply_error);
     }
     config.limits.memory_bytes = memory.value();
     auto pids = lf.Count("pids", 1, 4194304);
     if (!pids.ok()) {
-      const ApiError arg23 = pids.error();
-      co_return co_await ReplyError(c, arg23);
+      const ApiError reply_error = pids.error();
+      co_return co_await ReplyError(c, reply_error);
     }
     config.limits.pids = pids.value();
     if (const json::value* cpus = l.if_contains("cpus"); cpus != nullptr && !cpus->is_null()) {
@@ -856,27 +858,27 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
       double value = cpus->is_number() ? cpus->to_number<double>(ec) : 0;
       if (!cpus->is_number() || ec || !(value >= 0.01 && value <= 4096)) {
         {
-          const ApiError arg24 =
+          const ApiError reply_error =
               ApiError::Invalid("\"cpus\" must be a number of CPUs from 0.01 to 4096");
-          co_return co_await ReplyError(c, arg24);
+          co_return co_await ReplyError(c, reply_error);
         }
       }
       config.limits.cpus = value;
     }
     if (const json::value* disk = l.if_contains("diskBytes"); disk != nullptr && !disk->is_null()) {
       {
-        const ApiError arg25 = ApiError::Unsupported(
+        const ApiError reply_error = ApiError::Unsupported(
             "\"diskBytes\" cannot be enforced on the host image's "
             "workspace directories yet; leave it out");
-        co_return co_await ReplyError(c, arg25);
+        co_return co_await ReplyError(c, reply_error);
       }
     }
     for (const auto& [k, v] : l) {
       if (k != "memoryBytes" && k != "pids" && k != "cpus" && k != "diskBytes") {
         {
-          const ApiError arg26 = ApiError::Invalid("unknown limit \"" + std::string(k) +
-                                                   "\" (memoryBytes, pids, cpus, diskBytes)");
-          co_return co_await ReplyError(c, arg26);
+          const ApiError reply_error = ApiError::Invalid("unknown limit \"" + std::string(k) +
+                                                         "\" (memoryBytes, pids, cpus, diskBytes)");
+          co_return co_await ReplyError(c, reply_error);
         }
       }
     }
@@ -885,21 +887,21 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
       network != nullptr && !network->is_null()) {
     if (!network->is_string() || network->get_string() != "none") {
       {
-        const ApiError arg27 =
+        const ApiError reply_error =
             ApiError::Unsupported("only \"network\": \"none\" (loopback only) is available");
-        co_return co_await ReplyError(c, arg27);
+        co_return co_await ReplyError(c, reply_error);
       }
     }
   }
   auto work2 = [this, config]() mutable { return registry_.Create(std::move(config)); };
   auto created = co_await Blocking(std::move(work2));
   if (!created.ok()) {
-    const ApiError arg28 = created.error();
-    co_return co_await ReplyError(c, arg28);
+    const ApiError reply_error = created.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   {
-    const json::value arg29 = SandboxJson(*created.value().first);
-    co_return co_await ReplyJson(c, created.value().second ? 201 : 200, arg29);
+    const json::value reply_json = SandboxJson(*created.value().first);
+    co_return co_await ReplyJson(c, created.value().second ? 201 : 200, reply_json);
   }
 }
 
@@ -907,12 +909,12 @@ asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> 
   auto work3 = [this, entry] { return registry_.Stop(*entry); };
   auto stopped = co_await Blocking(std::move(work3));
   if (!stopped.ok()) {
-    const ApiError arg30 = stopped.error();
-    co_return co_await ReplyError(c, arg30);
+    const ApiError reply_error = stopped.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   {
-    const json::value arg31 = SandboxJson(*entry);
-    co_return co_await ReplyJson(c, 200, arg31);
+    const json::value reply_json = SandboxJson(*entry);
+    co_return co_await ReplyJson(c, 200, reply_json);
   }
 }
 
@@ -920,8 +922,8 @@ asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
   auto work4 = [this, id] { return registry_.Delete(id); };
   auto deleted = co_await Blocking(std::move(work4));
   if (!deleted.ok()) {
-    const ApiError arg32 = deleted.error();
-    co_return co_await ReplyError(c, arg32);
+    const ApiError reply_error = deleted.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   co_return co_await ReplyNoContent(c);
 }
@@ -931,51 +933,51 @@ asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
 asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
   auto body = co_await ReadJson(c, /*optional=*/false);
   if (!body.ok()) {
-    const ApiError arg33 = body.error();
-    co_return co_await ReplyError(c, arg33);
+    const ApiError reply_error = body.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   const json::object& o = body.value();
   Fields f(o);
   auto command = f.String("command");
   if (!command.ok()) {
-    const ApiError arg34 = command.error();
-    co_return co_await ReplyError(c, arg34);
+    const ApiError reply_error = command.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   if (!command.value()) {
-    const ApiError arg35 = ApiError::Invalid("\"command\" is required");
-    co_return co_await ReplyError(c, arg35);
+    const ApiError reply_error = ApiError::Invalid("\"command\" is required");
+    co_return co_await ReplyError(c, reply_error);
   }
   if (command.value()->find('\0') != std::string::npos) {
     {
-      const ApiError arg36 = ApiError::Invalid("\"command\" contains a NUL byte");
-      co_return co_await ReplyError(c, arg36);
+      const ApiError reply_error = ApiError::Invalid("\"command\" contains a NUL byte");
+      co_return co_await ReplyError(c, reply_error);
     }
   }
   auto cwd = f.String("cwd");
   if (!cwd.ok()) {
-    const ApiError arg37 = cwd.error();
-    co_return co_await ReplyError(c, arg37);
+    const ApiError reply_error = cwd.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   if (cwd.value() && cwd.value()->find('\0') != std::string::npos) {
     {
-      const ApiError arg38 = ApiError::Invalid("\"cwd\" contains a NUL byte");
-      co_return co_await ReplyError(c, arg38);
+      const ApiError reply_error = ApiError::Invalid("\"cwd\" contains a NUL byte");
+      co_return co_await ReplyError(c, reply_error);
     }
   }
   auto stdin_text = f.String("stdin");
   if (!stdin_text.ok()) {
-    const ApiError arg39 = stdin_text.error();
-    co_return co_await ReplyError(c, arg39);
+    const ApiError reply_error = stdin_text.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto timeout = f.Count("timeoutMs", 0, uint64_t{1} << 40);
   if (!timeout.ok()) {
-    const ApiError arg40 = timeout.error();
-    co_return co_await ReplyError(c, arg40);
+    const ApiError reply_error = timeout.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto encoding = f.String("encoding");
   if (!encoding.ok()) {
-    const ApiError arg41 = encoding.error();
-    co_return co_await ReplyError(c, arg41);
+    const ApiError reply_error = encoding.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   bool base64 = false;
   if (encoding.value()) {
@@ -983,8 +985,9 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       base64 = true;
     } else if (*encoding.value() != "utf8" && *encoding.value() != "utf-8") {
       {
-        const ApiError arg42 = ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\"");
-        co_return co_await ReplyError(c, arg42);
+        const ApiError reply_error =
+            ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\"");
+        co_return co_await ReplyError(c, reply_error);
       }
     }
   }
@@ -993,8 +996,8 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
   if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
     if (!env->is_object()) {
       {
-        const ApiError arg43 = ApiError::Invalid("\"env\" must be an object");
-        co_return co_await ReplyError(c, arg43);
+        const ApiError reply_error = ApiError::Invalid("\"env\" must be an object");
+        co_return co_await ReplyError(c, reply_error);
       }
     }
     for (const auto& [k, v] : env->get_object()) {
@@ -1005,18 +1008,18 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       }
       if (!v.is_string()) {
         {
-          const ApiError arg44 = ApiError::Invalid("\"env\": the value of " + std::string(k) +
-                                                   " must be a string or null");
-          co_return co_await ReplyError(c, arg44);
+          const ApiError reply_error = ApiError::Invalid("\"env\": the value of " + std::string(k) +
+                                                         " must be a string or null");
+          co_return co_await ReplyError(c, reply_error);
         }
       }
       auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()));
       if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
         {
-          const ApiError arg45 = ApiError::Invalid(
+          const ApiError reply_error = ApiError::Invalid(
               "\"env\": " + (parsed.ok() ? std::string("a value contains a NUL byte")
                                          : parsed.error().message()));
-          co_return co_await ReplyError(c, arg45);
+          co_return co_await ReplyError(c, reply_error);
         }
       }
       overrides.emplace_back(std::string(k), std::string(v.get_string()));
@@ -1026,8 +1029,8 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
-    const ApiError arg46 = running.error();
-    co_return co_await ReplyError(c, arg46);
+    const ApiError reply_error = running.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   std::shared_ptr<Sandbox> box = running.value();
 
@@ -1243,32 +1246,32 @@ asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
                                       std::string_view query) {
   auto raw = QueryPath(query);
   if (!raw.ok()) {
-    const ApiError arg47 = raw.error();
-    co_return co_await ReplyError(c, arg47);
+    const ApiError reply_error = raw.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto path = SandboxPath(*entry, raw.value());
   if (!path.ok()) {
-    const ApiError arg48 = path.error();
-    co_return co_await ReplyError(c, arg48);
+    const ApiError reply_error = path.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
-    const ApiError arg49 = running.error();
-    co_return co_await ReplyError(c, arg49);
+    const ApiError reply_error = running.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto start = Clock::now();
   auto work7 = [box = running.value(), p = path.value()] { return box->client().OpenRead(p); };
   auto opened = co_await Blocking(std::move(work7));
   metrics_.FileVerb("readFile", SecondsSince(start));
   if (!opened.ok()) {
-    const ApiError arg50 = ApiError::FromFs(opened.error());
-    co_return co_await ReplyError(c, arg50);
+    const ApiError reply_error = ApiError::FromFs(opened.error());
+    co_return co_await ReplyError(c, reply_error);
   }
   fs::InitClient::OpenedRead& file = opened.value();
   if (!file.fd.valid()) {
     {
-      std::string arg51 = std::move(file.data);
-      co_return co_await Reply(c, 200, std::move(arg51), "application/octet-stream");
+      std::string reply_body = std::move(file.data);
+      co_return co_await Reply(c, 200, std::move(reply_body), "application/octet-stream");
     }
   }
   // A large file streams from the fd nsbox-init opened inside the jail: a piece
@@ -1309,26 +1312,26 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
                                       std::string_view query) {
   auto raw = QueryPath(query);
   if (!raw.ok()) {
-    const ApiError arg52 = raw.error();
-    co_return co_await ReplyError(c, arg52);
+    const ApiError reply_error = raw.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto path = SandboxPath(*entry, raw.value());
   if (!path.ok()) {
-    const ApiError arg53 = path.error();
-    co_return co_await ReplyError(c, arg53);
+    const ApiError reply_error = path.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
-    const ApiError arg54 = running.error();
-    co_return co_await ReplyError(c, arg54);
+    const ApiError reply_error = running.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   std::shared_ptr<Sandbox> box = running.value();
   auto start = Clock::now();
   auto work9 = [box, p = path.value()] { return box->client().BeginWrite(p); };
   auto begun = co_await Blocking(std::move(work9));
   if (!begun.ok()) {
-    const ApiError arg55 = ApiError::FromFs(begun.error());
-    co_return co_await ReplyError(c, arg55);
+    const ApiError reply_error = ApiError::FromFs(begun.error());
+    co_return co_await ReplyError(c, reply_error);
   }
   UniqueFd fd = std::move(begun.value().fd);
   const uint64_t tag = begun.value().tag;
@@ -1370,11 +1373,11 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
       co_await abort();
       int err = st.error().code();
       {
-        const ApiError arg56 =
+        const ApiError reply_error =
             ApiError::Of(StatusForErrno(err), ErrnoName(err),
                          ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw.value() + "'",
                          raw.value(), "write");
-        co_return co_await ReplyError(c, arg56);
+        co_return co_await ReplyError(c, reply_error);
       }
     }
     total += got;
@@ -1386,8 +1389,8 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   auto committed = co_await Blocking(std::move(work11));
   metrics_.FileVerb("writeFile", SecondsSince(start));
   if (!committed.ok()) {
-    const ApiError arg57 = ApiError::FromFs(committed.error());
-    co_return co_await ReplyError(c, arg57);
+    const ApiError reply_error = ApiError::FromFs(committed.error());
+    co_return co_await ReplyError(c, reply_error);
   }
   log::debug("sandbox={} wrote {} bytes to {}", entry->config().id, total, path.value());
   co_return co_await ReplyNoContent(c);
@@ -1397,24 +1400,24 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
                                      const std::string& verb) {
   auto body = co_await ReadJson(c, /*optional=*/false);
   if (!body.ok()) {
-    const ApiError arg58 = body.error();
-    co_return co_await ReplyError(c, arg58);
+    const ApiError reply_error = body.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   Fields f(body.value());
   auto path_text = f.String("path");
   if (!path_text.ok()) {
-    const ApiError arg59 = path_text.error();
-    co_return co_await ReplyError(c, arg59);
+    const ApiError reply_error = path_text.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto path_b64 = f.String("pathBase64");
   if (!path_b64.ok()) {
-    const ApiError arg60 = path_b64.error();
-    co_return co_await ReplyError(c, arg60);
+    const ApiError reply_error = path_b64.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto raw = RawPath(path_text.value(), path_b64.value());
   if (!raw.ok()) {
-    const ApiError arg61 = raw.error();
-    co_return co_await ReplyError(c, arg61);
+    const ApiError reply_error = raw.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto path = SandboxPath(*entry, raw.value());
   if (verb == "exists" && !path.ok() && path.error().status != 503) {
@@ -1425,22 +1428,22 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     co_return co_await ReplyJson(c, 200, o);
   }
   if (!path.ok()) {
-    const ApiError arg62 = path.error();
-    co_return co_await ReplyError(c, arg62);
+    const ApiError reply_error = path.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto with_types = f.Bool("withTypes");
   auto recursive = f.Bool("recursive");
   auto force = f.Bool("force");
   for (const auto* b : {&with_types, &recursive, &force}) {
     if (!b->ok()) {
-      const ApiError arg63 = b->error();
-      co_return co_await ReplyError(c, arg63);
+      const ApiError reply_error = b->error();
+      co_return co_await ReplyError(c, reply_error);
     }
   }
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
-    const ApiError arg64 = running.error();
-    co_return co_await ReplyError(c, arg64);
+    const ApiError reply_error = running.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   std::shared_ptr<Sandbox> box = running.value();
   const std::string p = path.value();
@@ -1452,8 +1455,8 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     auto r = co_await Blocking(std::move(work13));
     done();
     if (!r.ok()) {
-      const ApiError arg65 = ApiError::FromFs(r.error());
-      co_return co_await ReplyError(c, arg65);
+      const ApiError reply_error = ApiError::FromFs(r.error());
+      co_return co_await ReplyError(c, reply_error);
     }
     json::object o;
     o["isFile"] = r.value().is_file;
@@ -1469,8 +1472,8 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     auto r = co_await Blocking(std::move(work14));
     done();
     if (!r.ok()) {
-      const ApiError arg66 = ApiError::FromFs(r.error());
-      co_return co_await ReplyError(c, arg66);
+      const ApiError reply_error = ApiError::FromFs(r.error());
+      co_return co_await ReplyError(c, reply_error);
     }
     auto& entries = r.value().entries;
     std::sort(entries.begin(), entries.end(),
@@ -1496,8 +1499,8 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     auto r = co_await Blocking(std::move(work15));
     done();
     if (!r.ok()) {
-      const ApiError arg67 = ApiError::FromFs(r.error());
-      co_return co_await ReplyError(c, arg67);
+      const ApiError reply_error = ApiError::FromFs(r.error());
+      co_return co_await ReplyError(c, reply_error);
     }
     json::object o;
     o["exists"] = r.value();
@@ -1509,8 +1512,8 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     auto r = co_await Blocking(std::move(work16));
     done();
     if (!r.ok()) {
-      const ApiError arg68 = ApiError::FromFs(r.error());
-      co_return co_await ReplyError(c, arg68);
+      const ApiError reply_error = ApiError::FromFs(r.error());
+      co_return co_await ReplyError(c, reply_error);
     }
     co_return co_await ReplyNoContent(c);
   }
@@ -1520,8 +1523,8 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
   auto r = co_await Blocking(std::move(work17));
   done();
   if (!r.ok()) {
-    const ApiError arg69 = ApiError::FromFs(r.error());
-    co_return co_await ReplyError(c, arg69);
+    const ApiError reply_error = ApiError::FromFs(r.error());
+    co_return co_await ReplyError(c, reply_error);
   }
   co_return co_await ReplyNoContent(c);
 }
