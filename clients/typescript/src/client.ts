@@ -1,0 +1,559 @@
+import * as http from 'node:http';
+import * as https from 'node:https';
+import { Readable } from 'node:stream';
+import { abortError, NsboxError } from './errors.js';
+
+/** How to reach nsboxd. Give at most one of `socketPath` and `url`. */
+export interface NsboxClientOptions {
+  /**
+   * Unix socket of the daemon. Default: `$NSBOX_SOCKET`, else `/run/nsbox/nsboxd.sock` as root,
+   * else `$XDG_RUNTIME_DIR/nsbox/nsboxd.sock`.
+   */
+  socketPath?: string;
+  /** `http://HOST:PORT` of a TCP listener (default `$NSBOX_URL`); needs `token`. */
+  url?: string;
+  /** Bearer token for the TCP listener (default `$NSBOX_TOKEN`). */
+  token?: string;
+}
+
+export interface SandboxLimits {
+  memoryBytes?: number;
+  pids?: number;
+  cpus?: number;
+  diskBytes?: number;
+}
+
+export interface SandboxCreateOptions {
+  image?: string;
+  cwd?: string;
+  env?: Record<string, string>;
+  limits?: SandboxLimits;
+  network?: 'none' | string;
+}
+
+export interface SandboxInfo {
+  id: string;
+  state: 'running' | 'stopped';
+  image: string;
+  cwd: string;
+  createdAt: string;
+  limits: SandboxLimits;
+  network: string;
+  env?: Record<string, string>;
+  [key: string]: unknown;
+}
+
+/** `PUT /v1/sandboxes/{id}`: the sandbox, and whether this call created it (201) or found it (200). */
+export interface SandboxPutResult extends SandboxInfo {
+  created: boolean;
+}
+
+/** A path inside the sandbox: a string, or the exact bytes (sent as `pathBase64`). */
+export type SandboxPath = string | Uint8Array;
+
+export interface ExecOptions {
+  cwd?: string;
+  /** Layered over the sandbox's base environment; `null` removes a base variable. */
+  env?: Record<string, string | null>;
+  timeoutMs?: number;
+  /** Bytes fed to standard input, then EOF. Without it standard input is /dev/null. */
+  stdin?: string;
+  /** `base64`: output as `stdoutBase64`/`stderrBase64` (or `dataBase64` events), byte for byte. */
+  encoding?: 'utf8' | 'base64';
+  /** Aborting ends the request, which kills the command's whole process tree in the sandbox. */
+  signal?: AbortSignal;
+}
+
+export type ExecReason = 'exited' | 'signaled' | 'timeout' | 'cancelled' | 'output_limit' | 'oom' | 'stopped';
+
+export interface ExecResult {
+  stdout: string;
+  stderr: string;
+  stdoutBase64?: string;
+  stderrBase64?: string;
+  exitCode: number;
+  reason: ExecReason;
+  signal: string | null;
+  timedOut: boolean;
+  truncated: boolean;
+  cancelled?: boolean;
+  durationMs: number;
+}
+
+export type ExecEvent =
+  | { type: 'start'; execId: string; pid: number }
+  | { type: 'stdout'; data?: string; dataBase64?: string }
+  | { type: 'stderr'; data?: string; dataBase64?: string }
+  | {
+      type: 'exit';
+      exitCode: number;
+      reason: ExecReason;
+      signal: string | null;
+      timedOut: boolean;
+      truncated: boolean;
+      cancelled: boolean;
+      durationMs: number;
+    };
+
+export interface RunningExec {
+  execId: string;
+  [key: string]: unknown;
+}
+
+export interface StatResult {
+  isFile: boolean;
+  isDirectory: boolean;
+  isSymbolicLink: boolean;
+  size: number;
+  mtimeMs: number;
+}
+
+export interface DirEntry {
+  name: string;
+  /** Present when `name` is not valid UTF-8: the exact bytes of the name. */
+  nameBase64?: string;
+  type: 'file' | 'directory' | 'symlink' | 'other';
+}
+
+export interface HealthResult {
+  ok: boolean;
+  version: string;
+}
+
+export type FileContent = string | Uint8Array | Readable | AsyncIterable<Uint8Array>;
+
+interface SendOptions {
+  method: string;
+  path: string;
+  headers?: Record<string, string>;
+  body?: FileContent | undefined;
+  signal?: AbortSignal | undefined;
+}
+
+/** The socket nsboxd listens on by default (api.md, Transport). */
+export function defaultSocketPath(): string {
+  if (process.env.NSBOX_SOCKET) return process.env.NSBOX_SOCKET;
+  if (typeof process.getuid === 'function' && process.getuid() === 0) return '/run/nsbox/nsboxd.sock';
+  const runtimeDir = process.env.XDG_RUNTIME_DIR || `/run/user/${process.getuid?.() ?? 0}`;
+  return `${runtimeDir}/nsbox/nsboxd.sock`;
+}
+
+function checkOptionalString(options: Record<string, unknown>, name: string): void {
+  const value = options[name];
+  if (value !== undefined && (typeof value !== 'string' || value === '')) {
+    throw new TypeError(`nsbox: option \`${name}\` must be a non-empty string, got ${describe(value)}`);
+  }
+}
+
+function describe(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  if (typeof value === 'string') return JSON.stringify(value);
+  return typeof value;
+}
+
+const CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOENT', 'EACCES', 'EPERM', 'ENOTSOCK', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT', 'EAI_AGAIN', 'ENOTFOUND']);
+
+/** The nsboxd HTTP API (`api.md`, version 1) over a Unix socket or TCP with a bearer token. */
+export class NsboxClient {
+  /** Where requests go, for messages: `unix socket /run/...` or `http://host:port`. */
+  readonly endpoint: string;
+  readonly socketPath: string | undefined;
+  readonly url: URL | undefined;
+  readonly #token: string | undefined;
+  readonly #agent: http.Agent;
+
+  constructor(options: NsboxClientOptions = {}) {
+    if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+      throw new TypeError(`nsbox: options must be an object, got ${describe(options)}`);
+    }
+    const opts = options as Record<string, unknown>;
+    checkOptionalString(opts, 'socketPath');
+    checkOptionalString(opts, 'url');
+    checkOptionalString(opts, 'token');
+    if (options.socketPath !== undefined && options.url !== undefined) {
+      throw new TypeError('nsbox: options `socketPath` and `url` exclude each other; give one');
+    }
+    const urlText = options.socketPath === undefined ? (options.url ?? process.env.NSBOX_URL) : undefined;
+    if (urlText) {
+      let url: URL;
+      try {
+        url = new URL(urlText);
+      } catch {
+        throw new TypeError(`nsbox: option \`url\` is not a URL: ${JSON.stringify(urlText)}`);
+      }
+      if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+        throw new TypeError(`nsbox: option \`url\` must be http:// or https://, got ${JSON.stringify(urlText)}`);
+      }
+      this.url = url;
+      this.socketPath = undefined;
+      this.#token = options.token ?? process.env.NSBOX_TOKEN;
+      this.endpoint = url.origin;
+      this.#agent = url.protocol === 'https:' ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true });
+    } else {
+      if (options.token !== undefined) {
+        throw new TypeError('nsbox: option `token` needs `url` (the Unix socket takes no token)');
+      }
+      this.socketPath = options.socketPath ?? defaultSocketPath();
+      this.url = undefined;
+      this.#token = undefined;
+      this.endpoint = `unix socket ${this.socketPath}`;
+      this.#agent = new http.Agent({ keepAlive: true });
+    }
+  }
+
+  /** Closes idle keep-alive connections. The client stays usable. */
+  close(): void {
+    this.#agent.destroy();
+  }
+
+  // ---- transport -------------------------------------------------------------------------
+
+  #send(opts: SendOptions, retry = true): Promise<http.IncomingMessage> {
+    const { signal } = opts;
+    if (signal?.aborted) return Promise.reject(abortError(signal));
+    return new Promise((resolve, reject) => {
+      const headers: Record<string, string> = { Host: this.url?.host ?? 'nsboxd', ...opts.headers };
+      if (this.#token !== undefined) headers.Authorization = `Bearer ${this.#token}`;
+      let body = opts.body;
+      if (typeof body === 'string') body = Buffer.from(body, 'utf8');
+      if (body instanceof Uint8Array) headers['Content-Length'] = String(body.byteLength);
+      else if (body === undefined && opts.method !== 'GET' && opts.method !== 'HEAD') headers['Content-Length'] = '0';
+
+      const requestOptions: http.RequestOptions = {
+        method: opts.method,
+        path: opts.path,
+        headers,
+        agent: this.#agent,
+      };
+      if (this.socketPath !== undefined) requestOptions.socketPath = this.socketPath;
+      else {
+        requestOptions.hostname = this.url!.hostname.replace(/^\[|\]$/g, '');
+        requestOptions.port = this.url!.port || (this.url!.protocol === 'https:' ? 443 : 80);
+      }
+      const mod = this.url?.protocol === 'https:' ? https : http;
+      const req = mod.request(requestOptions);
+      let response: http.IncomingMessage | undefined;
+      let done = false;
+      const onAbort = () => {
+        // Ending the request is the kill: nsboxd kills the command when the client hangs up.
+        const err = abortError(signal!);
+        req.destroy(err);
+        response?.destroy(err);
+        if (!done) {
+          done = true;
+          reject(err);
+        }
+      };
+      const cleanup = () => signal?.removeEventListener('abort', onAbort);
+      signal?.addEventListener('abort', onAbort, { once: true });
+      req.on('error', (err: NodeJS.ErrnoException) => {
+        if (done) return;
+        done = true;
+        cleanup();
+        if (signal?.aborted) return reject(abortError(signal));
+        if (retry && req.reusedSocket && err.code === 'ECONNRESET' && !opts.path.endsWith('/exec') && !(body instanceof Readable) && !isAsyncIterable(body)) {
+          // A kept-alive connection the daemon had closed: send again on a fresh one (never an exec,
+          // which might have started).
+          this.#send(opts, false).then(resolve, reject);
+          return;
+        }
+        reject(this.#transportError(err, response !== undefined));
+      });
+      req.on('response', (res) => {
+        response = res;
+        if (done) return;
+        done = true;
+        res.once('close', cleanup);
+        resolve(res);
+      });
+      if (body === undefined) req.end();
+      else if (body instanceof Uint8Array) req.end(body);
+      else {
+        const source = body instanceof Readable ? body : Readable.from(body);
+        source.on('error', (err) => req.destroy(err));
+        source.pipe(req);
+      }
+    });
+  }
+
+  #transportError(err: NodeJS.ErrnoException, answered: boolean): NsboxError {
+    if (err instanceof NsboxError) return err;
+    if (!answered && err.code && CONNECT_CODES.has(err.code)) {
+      const hint =
+        this.socketPath !== undefined
+          ? 'is nsboxd running? (`nsbox serve`; or pass `socketPath`, or set NSBOX_SOCKET)'
+          : 'is nsboxd listening there with --listen?';
+      return new NsboxError(
+        'daemon_unreachable',
+        `nsbox: cannot reach nsboxd at ${this.endpoint}: ${err.code} (${err.message}); ${hint}`,
+        { cause: err },
+      );
+    }
+    return new NsboxError(
+      'connection_lost',
+      `nsbox: connection to nsboxd at ${this.endpoint} failed: ${err.code ?? ''} ${err.message}`.replace(/  +/g, ' '),
+      { cause: err },
+    );
+  }
+
+  async #readAll(res: http.IncomingMessage): Promise<Buffer> {
+    const chunks: Buffer[] = [];
+    try {
+      for await (const chunk of res) chunks.push(chunk as Buffer);
+    } catch (err) {
+      if (err instanceof DOMException || err instanceof NsboxError) throw err;
+      throw this.#transportError(err as NodeJS.ErrnoException, true);
+    }
+    return Buffer.concat(chunks);
+  }
+
+  async #errorFrom(res: http.IncomingMessage, verb?: string): Promise<NsboxError> {
+    const text = (await this.#readAll(res)).toString('utf8');
+    const status = res.statusCode ?? 0;
+    let parsed: { error?: { code?: string; message?: string; path?: string; syscall?: string } } | undefined;
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      /* not JSON */
+    }
+    const e = parsed?.error;
+    if (e && typeof e.code === 'string') {
+      let code = e.code;
+      // Node names rm's "is a directory" refusal ERR_FS_EISDIR; mimic it.
+      if (verb === 'rm' && code === 'EISDIR') code = 'ERR_FS_EISDIR';
+      return new NsboxError(code, e.message ?? `${code} (HTTP ${status})`, {
+        status,
+        ...(e.path !== undefined ? { path: e.path } : {}),
+        ...(e.syscall !== undefined ? { syscall: e.syscall } : {}),
+      });
+    }
+    return new NsboxError('http_error', `nsbox: HTTP ${status} from nsboxd at ${this.endpoint}: ${text.slice(0, 500)}`, { status });
+  }
+
+  async #request(opts: SendOptions & { verb?: string }): Promise<{ status: number; body: Buffer }> {
+    const res = await this.#send(opts);
+    if ((res.statusCode ?? 0) >= 400) throw await this.#errorFrom(res, opts.verb);
+    return { status: res.statusCode ?? 0, body: await this.#readAll(res) };
+  }
+
+  async #json<T>(method: string, path: string, payload?: unknown, verb?: string, signal?: AbortSignal): Promise<T> {
+    const opts: SendOptions & { verb?: string } = { method, path, signal };
+    if (verb !== undefined) opts.verb = verb;
+    if (payload !== undefined) {
+      opts.body = Buffer.from(JSON.stringify(payload), 'utf8');
+      opts.headers = { 'Content-Type': 'application/json' };
+    }
+    const { body } = await this.#request(opts);
+    if (body.length === 0) return undefined as T;
+    return JSON.parse(body.toString('utf8')) as T;
+  }
+
+  // ---- service ---------------------------------------------------------------------------
+
+  /** `GET /v1/health`. */
+  health(): Promise<HealthResult> {
+    return this.#json('GET', '/v1/health');
+  }
+
+  /** `GET /metrics`: Prometheus text. */
+  async metrics(): Promise<string> {
+    const { body } = await this.#request({ method: 'GET', path: '/metrics' });
+    return body.toString('utf8');
+  }
+
+  // ---- sandboxes -------------------------------------------------------------------------
+
+  /** `PUT /v1/sandboxes/{id}`: find-or-create. Options apply only at creation. */
+  async putSandbox(id: string, options?: SandboxCreateOptions): Promise<SandboxPutResult> {
+    const opts: SendOptions = { method: 'PUT', path: sandboxUrl(id) };
+    if (options !== undefined) {
+      opts.body = Buffer.from(JSON.stringify(options), 'utf8');
+      opts.headers = { 'Content-Type': 'application/json' };
+    }
+    const { status, body } = await this.#request(opts);
+    return { ...(JSON.parse(body.toString('utf8')) as SandboxInfo), created: status === 201 };
+  }
+
+  /** `GET /v1/sandboxes/{id}`; `sandbox_not_found` if there is none. */
+  getSandbox(id: string): Promise<SandboxInfo> {
+    return this.#json('GET', sandboxUrl(id));
+  }
+
+  /** `GET /v1/sandboxes`. */
+  async listSandboxes(): Promise<SandboxInfo[]> {
+    return (await this.#json<{ sandboxes: SandboxInfo[] }>('GET', '/v1/sandboxes')).sandboxes;
+  }
+
+  /** `POST /v1/sandboxes/{id}/stop`: ends every process; the files stay. */
+  stopSandbox(id: string): Promise<SandboxInfo> {
+    return this.#json('POST', `${sandboxUrl(id)}/stop`);
+  }
+
+  /** `DELETE /v1/sandboxes/{id}`: ends every process and deletes all its data. */
+  async deleteSandbox(id: string): Promise<void> {
+    await this.#request({ method: 'DELETE', path: sandboxUrl(id) });
+  }
+
+  // ---- exec ------------------------------------------------------------------------------
+
+  /** `POST .../exec`, buffered: resolves when the command has ended, whatever its exit code. */
+  exec(id: string, command: string, options: ExecOptions = {}): Promise<ExecResult> {
+    return this.#json<ExecResult>('POST', `${sandboxUrl(id)}/exec`, execBody(command, options), undefined, options.signal);
+  }
+
+  /**
+   * `POST .../exec` with `Accept: application/x-ndjson`: the events as they come. Leaving the
+   * loop early (`break`, a throw) or aborting `options.signal` hangs up, which kills the command.
+   */
+  async *execStream(id: string, command: string, options: ExecOptions = {}): AsyncGenerator<ExecEvent, void, undefined> {
+    const res = await this.#send({
+      method: 'POST',
+      path: `${sandboxUrl(id)}/exec`,
+      headers: { 'Content-Type': 'application/json', Accept: 'application/x-ndjson' },
+      body: Buffer.from(JSON.stringify(execBody(command, options)), 'utf8'),
+      signal: options.signal,
+    });
+    if ((res.statusCode ?? 0) >= 400) throw await this.#errorFrom(res);
+    let finished = false;
+    try {
+      res.setEncoding('utf8');
+      let pending = '';
+      try {
+        for await (const chunk of res) {
+          pending += chunk as string;
+          let nl: number;
+          while ((nl = pending.indexOf('\n')) >= 0) {
+            const line = pending.slice(0, nl);
+            pending = pending.slice(nl + 1);
+            if (line.trim() === '') continue;
+            const event = JSON.parse(line) as ExecEvent;
+            if (event.type === 'exit') finished = true;
+            yield event;
+          }
+        }
+      } catch (err) {
+        if (err instanceof DOMException || err instanceof NsboxError) throw err;
+        throw this.#transportError(err as NodeJS.ErrnoException, true);
+      }
+      if (pending.trim() !== '') {
+        const event = JSON.parse(pending) as ExecEvent;
+        if (event.type === 'exit') finished = true;
+        yield event;
+      }
+      if (!finished) {
+        throw new NsboxError('connection_lost', `nsbox: the exec stream from ${this.endpoint} ended without an exit event`);
+      }
+    } finally {
+      // Leaving before the exit event: hang up, which kills the command in the sandbox.
+      if (!res.complete) res.destroy();
+    }
+  }
+
+  /** `DELETE .../execs/{execId}`: kills a running command (its stream ends with `cancelled: true`). */
+  async cancelExec(id: string, execId: string): Promise<void> {
+    await this.#request({ method: 'DELETE', path: `${sandboxUrl(id)}/execs/${encodeURIComponent(execId)}` });
+  }
+
+  /** `GET .../execs`: the commands running now. */
+  async listExecs(id: string): Promise<RunningExec[]> {
+    const answer = await this.#json<{ execs: RunningExec[] } | RunningExec[]>('GET', `${sandboxUrl(id)}/execs`);
+    return Array.isArray(answer) ? answer : answer.execs;
+  }
+
+  // ---- files -----------------------------------------------------------------------------
+
+  /** `GET .../files?path=P`: the file's bytes. */
+  async readFile(id: string, path: SandboxPath, options: { signal?: AbortSignal } = {}): Promise<Buffer> {
+    const { body } = await this.#request({ method: 'GET', path: filesUrl(id, path), signal: options.signal });
+    return body;
+  }
+
+  /** `GET .../files?path=P` as a stream; errors (ENOENT, EISDIR, ...) reject before any byte. */
+  async readFileStream(id: string, path: SandboxPath, options: { signal?: AbortSignal } = {}): Promise<Readable> {
+    const res = await this.#send({ method: 'GET', path: filesUrl(id, path), signal: options.signal });
+    if ((res.statusCode ?? 0) >= 400) throw await this.#errorFrom(res);
+    return res;
+  }
+
+  /**
+   * `PUT .../files?path=P`: creates or atomically replaces the file, making missing parents.
+   * `content` is a string (UTF-8), bytes, or a stream / async iterable of bytes.
+   */
+  async writeFile(id: string, path: SandboxPath, content: FileContent, options: { signal?: AbortSignal } = {}): Promise<void> {
+    await this.#request({
+      method: 'PUT',
+      path: filesUrl(id, path),
+      headers: { 'Content-Type': 'application/octet-stream' },
+      body: content,
+      signal: options.signal,
+    });
+  }
+
+  /** `POST .../fs/stat`: target's kind, size and mtime; `isSymbolicLink` of the path itself. */
+  stat(id: string, path: SandboxPath): Promise<StatResult> {
+    return this.#json('POST', `${sandboxUrl(id)}/fs/stat`, pathBody(path));
+  }
+
+  /** `POST .../fs/readdir`: names sorted by byte value, or typed entries with `withTypes`. */
+  readdir(id: string, path: SandboxPath): Promise<string[]>;
+  readdir(id: string, path: SandboxPath, options: { withTypes: true }): Promise<DirEntry[]>;
+  readdir(id: string, path: SandboxPath, options?: { withTypes?: boolean }): Promise<string[] | DirEntry[]>;
+  async readdir(id: string, path: SandboxPath, options: { withTypes?: boolean } = {}): Promise<string[] | DirEntry[]> {
+    const body: Record<string, unknown> = pathBody(path);
+    if (options.withTypes) body.withTypes = true;
+    return (await this.#json<{ entries: string[] | DirEntry[] }>('POST', `${sandboxUrl(id)}/fs/readdir`, body)).entries;
+  }
+
+  /** `POST .../fs/exists`: never an error for the path itself (only for the daemon or the sandbox). */
+  async exists(id: string, path: SandboxPath): Promise<boolean> {
+    return (await this.#json<{ exists: boolean }>('POST', `${sandboxUrl(id)}/fs/exists`, pathBody(path))).exists;
+  }
+
+  /** `POST .../fs/mkdir`: exactly Node's `fs.mkdir`. */
+  async mkdir(id: string, path: SandboxPath, options: { recursive?: boolean } = {}): Promise<void> {
+    await this.#json('POST', `${sandboxUrl(id)}/fs/mkdir`, { ...pathBody(path), recursive: options.recursive ?? false });
+  }
+
+  /** `POST .../fs/rm`: exactly Node's `fs.rm` (a directory without `recursive` is `ERR_FS_EISDIR`). */
+  async rm(id: string, path: SandboxPath, options: { recursive?: boolean; force?: boolean } = {}): Promise<void> {
+    await this.#json(
+      'POST',
+      `${sandboxUrl(id)}/fs/rm`,
+      { ...pathBody(path), recursive: options.recursive ?? false, force: options.force ?? false },
+      'rm',
+    );
+  }
+}
+
+function isAsyncIterable(value: unknown): value is AsyncIterable<Uint8Array> {
+  return value !== null && typeof value === 'object' && Symbol.asyncIterator in (value as object);
+}
+
+function sandboxUrl(id: string): string {
+  if (typeof id !== 'string' || id === '') throw new TypeError('nsbox: a sandbox id must be a non-empty string');
+  return `/v1/sandboxes/${encodeURIComponent(id)}`;
+}
+
+function pathBody(path: SandboxPath): Record<string, unknown> {
+  if (typeof path === 'string') return { path };
+  if (path instanceof Uint8Array) return { pathBase64: Buffer.from(path.buffer, path.byteOffset, path.byteLength).toString('base64') };
+  throw new TypeError(`nsbox: a path must be a string or a Uint8Array, got ${describe(path)}`);
+}
+
+function filesUrl(id: string, path: SandboxPath): string {
+  const body = pathBody(path);
+  const query = typeof body.path === 'string' ? `path=${encodeURIComponent(body.path)}` : `pathBase64=${encodeURIComponent(body.pathBase64 as string)}`;
+  return `${sandboxUrl(id)}/files?${query}`;
+}
+
+function execBody(command: string, options: ExecOptions): Record<string, unknown> {
+  if (typeof command !== 'string') throw new TypeError(`nsbox: exec's command must be a string, got ${describe(command)}`);
+  const body: Record<string, unknown> = { command };
+  if (options.cwd !== undefined) body.cwd = options.cwd;
+  if (options.env !== undefined) body.env = options.env;
+  if (options.timeoutMs !== undefined) body.timeoutMs = options.timeoutMs;
+  if (options.stdin !== undefined) body.stdin = options.stdin;
+  if (options.encoding !== undefined) body.encoding = options.encoding;
+  return body;
+}

@@ -1,0 +1,143 @@
+import { sandboxFromDriver, type FileStat, type Sandbox, type SandboxDriver, type SandboxFactory, type ShellResult } from '@flue/runtime';
+import { NsboxClient, type NsboxClientOptions, type SandboxCreateOptions, type SandboxLimits } from './client.js';
+
+/** Options of {@link nsbox}: where the daemon is, and how new sandboxes are made. */
+export interface NsboxSandboxOptions extends NsboxClientOptions {
+  /** A client to use instead of making one from `socketPath` / `url` / `token`. */
+  client?: NsboxClient;
+  /** Prepended to the agent instance id to name the sandbox (`"agent-"` + `ctx.id`). */
+  idPrefix?: string;
+  /** Image of new sandboxes (default `host`). */
+  image?: string;
+  /** Working directory of new sandboxes (default `/workspace`). */
+  cwd?: string;
+  /** Base environment of new sandboxes, layered over nsbox's own. */
+  env?: Record<string, string>;
+  /** Resource limits of new sandboxes. */
+  limits?: SandboxLimits;
+  /** Network of new sandboxes (`none`). */
+  network?: string;
+}
+
+const KNOWN = new Set(['client', 'socketPath', 'url', 'token', 'idPrefix', 'image', 'cwd', 'env', 'limits', 'network']);
+
+function fail(message: string): never {
+  throw new TypeError(`nsbox(): ${message}`);
+}
+
+function validate(options: unknown): asserts options is NsboxSandboxOptions {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+    fail(`options must be an object, got ${options === null ? 'null' : Array.isArray(options) ? 'an array' : typeof options}`);
+  }
+  const o = options as Record<string, unknown>;
+  for (const key of Object.keys(o)) if (!KNOWN.has(key)) fail(`unknown option \`${key}\``);
+  for (const key of ['idPrefix', 'image', 'cwd', 'network'] as const) {
+    if (o[key] !== undefined && typeof o[key] !== 'string') fail(`option \`${key}\` must be a string, got ${typeof o[key]}`);
+  }
+  if (typeof o.cwd === 'string' && !o.cwd.startsWith('/')) fail(`option \`cwd\` must be an absolute path, got ${JSON.stringify(o.cwd)}`);
+  if (o.env !== undefined) {
+    if (o.env === null || typeof o.env !== 'object' || Array.isArray(o.env)) fail('option `env` must be a Record<string, string>');
+    for (const [k, v] of Object.entries(o.env as object)) {
+      if (typeof v !== 'string') fail(`option \`env\`: the value of ${JSON.stringify(k)} must be a string, got ${typeof v}`);
+    }
+  }
+  if (o.limits !== undefined) {
+    if (o.limits === null || typeof o.limits !== 'object' || Array.isArray(o.limits)) fail('option `limits` must be an object');
+    for (const [k, v] of Object.entries(o.limits as object)) {
+      if (!['memoryBytes', 'pids', 'cpus', 'diskBytes'].includes(k)) fail(`option \`limits\`: unknown limit \`${k}\``);
+      if (typeof v !== 'number' || !(v > 0) || !Number.isFinite(v)) fail(`option \`limits.${k}\` must be a positive number, got ${JSON.stringify(v)}`);
+    }
+  }
+  if (o.client !== undefined && !(o.client instanceof NsboxClient)) fail('option `client` must be an NsboxClient');
+  if (o.client !== undefined && (o.socketPath !== undefined || o.url !== undefined || o.token !== undefined)) {
+    fail('option `client` excludes `socketPath`, `url` and `token`');
+  }
+}
+
+/** The `SandboxDriver` of one nsbox sandbox: every verb is one API call. */
+export function nsboxDriver(client: NsboxClient, id: string): SandboxDriver {
+  return {
+    async readFile(path: string): Promise<string> {
+      return (await client.readFile(id, path)).toString('utf8');
+    },
+    async readFileBuffer(path: string): Promise<Uint8Array> {
+      const buf = await client.readFile(id, path);
+      return new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength);
+    },
+    async writeFile(path: string, content: string | Uint8Array): Promise<void> {
+      await client.writeFile(id, path, content);
+    },
+    async stat(path: string): Promise<FileStat> {
+      const s = await client.stat(id, path);
+      return {
+        isFile: s.isFile,
+        isDirectory: s.isDirectory,
+        isSymbolicLink: s.isSymbolicLink,
+        size: s.size,
+        mtime: new Date(s.mtimeMs),
+      };
+    },
+    async readdir(path: string): Promise<string[]> {
+      return client.readdir(id, path);
+    },
+    async exists(path: string): Promise<boolean> {
+      // The API never answers an error for the path itself; an unreachable daemon still throws.
+      return client.exists(id, path);
+    },
+    async mkdir(path: string, options?: { recursive?: boolean }): Promise<void> {
+      await client.mkdir(id, path, { recursive: options?.recursive ?? false });
+    },
+    async rm(path: string, options?: { recursive?: boolean; force?: boolean }): Promise<void> {
+      await client.rm(id, path, { recursive: options?.recursive ?? false, force: options?.force ?? false });
+    },
+    async exec(
+      command: string,
+      options?: { cwd?: string; env?: Record<string, string>; timeoutMs?: number; signal?: AbortSignal },
+    ): Promise<ShellResult> {
+      // timeoutMs goes to nsboxd (exit 124 at the deadline); the signal ends the request, which
+      // makes nsboxd kill the command's whole process tree at once.
+      const execOptions: Parameters<NsboxClient['exec']>[2] = {};
+      if (options?.cwd !== undefined) execOptions.cwd = options.cwd;
+      if (options?.env !== undefined) execOptions.env = options.env;
+      if (options?.timeoutMs !== undefined) execOptions.timeoutMs = Math.max(1, Math.ceil(options.timeoutMs));
+      if (options?.signal !== undefined) execOptions.signal = options.signal;
+      const r = await client.exec(id, command, execOptions);
+      // local() reports a signal death it did not cause as the generic exit code 1 (nsboxd says
+      // 128+N and names the signal); keep local()'s value so swapping the two changes nothing.
+      const exitCode = r.reason === 'signaled' ? 1 : r.exitCode;
+      return { stdout: r.stdout, stderr: r.stderr, exitCode };
+    },
+  };
+}
+
+/**
+ * A Flue `SandboxFactory` over nsbox: `createSandbox({ id })` finds or creates the sandbox of
+ * that id (so a conversation keeps its workspace across messages and restarts) and returns
+ * `sandboxFromDriver(driver, cwd)`. Swap it for `local()` in `useSandbox(...)`.
+ */
+export function nsbox(options: NsboxSandboxOptions = {}): SandboxFactory {
+  validate(options);
+  const { client: given, socketPath, url, token, idPrefix = '', image, cwd, env, limits, network } = options;
+  const clientOptions: NsboxClientOptions = {};
+  if (socketPath !== undefined) clientOptions.socketPath = socketPath;
+  if (url !== undefined) clientOptions.url = url;
+  if (token !== undefined) clientOptions.token = token;
+  const client = given ?? new NsboxClient(clientOptions);
+  const create: SandboxCreateOptions = {};
+  if (image !== undefined) create.image = image;
+  if (cwd !== undefined) create.cwd = cwd;
+  if (env !== undefined) create.env = env;
+  if (limits !== undefined) create.limits = limits;
+  if (network !== undefined) create.network = network;
+  return {
+    async createSandbox({ id }: { id: string }): Promise<Sandbox> {
+      if (typeof id !== 'string' || id === '') throw new TypeError('nsbox(): createSandbox needs a non-empty string id');
+      const sandboxId = idPrefix + id;
+      const info = await client.putSandbox(sandboxId, Object.keys(create).length > 0 ? create : undefined);
+      return sandboxFromDriver(nsboxDriver(client, sandboxId), info.cwd);
+    },
+  };
+}
+
+export { NsboxClient, NsboxError } from './index.js';
+export type { NsboxClientOptions } from './index.js';

@@ -1,0 +1,19 @@
+export { NsboxClient, defaultSocketPath } from './client.js';
+export type {
+  NsboxClientOptions,
+  SandboxLimits,
+  SandboxCreateOptions,
+  SandboxInfo,
+  SandboxPutResult,
+  SandboxPath,
+  ExecOptions,
+  ExecReason,
+  ExecResult,
+  ExecEvent,
+  RunningExec,
+  StatResult,
+  DirEntry,
+  HealthResult,
+  FileContent,
+} from './client.js';
+export { NsboxError } from './errors.js';

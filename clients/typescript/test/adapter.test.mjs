@@ -1,0 +1,96 @@
+// nsbox(options) as a Flue SandboxFactory: runs on Node 20 (only @flue/runtime's main entry).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { nsbox, NsboxClient } from '../dist/flue.js';
+import { startDaemon } from './daemon.mjs';
+
+let d;
+before(async () => { d = await startDaemon(); });
+after(async () => { await d?.stop(); });
+
+test('createSandbox: find-or-create by id; the workspace survives a new factory and a stop', async () => {
+  const s1 = await nsbox({ socketPath: d.socketPath }).createSandbox({ id: 'conv-1' });
+  assert.equal(s1.cwd, '/workspace');
+  await s1.writeFile('notes/a.md', '# hi\n');
+  const client = new NsboxClient({ socketPath: d.socketPath });
+  await client.stopSandbox('conv-1');
+  const s2 = await nsbox({ client }).createSandbox({ id: 'conv-1' });
+  assert.equal(await s2.readFile('/workspace/notes/a.md'), '# hi\n');
+  assert.equal(s2.resolvePath('notes/../x'), '/workspace/x');
+  // repeated concurrent calls with the same id are fine
+  const many = await Promise.all([1, 2, 3].map(() => nsbox({ client }).createSandbox({ id: 'conv-1' })));
+  assert.equal(many.length, 3);
+  client.close();
+});
+
+test('creation options apply: cwd, env, idPrefix', async () => {
+  const f = nsbox({ socketPath: d.socketPath, idPrefix: 'agent-', cwd: '/root', env: { MODE: 'test' } });
+  const s = await f.createSandbox({ id: 'x' });
+  assert.equal(s.cwd, '/root');
+  const r = await s.exec('pwd; echo $MODE');
+  assert.deepEqual(r, { stdout: '/root\ntest\n', stderr: '', exitCode: 0 });
+  const info = await new NsboxClient({ socketPath: d.socketPath }).getSandbox('agent-x');
+  assert.equal(info.id, 'agent-x');
+});
+
+test('exec: timeoutMs forwarded (124), signal aborts with AbortError and kills', async () => {
+  const s = await nsbox({ socketPath: d.socketPath }).createSandbox({ id: 'conv-2' });
+  const t0 = Date.now();
+  const r = await s.exec('sleep 20', { timeoutMs: 200 });
+  assert.equal(r.exitCode, 124);
+  assert.ok(Date.now() - t0 < 5000);
+  const ac = new AbortController();
+  const p = s.exec('echo $$ > /tmp/p; sleep 20', { signal: ac.signal });
+  await new Promise((res) => setTimeout(res, 400));
+  const reason = new Error('user pressed stop');
+  ac.abort(reason);
+  const err = await p.then(() => null, (e) => e);
+  assert.equal(err?.name, 'AbortError');
+  assert.equal(err.cause, reason);
+  await new Promise((res) => setTimeout(res, 300));
+  assert.equal((await s.exec('kill -0 $(cat /tmp/p) 2>/dev/null && echo alive || echo gone')).stdout, 'gone\n');
+});
+
+test('exists never throws for a path, but throws when the daemon is unreachable', async () => {
+  const s = await nsbox({ socketPath: d.socketPath }).createSandbox({ id: 'conv-3' });
+  assert.equal(await s.exists('no/such/thing'), false);
+  assert.equal(await s.exists('/'), true);
+  const other = await startDaemon();
+  const s2 = await nsbox({ socketPath: other.socketPath }).createSandbox({ id: 'gone' });
+  await other.stop();
+  await assert.rejects(s2.exists('anything'), (e) => e.code === 'daemon_unreachable' && e.message.includes(other.socketPath));
+});
+
+test('a daemon that is not running: createSandbox rejects naming the socket', async () => {
+  await assert.rejects(
+    nsbox({ socketPath: '/nonexistent/nsboxd.sock' }).createSandbox({ id: 'a' }),
+    (e) => e.code === 'daemon_unreachable' && e.message.includes('/nonexistent/nsboxd.sock'),
+  );
+});
+
+test('invalid options: TypeError saying which', () => {
+  const cases = [
+    [{ socketPath: 42 }, /socketPath/],
+    [{ url: 'nope' }, /url/],
+    [{ cwd: 'relative' }, /cwd/],
+    [{ env: ['A=1'] }, /env/],
+    [{ env: { A: 1 } }, /env/],
+    [{ limits: { memoryBytes: -1 } }, /limits\.memoryBytes/],
+    [{ limits: { bogus: 1 } }, /bogus/],
+    [{ client: {} }, /client/],
+    [{ socketPath: '/a', url: 'http://b' }, /socketPath|url/],
+    [{ sockPath: '/a' }, /sockPath/],
+    ['string', /options/],
+  ];
+  for (const [options, re] of cases) {
+    assert.throws(() => nsbox(options), (e) => e instanceof TypeError && re.test(e.message), JSON.stringify(options));
+  }
+});
+
+test('package exports: `nsbox` and `nsbox/flue` resolve by name', async () => {
+  const main = await import('nsbox');
+  const flue = await import('nsbox/flue');
+  assert.equal(typeof main.NsboxClient, 'function');
+  assert.equal(typeof flue.nsbox, 'function');
+  assert.equal(flue.NsboxClient, main.NsboxClient);
+});

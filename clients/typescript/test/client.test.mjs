@@ -1,0 +1,302 @@
+// NsboxClient against a real nsboxd (Node 20 is enough).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Readable } from 'node:stream';
+import { NsboxClient, NsboxError, defaultSocketPath } from '../dist/index.js';
+import { startDaemon } from './daemon.mjs';
+
+let d, c;
+const ID = 'conv/42 ü';
+
+before(async () => {
+  d = await startDaemon({ tcp: true });
+  c = new NsboxClient({ socketPath: d.socketPath });
+});
+after(async () => {
+  c?.close();
+  await d?.stop();
+});
+
+async function rejects(promise, code) {
+  try {
+    await promise;
+  } catch (e) {
+    assert.ok(e instanceof Error, 'an Error');
+    assert.equal(e.code, code, `code of ${e.message}`);
+    return e;
+  }
+  assert.fail(`expected a rejection with ${code}`);
+}
+
+test('health', async () => {
+  const h = await c.health();
+  assert.equal(h.ok, true);
+  assert.equal(typeof h.version, 'string');
+});
+
+test('putSandbox: find-or-create, 201 then 200, id percent-encoded', async () => {
+  const a = await c.putSandbox(ID, { env: { GREETING: 'hello' } });
+  assert.equal(a.created, true);
+  assert.equal(a.id, ID);
+  assert.equal(a.cwd, '/workspace');
+  const b = await c.putSandbox(ID);
+  assert.equal(b.created, false);
+  assert.equal(b.createdAt, a.createdAt);
+});
+
+test('putSandbox concurrently: exactly one created', async () => {
+  const rs = await Promise.all([1, 2, 3, 4].map(() => c.putSandbox('race')));
+  assert.equal(rs.filter((r) => r.created).length, 1);
+  await c.deleteSandbox('race');
+});
+
+test('getSandbox / listSandboxes', async () => {
+  const s = await c.getSandbox(ID);
+  assert.equal(s.id, ID);
+  const list = await c.listSandboxes();
+  assert.ok(list.some((x) => x.id === ID));
+  await rejects(c.getSandbox('nope'), 'sandbox_not_found');
+});
+
+test('exec buffered: stdout, stderr, exit code, cwd, env, stdin', async () => {
+  const r = await c.exec(ID, 'echo $GREETING; echo err >&2; pwd; exit 3');
+  assert.equal(r.stdout, 'hello\n/workspace\n');
+  assert.equal(r.stderr, 'err\n');
+  assert.equal(r.exitCode, 3);
+  assert.equal(r.reason, 'exited');
+  await c.mkdir(ID, 'sub/dir', { recursive: true });
+  const r2 = await c.exec(ID, 'pwd; echo "$A-${GREETING:-unset}"', { cwd: 'sub/dir', env: { A: 'x', GREETING: null } });
+  assert.equal(r2.stdout, '/workspace/sub/dir\nx-unset\n');
+  const r3 = await c.exec(ID, 'cat | tr a-z A-Z', { stdin: 'piped' });
+  assert.equal(r3.stdout, 'PIPED');
+  const r4 = await c.exec(ID, 'printf "\\377ok"', { encoding: 'base64' });
+  assert.equal(Buffer.from(r4.stdoutBase64, 'base64').toString('latin1'), '\xffok');
+});
+
+test('exec timeout: 124, timedOut', async () => {
+  const t0 = Date.now();
+  const r = await c.exec(ID, 'sleep 10', { timeoutMs: 300 });
+  assert.equal(r.exitCode, 124);
+  assert.equal(r.timedOut, true);
+  assert.equal(r.reason, 'timeout');
+  assert.match(r.stderr, /timed out after 300 ms/);
+  assert.ok(Date.now() - t0 < 5000);
+});
+
+test('exec abort: AbortError, and the command is killed in the sandbox', async () => {
+  const ac = new AbortController();
+  const p = c.exec(ID, 'echo $$ > /tmp/abort.pid; sleep 30; touch /workspace/survived', { signal: ac.signal });
+  await new Promise((r) => setTimeout(r, 500));
+  ac.abort();
+  const e = await p.then(() => null, (err) => err);
+  assert.ok(e, 'rejected');
+  assert.equal(e.name, 'AbortError');
+  await new Promise((r) => setTimeout(r, 300));
+  const check = await c.exec(ID, 'kill -0 $(cat /tmp/abort.pid) 2>/dev/null && echo alive || echo gone; pgrep -x sleep || true');
+  assert.equal(check.stdout, 'gone\n');
+  // an already-aborted signal never sends the request
+  await assert.rejects(c.exec(ID, 'true', { signal: AbortSignal.abort() }), { name: 'AbortError' });
+});
+
+test('execStream: start, output events, exit', async () => {
+  const events = [];
+  for await (const ev of c.execStream(ID, 'echo one; echo two >&2; exit 5')) events.push(ev);
+  assert.equal(events[0].type, 'start');
+  assert.match(events[0].execId, /.+/);
+  const out = events.filter((e) => e.type === 'stdout').map((e) => e.data).join('');
+  const err = events.filter((e) => e.type === 'stderr').map((e) => e.data).join('');
+  assert.equal(out, 'one\n');
+  assert.equal(err, 'two\n');
+  const exit = events.at(-1);
+  assert.equal(exit.type, 'exit');
+  assert.equal(exit.exitCode, 5);
+});
+
+test('execStream: events arrive as they come; break kills the command', async () => {
+  const t0 = Date.now();
+  for await (const ev of c.execStream(ID, 'echo $$ > /tmp/brk.pid; echo first; sleep 30')) {
+    if (ev.type === 'stdout') break;
+  }
+  assert.ok(Date.now() - t0 < 5000, 'first event before the command ends');
+  await new Promise((r) => setTimeout(r, 300));
+  const check = await c.exec(ID, 'kill -0 $(cat /tmp/brk.pid) 2>/dev/null && echo alive || echo gone');
+  assert.equal(check.stdout, 'gone\n');
+});
+
+test('listExecs and cancelExec: the stream ends cancelled', async () => {
+  const it = c.execStream(ID, 'sleep 30');
+  const first = await it.next();
+  assert.equal(first.value.type, 'start');
+  const running = await c.listExecs(ID);
+  assert.ok(Array.isArray(running));
+  assert.ok(running.some((x) => x.execId === first.value.execId), JSON.stringify(running));
+  await c.cancelExec(ID, first.value.execId);
+  let last;
+  for await (const ev of it) last = ev;
+  assert.equal(last.type, 'exit');
+  assert.equal(last.cancelled, true);
+  assert.equal(last.reason, 'cancelled');
+});
+
+test('execStream abort signal: AbortError', async () => {
+  const ac = new AbortController();
+  setTimeout(() => ac.abort(), 300);
+  await assert.rejects(
+    (async () => {
+      for await (const _ of c.execStream(ID, 'sleep 30', { signal: ac.signal }));
+    })(),
+    { name: 'AbortError' },
+  );
+});
+
+test('files: bytes round trip, nested parents, unicode, binary', async () => {
+  const bin = Buffer.from([0, 1, 2, 255, 254, 10, 13]);
+  await c.writeFile(ID, 'a/b/c/bin.dat', bin);
+  assert.deepEqual(await c.readFile(ID, '/workspace/a/b/c/bin.dat'), bin);
+  await c.writeFile(ID, 'dir/héllo wörld ✓.txt', 'texte ✓\n');
+  assert.equal((await c.readFile(ID, 'dir/héllo wörld ✓.txt')).toString(), 'texte ✓\n');
+  assert.deepEqual(await c.readdir(ID, 'dir'), ['héllo wörld ✓.txt']);
+  await c.writeFile(ID, 'empty', '');
+  assert.equal((await c.readFile(ID, 'empty')).length, 0);
+});
+
+test('files as streams', async () => {
+  const big = Buffer.alloc(3 * 1024 * 1024 + 7, 'x');
+  await c.writeFile(ID, 'big.bin', Readable.from([big.subarray(0, 1000), big.subarray(1000)]));
+  async function* gen() { yield Buffer.from('ab'); yield Buffer.from('cd'); }
+  await c.writeFile(ID, 'gen.txt', gen());
+  assert.equal((await c.readFile(ID, 'gen.txt')).toString(), 'abcd');
+  const stream = await c.readFileStream(ID, 'big.bin');
+  let n = 0;
+  for await (const chunk of stream) n += chunk.length;
+  assert.equal(n, big.length);
+  await rejects(c.readFileStream(ID, 'missing.bin'), 'ENOENT');
+});
+
+test('file errors: ENOENT, EISDIR, message and path from the API', async () => {
+  const e = await rejects(c.readFile(ID, 'nope.txt'), 'ENOENT');
+  assert.match(e.message, /no such file or directory/);
+  assert.equal(e.path, '/workspace/nope.txt');
+  assert.equal(e.status, 404);
+  assert.ok(e instanceof NsboxError);
+  await rejects(c.readFile(ID, 'dir'), 'EISDIR');
+  await rejects(c.writeFile(ID, 'dir', 'x'), 'EISDIR');
+});
+
+test('stat: file, directory, symlink, dangling symlink', async () => {
+  await c.writeFile(ID, 's/f.txt', 'hello');
+  await c.exec(ID, 'cd s && ln -s f.txt link && ln -s nowhere dangling && ln -s . dirlink');
+  const f = await c.stat(ID, 's/f.txt');
+  assert.deepEqual({ ...f, mtimeMs: 0 }, { isFile: true, isDirectory: false, isSymbolicLink: false, size: 5, mtimeMs: 0 });
+  assert.ok(Math.abs(f.mtimeMs - Date.now()) < 60000);
+  const l = await c.stat(ID, 's/link');
+  assert.equal(l.isFile, true);
+  assert.equal(l.isSymbolicLink, true);
+  assert.equal(l.size, 5);
+  const dl = await c.stat(ID, 's/dirlink');
+  assert.equal(dl.isDirectory, true);
+  assert.equal(dl.isSymbolicLink, true);
+  const dir = await c.stat(ID, 's');
+  assert.equal(dir.isDirectory, true);
+  await rejects(c.stat(ID, 's/dangling'), 'ENOENT');
+  await rejects(c.stat(ID, 's/missing'), 'ENOENT');
+});
+
+test('readdir: names sorted, withTypes, ENOTDIR', async () => {
+  assert.deepEqual(await c.readdir(ID, 's'), ['dangling', 'dirlink', 'f.txt', 'link']);
+  const typed = await c.readdir(ID, 's', { withTypes: true });
+  assert.deepEqual(typed.map((e) => [e.name, e.type]), [
+    ['dangling', 'symlink'], ['dirlink', 'symlink'], ['f.txt', 'file'], ['link', 'symlink'],
+  ]);
+  await rejects(c.readdir(ID, 's/f.txt'), 'ENOTDIR');
+  await rejects(c.readdir(ID, 'nothere'), 'ENOENT');
+});
+
+test('non-UTF-8 names: nameBase64 and Buffer paths', async () => {
+  await c.exec(ID, "mkdir -p raw && printf x > raw/$(printf 'a\\377b')");
+  const typed = await c.readdir(ID, 'raw', { withTypes: true });
+  assert.equal(typed.length, 1);
+  assert.ok(typed[0].nameBase64, JSON.stringify(typed));
+  const bytes = Buffer.concat([Buffer.from('/workspace/raw/'), Buffer.from(typed[0].nameBase64, 'base64')]);
+  assert.equal((await c.stat(ID, bytes)).size, 1);
+  assert.equal((await c.readFile(ID, bytes)).toString(), 'x');
+  await c.rm(ID, bytes);
+  assert.deepEqual(await c.readdir(ID, 'raw'), []);
+});
+
+test('exists: true, false, dangling symlink false, NUL byte false', async () => {
+  assert.equal(await c.exists(ID, 's/f.txt'), true);
+  assert.equal(await c.exists(ID, 's'), true);
+  assert.equal(await c.exists(ID, 's/link'), true);
+  assert.equal(await c.exists(ID, 's/dangling'), false);
+  assert.equal(await c.exists(ID, 'nothing/here'), false);
+  assert.equal(await c.exists(ID, 'bad\0path'), false);
+});
+
+test('mkdir: Node semantics', async () => {
+  await c.mkdir(ID, 'm1');
+  await rejects(c.mkdir(ID, 'm1'), 'EEXIST');
+  await rejects(c.mkdir(ID, 'm2/x'), 'ENOENT');
+  await c.mkdir(ID, 'm2/x/y', { recursive: true });
+  await c.mkdir(ID, 'm2/x/y', { recursive: true });
+  await rejects(c.mkdir(ID, 's/f.txt', { recursive: true }), 'EEXIST');
+  await rejects(c.mkdir(ID, 's/f.txt/sub', { recursive: true }), 'ENOTDIR');
+  assert.equal((await c.stat(ID, 'm2/x/y')).isDirectory, true);
+});
+
+test('rm: Node semantics, ERR_FS_EISDIR', async () => {
+  await c.writeFile(ID, 'r/a/b.txt', 'b');
+  const e = await rejects(c.rm(ID, 'r'), 'ERR_FS_EISDIR');
+  assert.match(e.message, /is a directory/);
+  await rejects(c.rm(ID, 'r/none'), 'ENOENT');
+  await c.rm(ID, 'r/none', { force: true });
+  await c.rm(ID, 'r/a/b.txt');
+  await c.rm(ID, 'r', { recursive: true });
+  assert.equal(await c.exists(ID, 'r'), false);
+});
+
+test('stopSandbox keeps files; the next call starts it again', async () => {
+  await c.writeFile(ID, 'keep.txt', 'kept');
+  const s = await c.stopSandbox(ID);
+  assert.equal(s.state, 'stopped');
+  assert.equal((await c.readFile(ID, 'keep.txt')).toString(), 'kept');
+  assert.equal((await c.getSandbox(ID)).state, 'running');
+});
+
+test('metrics: Prometheus text', async () => {
+  const m = await c.metrics();
+  assert.match(m, /^# (HELP|TYPE) /m);
+});
+
+test('TCP with a token; a wrong token is the 401 message', async () => {
+  const t = new NsboxClient({ url: d.url, token: d.token });
+  assert.equal((await t.health()).ok, true);
+  assert.ok((await t.listSandboxes()).some((x) => x.id === ID));
+  t.close();
+  const bad = new NsboxClient({ url: d.url, token: 'wrong' });
+  const e = await rejects(bad.listSandboxes(), 'unauthorized');
+  assert.equal(e.status, 401);
+  assert.ok(e.message.length > 0);
+  bad.close();
+});
+
+test('daemon not running: error names the socket', async () => {
+  const dead = new NsboxClient({ socketPath: '/tmp/no-such-dir/nsboxd.sock' });
+  const e = await rejects(dead.health(), 'daemon_unreachable');
+  assert.match(e.message, /\/tmp\/no-such-dir\/nsboxd\.sock/);
+});
+
+test('invalid options: TypeError naming the option', () => {
+  assert.throws(() => new NsboxClient({ socketPath: 3 }), (e) => e instanceof TypeError && /socketPath/.test(e.message));
+  assert.throws(() => new NsboxClient({ url: 'not a url' }), (e) => e instanceof TypeError && /url/.test(e.message));
+  assert.throws(() => new NsboxClient({ url: 'ftp://x' }), (e) => e instanceof TypeError && /url/.test(e.message));
+  assert.throws(() => new NsboxClient({ socketPath: '/a', url: 'http://x' }), TypeError);
+  assert.throws(() => new NsboxClient({ socketPath: '/a', token: 't' }), (e) => e instanceof TypeError && /token/.test(e.message));
+  assert.equal(typeof defaultSocketPath(), 'string');
+});
+
+test('deleteSandbox: 204 then sandbox_not_found', async () => {
+  await c.deleteSandbox(ID);
+  await rejects(c.getSandbox(ID), 'sandbox_not_found');
+  await rejects(c.deleteSandbox(ID), 'sandbox_not_found');
+});
