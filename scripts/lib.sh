@@ -19,6 +19,14 @@ install_packages() {
       missing+=("$pkg")
     fi
   done
+  # The TypeScript client's tests need Node.js >= 20 and npm; the machine's own are used when
+  # present (Debian 12's nodejs is 18, too old, so it is only a last resort).
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    for pkg in nodejs npm; do
+      dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+        missing+=("$pkg")
+    done
+  fi
   if ((${#missing[@]} == 0)); then
     return 0
   fi
