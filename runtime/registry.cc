@@ -362,9 +362,22 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   const std::string hash = IdHash(config.id);
   const std::string dir = sandboxes_dir_ + "/" + hash;
   config.created_at = NowRfc3339();
+  bool made_dir = false;
   auto made = [&]() -> Status {
-    // config.json last: a directory without it is a creation that did not finish.
-    if (::mkdir(dir.c_str(), 0711) != 0) return Error::Sys("mkdir", dir, errno);
+    // config.json last: a directory without it is a creation that did not finish. A directory
+    // that is already there (one whose config.json the start-up could not read) is refused,
+    // never reused or removed: it may hold someone's files.
+    if (::mkdir(dir.c_str(), 0711) != 0) {
+      int err = errno;
+      Error e = Error::Sys("mkdir", dir, err);
+      if (err == EEXIST) {
+        e = std::move(e).Context(
+            "a directory of this id exists but could not be loaded (see the "
+            "daemon's start-up log); move it away to reuse the id");
+      }
+      return e;
+    }
+    made_dir = true;
     for (const char* sub : {"/workspace", "/home"}) {
       const std::string path = dir + sub;
       if (::mkdir(path.c_str(), 0700) != 0) return Error::Sys("mkdir", path, errno);
@@ -376,7 +389,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     return WriteFileAtomic(dir, "config.json", EncodeConfig(config));
   }();
   if (!made.ok()) {
-    (void)RemoveTree(dir);
+    if (made_dir) (void)RemoveTree(dir);
     return ApiError::Internal("create sandbox '" + config.id + "': " + made.error().message());
   }
   if (auto st = FsyncPath(sandboxes_dir_); !st.ok()) {
