@@ -330,14 +330,14 @@ Status Registry::Load() {
     if (name.rfind(".trash-", 0) == 0) {
       // A DELETE the previous daemon did not finish: the sandbox was already gone.
       log::info("finishing the removal of {}", path);
-      NSBOX_TRY(RemoveTree(path));
+      if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
       continue;
     }
     auto text = ReadFile(path + "/config.json");
     if (!text.ok() && text.error().code() == ENOENT) {
       // A PUT the previous daemon did not finish: config.json is written last.
       log::info("removing the half-created sandbox directory {}", path);
-      NSBOX_TRY(RemoveTree(path));
+      if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
       continue;
     }
     if (!text.ok()) return std::move(text).error().Context("load sandbox " + path);
