@@ -1242,25 +1242,34 @@ ApiOutcome<std::string> QueryPath(std::string_view query) {
   return RawPath(path, path_base64);
 }
 
+// The `path` or `pathBase64` query parameter as the client gave it, and resolved in the sandbox.
+struct QueryTarget {
+  std::string raw;
+  std::string path;
+};
+ApiOutcome<QueryTarget> ResolveQueryPath(const SandboxEntry& entry, std::string_view query) {
+  auto raw = QueryPath(query);
+  if (!raw.ok()) return raw.error();
+  auto path = SandboxPath(entry, raw.value());
+  if (!path.ok()) return path.error();
+  return QueryTarget{std::move(raw.value()), std::move(path.value())};
+}
+
 asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                       std::string_view query) {
-  auto raw = QueryPath(query);
-  if (!raw.ok()) {
-    const ApiError reply_error = raw.error();
+  auto target = ResolveQueryPath(*entry, query);
+  if (!target.ok()) {
+    const ApiError reply_error = target.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  auto path = SandboxPath(*entry, raw.value());
-  if (!path.ok()) {
-    const ApiError reply_error = path.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
+  const std::string& path = target.value().path;
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
     const ApiError reply_error = running.error();
     co_return co_await ReplyError(c, reply_error);
   }
   auto start = Clock::now();
-  auto work7 = [box = running.value(), p = path.value()] { return box->client().OpenRead(p); };
+  auto work7 = [box = running.value(), p = path] { return box->client().OpenRead(p); };
   auto opened = co_await Blocking(std::move(work7));
   metrics_.FileVerb("readFile", SecondsSince(start));
   if (!opened.ok()) {
@@ -1294,7 +1303,7 @@ asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
     if (got <= 0) {
       // Shorter than when it was opened (truncated meanwhile): the client sees
       // the body end early, never bytes that are not the file's.
-      log::warn("sandbox={} readFile {}: {}", entry->config().id, path.value(),
+      log::warn("sandbox={} readFile {}: {}", entry->config().id, path,
                 got < 0 ? ErrnoText(errno) : "the file shrank while it was sent");
       co_return false;
     }
@@ -1310,16 +1319,13 @@ asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
 
 asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                       std::string_view query) {
-  auto raw = QueryPath(query);
-  if (!raw.ok()) {
-    const ApiError reply_error = raw.error();
+  auto target = ResolveQueryPath(*entry, query);
+  if (!target.ok()) {
+    const ApiError reply_error = target.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  auto path = SandboxPath(*entry, raw.value());
-  if (!path.ok()) {
-    const ApiError reply_error = path.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
+  const std::string& raw = target.value().raw;
+  const std::string& path = target.value().path;
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
     const ApiError reply_error = running.error();
@@ -1327,7 +1333,7 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   }
   std::shared_ptr<Sandbox> box = running.value();
   auto start = Clock::now();
-  auto work9 = [box, p = path.value()] { return box->client().BeginWrite(p); };
+  auto work9 = [box, p = path] { return box->client().BeginWrite(p); };
   auto begun = co_await Blocking(std::move(work9));
   if (!begun.ok()) {
     const ApiError reply_error = ApiError::FromFs(begun.error());
@@ -1364,19 +1370,18 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
       log::info(
           "sandbox={} writeFile {}: the upload ended early ({}); nothing "
           "written",
-          entry->config().id, path.value(), ec.message());
+          entry->config().id, path, ec.message());
       co_await abort();
       co_return false;
     }
     size_t got = buf.size() - p.get().body().size;
-    if (auto st = WriteAll(fd.get(), std::string_view(buf.data(), got), path.value()); !st.ok()) {
+    if (auto st = WriteAll(fd.get(), std::string_view(buf.data(), got), path); !st.ok()) {
       co_await abort();
       int err = st.error().code();
       {
-        const ApiError reply_error =
-            ApiError::Of(StatusForErrno(err), ErrnoName(err),
-                         ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw.value() + "'",
-                         raw.value(), "write");
+        const ApiError reply_error = ApiError::Of(
+            StatusForErrno(err), ErrnoName(err),
+            ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw + "'", raw, "write");
         co_return co_await ReplyError(c, reply_error);
       }
     }
@@ -1392,7 +1397,7 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
     const ApiError reply_error = ApiError::FromFs(committed.error());
     co_return co_await ReplyError(c, reply_error);
   }
-  log::debug("sandbox={} wrote {} bytes to {}", entry->config().id, total, path.value());
+  log::debug("sandbox={} wrote {} bytes to {}", entry->config().id, total, path);
   co_return co_await ReplyNoContent(c);
 }
 

@@ -21,23 +21,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::string Str(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  return v != nullptr && v->is_string() ? std::string(v->as_string()) : "<missing>";
-}
-
-json::object Obj(const Response& r) {
-  json::value v = r.Json();
-  return v.is_object() ? v.as_object() : json::object{};
-}
-
-// A member array of the answer, by value (safe in a range-for).
-json::array Arr(const Response& r, std::string_view key) {
-  json::object o = Obj(r);
-  const json::value* v = o.if_contains(key);
-  return v != nullptr && v->is_array() ? v->as_array() : json::array{};
-}
-
 // Every error answer: the status, a JSON body with error.code and a non-empty message.
 void ExpectError(const Response& r, int status, std::string_view code, std::string_view what) {
   EXPECT_EQ(r.status, status) << what << ": " << r.Describe();

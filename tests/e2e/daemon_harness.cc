@@ -432,16 +432,30 @@ std::string Daemon::SandboxDir(std::string_view id) const {
 
 // ---- ExecResult ----
 
-namespace {
-std::string StringField(const json::object& o, std::string_view key) {
+std::string Str(const json::object& o, std::string_view key) {
   const json::value* v = o.if_contains(key);
   return v != nullptr && v->is_string() ? std::string(v->as_string()) : "<missing>";
 }
-}  // namespace
 
-std::string ExecResult::out() const { return StringField(answer, "stdout"); }
-std::string ExecResult::err() const { return StringField(answer, "stderr"); }
-std::string ExecResult::reason() const { return StringField(answer, "reason"); }
+json::object Obj(const Response& r) {
+  json::value v = r.Json();
+  return v.is_object() ? v.as_object() : json::object{};
+}
+
+json::array Arr(const Response& r, std::string_view key) {
+  json::object o = Obj(r);
+  const json::value* v = o.if_contains(key);
+  return v != nullptr && v->is_array() ? v->as_array() : json::array{};
+}
+
+json::value Field(const json::object& o, std::string_view key) {
+  const json::value* v = o.if_contains(key);
+  return v != nullptr ? *v : json::value("<missing>");
+}
+
+std::string ExecResult::out() const { return Str(answer, "stdout"); }
+std::string ExecResult::err() const { return Str(answer, "stderr"); }
+std::string ExecResult::reason() const { return Str(answer, "reason"); }
 int64_t ExecResult::exit_code() const {
   const json::value* v = answer.if_contains("exitCode");
   return v != nullptr && v->is_int64() ? v->as_int64() : -1000;

@@ -170,4 +170,12 @@ class E2eTest : public ::testing::Test {
   int id_counter_ = 0;
 };
 
+// JSON short-hands for assertions, shared by every e2e file: a string member ("<missing>" when it
+// is absent or not a string), the answer as an object ({} when it is not one), a member array by
+// value (safe in a range-for), and a member by value ("<missing>" when absent).
+std::string Str(const json::object& o, std::string_view key);
+json::object Obj(const Response& r);
+json::array Arr(const Response& r, std::string_view key);
+json::value Field(const json::object& o, std::string_view key);
+
 }  // namespace nsbox::e2e

@@ -18,19 +18,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-std::string Str(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  return v != nullptr && v->is_string() ? std::string(v->as_string()) : "<missing>";
-}
-
 int64_t Int(const json::object& o, std::string_view key) {
   const json::value* v = o.if_contains(key);
   return v != nullptr && v->is_int64() ? v->as_int64() : -1000;
-}
-
-json::value Field(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  return v != nullptr ? *v : json::value("<missing>");
 }
 
 milliseconds Since(Clock::time_point t0) {

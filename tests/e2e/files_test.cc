@@ -20,28 +20,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-std::string Str(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  return v != nullptr && v->is_string() ? std::string(v->as_string()) : "<missing>";
-}
-
-json::object Obj(const Response& r) {
-  json::value v = r.Json();
-  return v.is_object() ? v.as_object() : json::object{};
-}
-
-// A member array of the answer, by value (safe in a range-for).
-json::array Arr(const Response& r, std::string_view key) {
-  json::object o = Obj(r);
-  const json::value* v = o.if_contains(key);
-  return v != nullptr && v->is_array() ? v->as_array() : json::array{};
-}
-
-json::value Field(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  return v != nullptr ? *v : json::value("<missing>");
-}
-
 // A file-system error: status, errno code, a message that names the errno and the path (Node's
 // wording: "ENOENT: no such file or directory, open '/workspace/a.txt'", or for rm of a
 // directory ERR_FS_EISDIR's "Path is a directory: rm returned EISDIR ..."); error.path (when
