@@ -355,16 +355,13 @@ void SetHeaders(http::request<Body>& req, const ApiEndpoint& endpoint) {
 
 }  // namespace
 
-Result<ApiResponse> ApiClient::Call(Method method, const std::string& target) {
-  return Call(method, target, json::value(nullptr));
-}
-
-Result<ApiResponse> ApiClient::Call(Method method, const std::string& target,
-                                    const json::value& body) {
+Status ApiClient::Send(Method method, const std::string& target, const json::value& body,
+                       std::string_view accept) {
   connect_failed_ = false;
   NSBOX_TRY(Connect());
   http::request<http::string_body> req{Verb(method), target, 11};
   SetHeaders(req, endpoint_);
+  if (!accept.empty()) req.set(http::field::accept, accept);
   if (!body.is_null()) {
     req.set(http::field::content_type, "application/json");
     req.body() = json::serialize(body);
@@ -376,6 +373,17 @@ Result<ApiResponse> ApiClient::Call(Method method, const std::string& target,
     Disconnect();
     return FromBoost(ec, "send request to nsboxd");
   }
+  return Ok();
+}
+
+Result<ApiResponse> ApiClient::Call(Method method, const std::string& target) {
+  return Call(method, target, json::value(nullptr));
+}
+
+Result<ApiResponse> ApiClient::Call(Method method, const std::string& target,
+                                    const json::value& body) {
+  NSBOX_TRY(Send(method, target, body, {}));
+  boost::system::error_code ec;
   http::response_parser<http::string_body> parser;
   parser.body_limit(kMaxWholeBody);
   http::read(conn_->socket, conn_->buffer, parser, ec);
@@ -432,22 +440,7 @@ Result<ApiResponse> ApiClient::ReadStreamed(const ChunkFn& on_chunk) {
 Result<ApiResponse> ApiClient::StreamLines(Method method, const std::string& target,
                                            const json::value& body, std::string_view accept,
                                            const LineFn& on_line) {
-  connect_failed_ = false;
-  NSBOX_TRY(Connect());
-  http::request<http::string_body> req{Verb(method), target, 11};
-  SetHeaders(req, endpoint_);
-  req.set(http::field::accept, accept);
-  if (!body.is_null()) {
-    req.set(http::field::content_type, "application/json");
-    req.body() = json::serialize(body);
-  }
-  req.prepare_payload();
-  boost::system::error_code ec;
-  http::write(conn_->socket, req, ec);
-  if (ec) {
-    Disconnect();
-    return FromBoost(ec, "send request to nsboxd");
-  }
+  NSBOX_TRY(Send(method, target, body, accept));
   std::string pending;
   auto result = ReadStreamed([&](std::string_view chunk) -> Status {
     size_t start = 0;
@@ -475,16 +468,7 @@ Result<ApiResponse> ApiClient::StreamLines(Method method, const std::string& tar
 }
 
 Result<ApiResponse> ApiClient::Download(const std::string& target, const ChunkFn& on_chunk) {
-  connect_failed_ = false;
-  NSBOX_TRY(Connect());
-  http::request<http::empty_body> req{http::verb::get, target, 11};
-  SetHeaders(req, endpoint_);
-  boost::system::error_code ec;
-  http::write(conn_->socket, req, ec);
-  if (ec) {
-    Disconnect();
-    return FromBoost(ec, "send request to nsboxd");
-  }
+  NSBOX_TRY(Send(Method::kGet, target, json::value(nullptr), {}));
   return ReadStreamed(on_chunk);
 }
 

@@ -111,6 +111,9 @@ class ApiClient {
  private:
   struct Connection;
 
+  // Connects if needed and sends a request with an optional JSON body (null: none) and Accept.
+  Status Send(Method method, const std::string& target, const boost::json::value& body,
+              std::string_view accept);
   // Reads an answer whose request was sent: a 2xx body to `on_chunk`, an error body whole.
   Result<ApiResponse> ReadStreamed(const ChunkFn& on_chunk);
 
