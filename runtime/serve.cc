@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -1452,86 +1453,68 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
   }
   std::shared_ptr<Sandbox> box = running.value();
   const std::string p = path.value();
-  auto start = Clock::now();
-  auto done = [&] { metrics_.FileVerb(verb, SecondsSince(start)); };
-
-  if (verb == "stat") {
-    auto work13 = [box, p] { return box->client().Stat(p); };
-    auto r = co_await Blocking(std::move(work13));
-    done();
-    if (!r.ok()) {
-      const ApiError reply_error = ApiError::FromFs(r.error());
-      co_return co_await ReplyError(c, reply_error);
-    }
+  const bool typed = with_types.value();
+  const bool rec = recursive.value();
+  const bool frc = force.value();
+  // The verb and the shaping of its answer run on the pool; one path below answers them all.
+  // The answer is the JSON body, or none for 204.
+  using Answer = ApiOutcome<std::optional<json::object>>;
+  std::function<Answer()> work = [box, p, verb, typed, rec, frc]() -> Answer {
+    auto fail = [](const fs::FsError& e) { return ApiError::FromFs(e); };
     json::object o;
-    o["isFile"] = r.value().is_file;
-    o["isDirectory"] = r.value().is_directory;
-    o["isSymbolicLink"] = r.value().is_symbolic_link;
-    o["size"] = r.value().size;
-    o["mtimeMs"] = r.value().mtime_ms;
-    co_return co_await ReplyJson(c, 200, o);
-  }
-  if (verb == "readdir") {
-    bool typed = with_types.value();
-    auto work14 = [box, p, typed] { return box->client().Readdir(p, typed); };
-    auto r = co_await Blocking(std::move(work14));
-    done();
-    if (!r.ok()) {
-      const ApiError reply_error = ApiError::FromFs(r.error());
-      co_return co_await ReplyError(c, reply_error);
+    if (verb == "stat") {
+      auto r = box->client().Stat(p);
+      if (!r.ok()) return fail(r.error());
+      o["isFile"] = r.value().is_file;
+      o["isDirectory"] = r.value().is_directory;
+      o["isSymbolicLink"] = r.value().is_symbolic_link;
+      o["size"] = r.value().size;
+      o["mtimeMs"] = r.value().mtime_ms;
+      return std::optional<json::object>(std::move(o));
     }
-    auto& entries = r.value().entries;
-    std::sort(entries.begin(), entries.end(),
-              [](const auto& a, const auto& b) { return a.name < b.name; });
-    json::array list;
-    for (const auto& e : entries) {
-      if (!typed) {
-        list.emplace_back(utf8::DecodeLossy(e.name));
-        continue;
+    if (verb == "readdir") {
+      auto r = box->client().Readdir(p, typed);
+      if (!r.ok()) return fail(r.error());
+      auto& entries = r.value().entries;
+      std::sort(entries.begin(), entries.end(),
+                [](const auto& x, const auto& y) { return x.name < y.name; });
+      json::array list;
+      for (const auto& e : entries) {
+        if (!typed) {
+          list.emplace_back(utf8::DecodeLossy(e.name));
+          continue;
+        }
+        json::object item;
+        item["name"] = utf8::DecodeLossy(e.name);
+        if (!utf8::IsValid(e.name)) item["nameBase64"] = Base64Encode(e.name);
+        item["type"] = EntryTypeName(e.type);
+        list.push_back(std::move(item));
       }
-      json::object o;
-      o["name"] = utf8::DecodeLossy(e.name);
-      if (!utf8::IsValid(e.name)) o["nameBase64"] = Base64Encode(e.name);
-      o["type"] = EntryTypeName(e.type);
-      list.push_back(std::move(o));
+      o["entries"] = std::move(list);
+      return std::optional<json::object>(std::move(o));
     }
-    json::object o;
-    o["entries"] = std::move(list);
-    co_return co_await ReplyJson(c, 200, o);
-  }
-  if (verb == "exists") {
-    auto work15 = [box, p] { return box->client().Exists(p); };
-    auto r = co_await Blocking(std::move(work15));
-    done();
-    if (!r.ok()) {
-      const ApiError reply_error = ApiError::FromFs(r.error());
-      co_return co_await ReplyError(c, reply_error);
+    if (verb == "exists") {
+      auto r = box->client().Exists(p);
+      if (!r.ok()) return fail(r.error());
+      o["exists"] = r.value();
+      return std::optional<json::object>(std::move(o));
     }
-    json::object o;
-    o["exists"] = r.value();
-    co_return co_await ReplyJson(c, 200, o);
-  }
-  if (verb == "mkdir") {
-    bool rec = recursive.value();
-    auto work16 = [box, p, rec] { return box->client().Mkdir(p, rec); };
-    auto r = co_await Blocking(std::move(work16));
-    done();
-    if (!r.ok()) {
-      const ApiError reply_error = ApiError::FromFs(r.error());
-      co_return co_await ReplyError(c, reply_error);
-    }
-    co_return co_await ReplyNoContent(c);
-  }
-  bool rec = recursive.value();
-  bool frc = force.value();
-  auto work17 = [box, p, rec, frc] { return box->client().Rm(p, rec, frc); };
-  auto r = co_await Blocking(std::move(work17));
-  done();
-  if (!r.ok()) {
-    const ApiError reply_error = ApiError::FromFs(r.error());
+    auto r = verb == "mkdir" ? box->client().Mkdir(p, rec) : box->client().Rm(p, rec, frc);
+    if (!r.ok()) return fail(r.error());
+    return std::optional<json::object>();
+  };
+  auto start = Clock::now();
+  auto answer = co_await Blocking(std::move(work));
+  metrics_.FileVerb(verb, SecondsSince(start));
+  if (!answer.ok()) {
+    const ApiError reply_error = answer.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  co_return co_await ReplyNoContent(c);
+  if (!answer.value()) co_return co_await ReplyNoContent(c);
+  {
+    const json::value reply_json = std::move(*answer.value());
+    co_return co_await ReplyJson(c, 200, reply_json);
+  }
 }
 
 // ---- listeners ----
