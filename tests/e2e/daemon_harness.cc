@@ -1,4 +1,5 @@
 #include "tests/e2e/daemon_harness.h"
+#include "tests/common/cgroups.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -152,26 +153,7 @@ bool StillAlive(const ProcessId& p) {
   return start == p.start_time && state != 'Z' && state != 'X';
 }
 
-std::set<std::string> FindNsboxCgroups() {
-  std::set<std::string> found;
-  struct Walker {
-    std::set<std::string>* found;
-    void Walk(const std::string& dir, int depth) {
-      if (depth > 6) return;
-      DIR* d = opendir(dir.c_str());
-      if (d == nullptr) return;
-      while (struct dirent* e = readdir(d)) {
-        if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
-        std::string child = dir + "/" + e->d_name;
-        if (std::string_view(e->d_name).starts_with("nsbox")) found->insert(child);
-        Walk(child, depth + 1);
-      }
-      closedir(d);
-    }
-  } walker{&found};
-  walker.Walk("/sys/fs/cgroup", 0);
-  return found;
-}
+std::set<std::string> FindNsboxCgroups() { return testutil::FindCgroupsNamed("nsbox"); }
 
 std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before) {
   std::vector<std::string> out;

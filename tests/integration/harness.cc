@@ -1,4 +1,5 @@
 #include "tests/integration/harness.h"
+#include "tests/common/cgroups.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -410,26 +411,7 @@ void TempWorkspace::MakeDir(std::string_view rel) const {
   }
 }
 
-std::set<std::string> FindNsboxRunCgroups() {
-  std::set<std::string> found;
-  struct Walker {
-    std::set<std::string>* found;
-    void Walk(const std::string& dir, int depth) {
-      if (depth > 6) return;
-      DIR* d = opendir(dir.c_str());
-      if (d == nullptr) return;
-      while (struct dirent* e = readdir(d)) {
-        if (e->d_type != DT_DIR || e->d_name[0] == '.') continue;
-        std::string child = dir + "/" + e->d_name;
-        if (std::string_view(e->d_name).starts_with("nsbox-run-")) found->insert(child);
-        Walk(child, depth + 1);
-      }
-      closedir(d);
-    }
-  } walker{&found};
-  walker.Walk("/sys/fs/cgroup", 0);
-  return found;
-}
+std::set<std::string> FindNsboxRunCgroups() { return testutil::FindCgroupsNamed("nsbox-run-"); }
 
 void ExpectNothingLeftBehind(const RunResult& result, const std::set<std::string>& before) {
   EXPECT_TRUE(result.leftover.empty()) << "processes outlived nsbox:\n" << result.Describe();
