@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "isolate/idmap.h"
 #include "runtime/api_client.h"
 #include "runtime/sandbox.h"
@@ -46,27 +47,18 @@ extern char** environ;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using nsbox::bench::Clock;
+using nsbox::bench::Micros;
+using nsbox::bench::Stats;
+using nsbox::bench::Summarize;
+using nsbox::bench::VforkExecTrue;
 using nsbox::runtime::ApiClient;
 using nsbox::runtime::ApiEndpoint;
 using nsbox::runtime::Method;
 
-double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
-
 [[noreturn]] void Die(const std::string& message) {
   std::fprintf(stderr, "nsbox-api-bench: %s\n", message.c_str());
   std::exit(1);
-}
-
-struct Stats {
-  double median = 0, p10 = 0, p90 = 0;
-};
-
-Stats Summarize(std::vector<double> v) {
-  if (v.empty()) return {};
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))]; };
-  return {at(0.5), at(0.1), at(0.9)};
 }
 
 void Row(const char* what, const Stats& s, const char* note = "") {
@@ -167,20 +159,6 @@ double Run(const std::vector<std::string>& args) {
   posix_spawn_file_actions_destroy(&fa);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) Die(args[0] + " " + args[1] + " failed");
   return us;
-}
-
-double VforkExecTrue() {
-  auto t0 = Clock::now();
-  pid_t pid = vfork();
-  if (pid == 0) {
-    char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
-    char* const envp[] = {nullptr};
-    execve("/bin/true", argv, envp);
-    _exit(127);
-  }
-  int status;
-  waitpid(pid, &status, 0);
-  return Micros(Clock::now() - t0);
 }
 
 // The command of perf-baselines.md section 2.2 (bubblewrap 0.8.0), with /bin/true appended.

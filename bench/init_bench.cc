@@ -26,42 +26,21 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "isolate/idmap.h"
 #include "runtime/sandbox.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using nsbox::bench::Clock;
+using nsbox::bench::Micros;
+using nsbox::bench::Stats;
+using nsbox::bench::Summarize;
+using nsbox::bench::VforkExecTrue;
 using nsbox::fs::proto::ExecRequest;
-
-double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
-
-struct Stats {
-  double median, p10, p90;
-};
-
-Stats Summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto at = [&](double q) { return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))]; };
-  return {at(0.5), at(0.1), at(0.9)};
-}
 
 void Print(const char* what, const Stats& s, const char* unit = "us") {
   std::printf("| %s | %.1f | %.1f | %.1f | %s |\n", what, s.median, s.p10, s.p90, unit);
-}
-
-double VforkExecTrue() {
-  auto t0 = Clock::now();
-  pid_t pid = vfork();
-  if (pid == 0) {
-    char* const argv[] = {const_cast<char*>("/bin/true"), nullptr};
-    char* const envp[] = {nullptr};
-    execve("/bin/true", argv, envp);
-    _exit(127);
-  }
-  int status;
-  waitpid(pid, &status, 0);
-  return Micros(Clock::now() - t0);
 }
 
 // kB of the kernel's memory that a sandbox can grow: slab, stacks, page tables, per-CPU, and
