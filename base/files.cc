@@ -2,7 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
 
 namespace nsbox {
 
@@ -52,6 +57,63 @@ Status WriteExistingFileAt(int dirfd, const std::string& path, std::string_view 
     return Error::Sys("write", path, EIO);
   }
   return Ok();
+}
+
+Status MakeDir(const std::string& path, mode_t mode) {
+  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) return Error::Sys("mkdir", path, errno);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return Error::Sys("stat", path, errno);
+  if (!S_ISDIR(st.st_mode)) return Error(ENOTDIR, path + " exists and is not a directory");
+  return Ok();
+}
+
+Status FsyncPath(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd.valid()) return Error::Sys("open", path, errno);
+  if (::fsync(fd.get()) != 0) return Error::Sys("fsync", path, errno);
+  return Ok();
+}
+
+Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data) {
+  const std::string temp = dir + "/." + name + ".tmp";
+  const std::string path = dir + "/" + name;
+  UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return Error::Sys("open", temp, errno);
+  NSBOX_TRY(WriteAll(fd.get(), data, temp));
+  if (::fsync(fd.get()) != 0) return Error::Sys("fsync", temp, errno);
+  fd.reset();
+  if (::rename(temp.c_str(), path.c_str()) != 0) return Error::Sys("rename", path, errno);
+  return FsyncPath(dir);
+}
+
+// std::filesystem::remove_all does not follow symlinks.
+Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return Error(ec.value(), "remove " + path + ": " + ec.message());
+  return Ok();
+}
+
+std::string RandomHex(size_t digits) {
+  // The kernel's generator: names made from it (exec ids, image content ids, temp names) are
+  // not guessable from earlier ones, as those of a seeded PRNG would be.
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string bytes((digits + 1) / 2, '\0');
+  size_t got = 0;
+  while (got < bytes.size()) {
+    ssize_t n = ::getrandom(bytes.data() + got, bytes.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    // getrandom cannot fail once the pool is initialised (Linux 3.17+, long before any boot
+    // reaches a daemon); if it does, there is nothing sane to fall back to.
+    if (n < 0) std::abort();
+    got += static_cast<size_t>(n);
+  }
+  std::string out;
+  for (size_t i = 0; i < digits; ++i) {
+    auto byte = static_cast<unsigned char>(bytes[i / 2]);
+    out += kHex[(i % 2 == 0 ? byte >> 4 : byte) & 15];
+  }
+  return out;
 }
 
 }  // namespace nsbox

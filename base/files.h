@@ -21,4 +21,15 @@ Status WriteExistingFileAt(int dirfd, const std::string& path, std::string_view 
 // Writes all of `content` to `fd`, retrying short writes and EINTR.
 Status WriteAll(int fd, std::string_view content, std::string_view what);
 
+// mkdir that accepts an existing directory (not a symlink or a file) at `path`.
+Status MakeDir(const std::string& path, mode_t mode);
+// fsync of a file or directory by path (after a rename, the directory holding it).
+Status FsyncPath(const std::string& path);
+// temp file, fsync, rename, fsync of the directory: a crash leaves the old file or the new.
+Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data);
+// A whole tree, without following symlinks. Only for trees nothing else is using.
+Status RemoveTree(const std::string& path);
+// `digits` random hex digits, for unique temp names (not for secrets).
+std::string RandomHex(size_t digits);
+
 }  // namespace nsbox

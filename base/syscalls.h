@@ -54,6 +54,19 @@ inline int MountSetattr(int dirfd, const char* path, unsigned int flags, struct 
   return static_cast<int>(::syscall(SYS_mount_setattr, dirfd, path, flags, attr, size));
 }
 
+// The new mount API (Linux 5.2): a file system configured through an fd and mounted detached.
+inline int FsOpen(const char* fs_name, unsigned int flags) {
+  return static_cast<int>(::syscall(SYS_fsopen, fs_name, flags));
+}
+
+inline int FsConfig(int fd, unsigned int cmd, const char* key, const void* value, int aux) {
+  return static_cast<int>(::syscall(SYS_fsconfig, fd, cmd, key, value, aux));
+}
+
+inline int FsMount(int fd, unsigned int flags, unsigned int attr_flags) {
+  return static_cast<int>(::syscall(SYS_fsmount, fd, flags, attr_flags));
+}
+
 inline int Openat2(int dirfd, const char* path, struct open_how* how, size_t size) {
   return static_cast<int>(::syscall(SYS_openat2, dirfd, path, how, size));
 }
