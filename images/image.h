@@ -20,8 +20,19 @@ struct Image {
 // bound read-only). It starts instantly and cannot be changed from inside.
 inline constexpr std::string_view kHostImage = "host";
 
-// The image called `name`; an error naming it when there is no such image.
+// The image called `name`; an error naming it when there is no such image. Only "host": the
+// imported images are the daemon's (images/store.h), which runs them with OverlayImage.
 Result<Image> ResolveImage(std::string_view name);
+
+// The shell of the root file system at `root_fd` (an unpacked image): "/bin/bash" when
+// usr/bin/bash or bin/bash, looked up inside it (its absolute symlinks resolve inside, never on
+// the host), is an executable file, else "/bin/sh".
+std::string ShellIn(int root_fd);
+
+// An imported image as the root of one sandbox: an overlay of its unpacked root file system
+// (`overlay.lower`) and the sandbox's own upper layer. The shell is bash when the sandbox's
+// root has one now (the upper layer first: it may have installed or removed it), else sh.
+Result<Image> OverlayImage(std::string_view name, const isolate::RootSpec::Overlay& overlay);
 
 // The host image read from the layout under `host_root` ("/" in production; a temp dir in tests).
 Result<Image> HostImage(const std::string& host_root);

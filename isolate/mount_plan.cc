@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <utility>
 
 #include "base/syscalls.h"
 #include "policy/filesystem.h"
@@ -86,8 +87,10 @@ std::string MountOp::Describe() const {
   switch (kind) {
     case Kind::kRootTmpfs:
       return "new root tmpfs at " + staged;
+    case Kind::kRootTree:
+      return "new root: the image's overlay at " + staged;
     case Kind::kMkdir:
-      return "mkdir " + target;
+      return std::string(if_absent ? "mkdir (if absent) " : "mkdir ") + target;
     case Kind::kTouch:
       return "create " + target;
     case Kind::kWriteFile:
@@ -169,76 +172,95 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   if (!IsAbsoluteNormal(config.staging) || config.staging == "/") {
     return Error::Msg("staging directory '" + config.staging + "' must be an absolute path");
   }
-  if (config.workspace_source.empty()) {
+  if (config.workspace_source.empty() && config.root_tree_fd < 0) {
     return Error::Msg("no workspace to bind");
   }
   Planner p(config.staging);
   constexpr unsigned long kRo = MS_RDONLY | MS_NOSUID | MS_NODEV;
 
-  // 1. The new root: a small tmpfs holding only mount points, /etc and symlinks. It becomes
-  //    read-only once everything is in place (the last step).
-  auto& root = p.Add(Kind::kRootTmpfs, "/");
-  root.flags = MS_NOSUID | MS_NODEV;
-  root.data = "mode=0755,size=4m,nr_inodes=4096";
-
-  // 2. The image: read-only binds of the host's /usr (and the rest of its layout).
-  for (const auto& link : config.root.symlinks) {
-    if (!IsAbsoluteNormal(link.target)) return Error::Msg("bad image symlink " + link.target);
-    p.Symlink(link.pointee, link.target);
-  }
-  for (const auto& bind : config.root.binds) {
-    if (!IsAbsoluteNormal(bind.target) || bind.target == "/") {
-      return Error::Msg("bad image bind target '" + bind.target + "'");
+  const bool overlay = config.root_tree_fd >= 0;
+  if (overlay) {
+    // 1-3. An imported image: its overlay is the whole root, /etc included, and persistent.
+    if (!config.root.binds.empty() || !config.root.symlinks.empty()) {
+      return Error::Msg("an overlay root takes no binds or symlinks");
     }
-    p.Mkdir(bind.target);
-    p.Bind(bind.source, bind.target, bind.readonly ? kRo : (MS_NOSUID | MS_NODEV), true);
-  }
-
-  // 3. /etc: generated files plus read-only binds of the allowlisted host entries.
-  p.Mkdir("/etc");
-  for (const auto& file : GeneratedEtcFiles(config.hostname)) {
-    auto& op = p.Add(Kind::kWriteFile, "/etc/" + file.name);
-    op.data = file.content;
-    op.mode = 0644;
-  }
-  p.Symlink("../proc/self/mounts", "/etc/mtab");
-  for (const auto& e : config.host_etc) {
-    std::string target = "/etc/" + e.name;
-    switch (e.type) {
-      case JailFsConfig::EtcEntry::Type::kSymlink:
-        p.Symlink(e.pointee, target);
-        break;
-      case JailFsConfig::EtcEntry::Type::kDirectory:
-        p.Mkdir(target);
-        p.Bind("/etc/" + e.name, target, kRo, true);
-        break;
-      case JailFsConfig::EtcEntry::Type::kFile:
-        if (e.size <= config.etc_copy_limit) {
-          // Small files are copied into the root, which becomes read-only: a copy costs a few
-          // syscalls where a bind costs two mounts at set-up and an unmount at teardown.
-          auto& op = p.Add(Kind::kCopyFile, target);
-          op.source = "/etc/" + e.name;
-          op.mode = 0644;
-        } else {
-          p.Add(Kind::kTouch, target).mode = 0644;
-          p.Bind("/etc/" + e.name, target, kRo, false);
-        }
-        break;
-    }
-  }
-
-  // 4. The writable places: /workspace (persistent), /root, /tmp.
-  p.Mkdir("/workspace");
-  auto& workspace = p.Bind(config.workspace_source, "/workspace", MS_NOSUID | MS_NODEV, false);
-  workspace.source_fd = config.workspace_fd;
-  workspace.source_is_tree = config.workspace_fd_is_tree;
-  p.Mkdir("/root", 0700);
-  if (config.home_tmpfs || config.home_source.empty()) {
-    p.Tmpfs("/root", MS_NOSUID | MS_NODEV, "mode=0700");
+    p.Add(Kind::kRootTree, "/").source_fd = config.root_tree_fd;
   } else {
-    auto& home = p.Bind(config.home_source, "/root", MS_NOSUID | MS_NODEV, false);
-    home.source_fd = config.home_fd;
-    home.source_is_tree = config.home_fd_is_tree;
+    // 1. The new root: a small tmpfs holding only mount points, /etc and symlinks. It becomes
+    //    read-only once everything is in place (the last step).
+    auto& root = p.Add(Kind::kRootTmpfs, "/");
+    root.flags = MS_NOSUID | MS_NODEV;
+    root.data = "mode=0755,size=4m,nr_inodes=4096";
+
+    // 2. The image: read-only binds of the host's /usr (and the rest of its layout).
+    for (const auto& link : config.root.symlinks) {
+      if (!IsAbsoluteNormal(link.target)) return Error::Msg("bad image symlink " + link.target);
+      p.Symlink(link.pointee, link.target);
+    }
+    for (const auto& bind : config.root.binds) {
+      if (!IsAbsoluteNormal(bind.target) || bind.target == "/") {
+        return Error::Msg("bad image bind target '" + bind.target + "'");
+      }
+      p.Mkdir(bind.target);
+      p.Bind(bind.source, bind.target, bind.readonly ? kRo : (MS_NOSUID | MS_NODEV), true);
+    }
+
+    // 3. /etc: generated files plus read-only binds of the allowlisted host entries.
+    p.Mkdir("/etc");
+    for (const auto& file : GeneratedEtcFiles(config.hostname)) {
+      auto& op = p.Add(Kind::kWriteFile, "/etc/" + file.name);
+      op.data = file.content;
+      op.mode = 0644;
+    }
+    p.Symlink("../proc/self/mounts", "/etc/mtab");
+    for (const auto& e : config.host_etc) {
+      std::string target = "/etc/" + e.name;
+      switch (e.type) {
+        case JailFsConfig::EtcEntry::Type::kSymlink:
+          p.Symlink(e.pointee, target);
+          break;
+        case JailFsConfig::EtcEntry::Type::kDirectory:
+          p.Mkdir(target);
+          p.Bind("/etc/" + e.name, target, kRo, true);
+          break;
+        case JailFsConfig::EtcEntry::Type::kFile:
+          if (e.size <= config.etc_copy_limit) {
+            // Small files are copied into the root, which becomes read-only: a copy costs a few
+            // syscalls where a bind costs two mounts at set-up and an unmount at teardown.
+            auto& op = p.Add(Kind::kCopyFile, target);
+            op.source = "/etc/" + e.name;
+            op.mode = 0644;
+          } else {
+            p.Add(Kind::kTouch, target).mode = 0644;
+            p.Bind("/etc/" + e.name, target, kRo, false);
+          }
+          break;
+      }
+    }
+  }
+
+  // 4. The writable places: /workspace and /root (persistent), /tmp.
+  if (overlay) {
+    // Plain directories of the persistent root, made once; what the sandbox later makes of
+    // them (a chmod, even a symlink in their place) is its own business.
+    for (const auto& [dir, mode] : {std::pair{"/workspace", 0755}, std::pair{"/root", 0700}}) {
+      auto& op = p.Add(Kind::kMkdir, dir);
+      op.mode = static_cast<mode_t>(mode);
+      op.if_absent = true;
+    }
+  } else {
+    p.Mkdir("/workspace");
+    auto& workspace = p.Bind(config.workspace_source, "/workspace", MS_NOSUID | MS_NODEV, false);
+    workspace.source_fd = config.workspace_fd;
+    workspace.source_is_tree = config.workspace_fd_is_tree;
+    p.Mkdir("/root", 0700);
+    if (config.home_tmpfs || config.home_source.empty()) {
+      p.Tmpfs("/root", MS_NOSUID | MS_NODEV, "mode=0700");
+    } else {
+      auto& home = p.Bind(config.home_source, "/root", MS_NOSUID | MS_NODEV, false);
+      home.source_fd = config.home_fd;
+      home.source_is_tree = config.home_fd_is_tree;
+    }
   }
   p.Mkdir("/tmp", 01777);
   p.Tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=1777");
@@ -275,8 +297,73 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
 
   // 7. Switch roots, drop the host's, and freeze what is not meant to change.
   p.Add(Kind::kPivotRoot, "/");
-  p.Add(Kind::kRemountRootReadonly, "/");
+  if (!overlay) p.Add(Kind::kRemountRootReadonly, "/");
   return p.Take();
+}
+
+namespace {
+
+// overlayfs splits lowerdir at ':' and unescapes every layer path: a state dir with ':' or '\\'
+// in its name must not become two layers.
+std::string OverlayPathOption(const std::string& path) {
+  std::string out;
+  for (char c : path) {
+    if (c == ':' || c == '\\' || c == ',') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+// What the kernel said about a failed fsconfig/fsmount: its fs_context log ("e overlayfs:
+// failed to resolve '...': -2"), one message per read.
+std::string FsContextLog(int fd) {
+  std::string out;
+  char buf[512];
+  for (int i = 0; i < 8; ++i) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    if (!out.empty()) out += "; ";
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<UniqueFd> MountOverlay(const RootSpec::Overlay& overlay) {
+  // SAFETY: fsopen only creates a configuration context; nothing is mounted until fsmount, and
+  // the mount it returns is detached (visible nowhere until the jail attaches it).
+  UniqueFd fs(sys::FsOpen("overlay", FSOPEN_CLOEXEC));
+  if (!fs.valid())
+    return Error::Sys("fsopen", "overlay", errno).Context("mount the image's overlay");
+  const std::pair<const char*, std::string> options[] = {
+      {"lowerdir", OverlayPathOption(overlay.lower)},
+      {"upperdir", OverlayPathOption(overlay.upper)},
+      {"workdir", OverlayPathOption(overlay.work)},
+  };
+  for (const auto& [key, value] : options) {
+    // SAFETY: key and value are NUL-terminated strings that outlive the call.
+    if (sys::FsConfig(fs.get(), FSCONFIG_SET_STRING, key, value.c_str(), 0) < 0) {
+      int err = errno;
+      std::string log = FsContextLog(fs.get());
+      return Error::Sys("fsconfig", std::string(key) + "=" + value, err)
+          .Context("mount the image's overlay" + (log.empty() ? "" : " (" + log + ")"));
+    }
+  }
+  if (sys::FsConfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) < 0) {
+    int err = errno;
+    std::string log = FsContextLog(fs.get());
+    return Error::Sys("fsconfig", "create overlay of " + overlay.lower, err)
+        .Context("mount the image's overlay" + (log.empty() ? "" : " (" + log + ")"));
+  }
+  // SAFETY: turns the configured context into a detached mount fd; nosuid and nodev, like every
+  // writable place of a jail.
+  UniqueFd mnt(sys::FsMount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
+  if (!mnt.valid()) {
+    return Error::Sys("fsmount", "overlay of " + overlay.lower, errno)
+        .Context("mount the image's overlay");
+  }
+  return mnt;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -400,11 +487,27 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
       if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) return errno;
       if (::mount("tmpfs", staged, "tmpfs", op.flags, op.data.c_str()) < 0) return errno;
       return 0;
-    case Kind::kMkdir:
-      if (::mkdir(staged, op.mode) < 0 && errno != EEXIST) return errno;
-      // mkdir applies the umask; the mode of a mount point matters for /tmp and /root.
-      if (::chmod(staged, op.mode) < 0) return errno;
+    case Kind::kRootTree:
+      if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) return errno;
+      // SAFETY: attaches the overlay the host mounted detached; the fd is consumed by the move.
+      if (sys::MoveMount(op.source_fd, "", AT_FDCWD, staged, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
+        return errno;
+      }
       return 0;
+    case Kind::kMkdir: {
+      if (::mkdir(staged, op.mode) == 0) {
+        // mkdir applies the umask; the mode of a mount point matters for /tmp and /root.
+        if (::chmod(staged, op.mode) < 0) return errno;
+        return 0;
+      }
+      if (errno != EEXIST) return errno;
+      if (op.if_absent) return 0;
+      // Something is there already (only in an image's persistent root): it must be a real
+      // directory, or the mount that follows would land where a symlink points, outside.
+      struct stat st {};
+      if (::lstat(staged, &st) < 0) return errno;
+      return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+    }
     case Kind::kTouch: {
       int fd = ::open(staged, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, op.mode);
       if (fd < 0) return errno;

@@ -3,10 +3,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "base/unique_fd.h"
 
 namespace nsbox::isolate {
 
@@ -19,7 +21,9 @@ namespace nsbox::isolate {
 struct MountOp {
   enum class Kind {
     kRootTmpfs,     // mount the new root (a small tmpfs) on the staging directory
-    kMkdir,         // mkdir target (parents exist), mode
+    kRootTree,      // attach the detached mount `source_fd` (an image's overlay) as the new root
+    kMkdir,         // mkdir target (parents exist), mode; an existing entry must be a real
+                    // directory (not a symlink: ENOTDIR) and keeps its mode
     kTouch,         // create an empty file to bind over
     kWriteFile,     // create target with `data` as content, mode
     kCopyFile,      // create target with the content of the host file `source`, mode
@@ -44,6 +48,9 @@ struct MountOp {
   unsigned long flags = 0;
   mode_t mode = 0;
   bool recursive = false;  // kBind: rbind (submounts too)
+  // kMkdir: whatever already exists there is left as it is, directory or not (the persistent
+  // root of an imported image, where the sandbox may have replaced /workspace by a symlink).
+  bool if_absent = false;
   // kBind: an fd the caller opened on the source before clone. The child opens `source` in its
   // own mount namespace (a mount of another namespace cannot be bound: EINVAL), checks that it
   // is the same directory (device and inode), and binds that, so nothing swapped in between
@@ -77,12 +84,24 @@ struct RootSpec {
   };
   std::vector<Bind> binds;
   std::vector<Symlink> symlinks;
+  // An imported image: the root is an overlay of the unpacked image (`lower`, read-only and
+  // shared by every sandbox of the image) and this sandbox's own `upper` and `work`
+  // directories, persistent in the state dir. The binds and symlinks above are then empty.
+  struct Overlay {
+    std::string lower;
+    std::string upper;
+    std::string work;
+  };
+  std::optional<Overlay> overlay;
 };
 
 // Everything the plan depends on. Host facts (which /etc entries exist and what they are) are
 // read by the caller, so the planner is a pure function.
 struct JailFsConfig {
   RootSpec root;
+  // root.overlay, mounted detached on the host (MountOverlay): the plan attaches it as the new
+  // root, which then holds /etc, /workspace and /root itself and stays writable.
+  int root_tree_fd = -1;
   std::string staging = "/tmp";
   // The workspace, bound read-write at /workspace: its host path and an O_PATH fd the caller
   // opened on it, against which the child checks what it binds.
@@ -118,6 +137,11 @@ struct GeneratedFile {
 std::vector<GeneratedFile> GeneratedEtcFiles(const std::string& hostname);
 
 Result<MountPlan> PlanMounts(const JailFsConfig& config);
+
+// Mounts `overlay` detached (fsopen/fsconfig/fsmount, Linux 5.2), nosuid and nodev, with the
+// caller's credentials: the daemon's, so that the jail, which may not mount an overlay of host
+// directories, only attaches it. Errors carry the kernel's own message about the options.
+Result<UniqueFd> MountOverlay(const RootSpec::Overlay& overlay);
 
 // Applies the plan in the child. Async-signal-safe: no allocation, no logging. Returns 0, or an
 // errno with *failed_op set to the index of the step that failed.

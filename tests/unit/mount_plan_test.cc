@@ -96,6 +96,38 @@ TEST(MountPlan, WorkspaceComesBeforeProcAndStagedPathsAreUnderTheStaging) {
   EXPECT_EQ(plan->ops[workspace].source_fd, 7);
 }
 
+TEST(MountPlan, AnImageOverlayIsTheWholeWritableRoot) {
+  JailFsConfig c;
+  c.root.overlay =
+      RootSpec::Overlay{"/state/images/content/ab/rootfs", "/state/sb/upper", "/state/sb/work"};
+  c.root_tree_fd = 9;
+  c.hostname = "box";
+  c.host_etc = Config().host_etc;  // ignored: the image brings its own /etc
+  auto plan = PlanMounts(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  EXPECT_EQ(plan->ops.front().kind, Kind::kRootTree);
+  EXPECT_EQ(plan->ops.front().source_fd, 9);
+  EXPECT_EQ(plan->ops.back().kind, Kind::kPivotRoot);  // the root stays writable
+  auto d = Described(*plan);
+  EXPECT_EQ(d.front(), "new root: the image's overlay at /tmp");
+  EXPECT_TRUE(Contains(d, "mkdir (if absent) /workspace"));
+  EXPECT_TRUE(Contains(d, "mkdir (if absent) /root"));
+  EXPECT_TRUE(Contains(d, "mkdir /tmp"));
+  EXPECT_TRUE(Contains(d, "tmpfs /tmp (rw,nosuid,nodev,mode=1777)"));
+  EXPECT_TRUE(Contains(d, "proc /proc (hidepid=ptraceable)"));
+  EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5)"));
+  for (const auto& op : plan->ops) {
+    // Nothing of the host's /etc, and nothing bound over the persistent /workspace or /root.
+    EXPECT_NE(op.target.rfind("/etc", 0), 0u) << op.Describe();
+    if (op.target == "/workspace" || op.target == "/root") {
+      EXPECT_EQ(op.kind, Kind::kMkdir) << op.Describe();
+    }
+  }
+  // An overlay root with host binds is a contradiction.
+  c.root.binds = {{"/usr", "/usr", true}};
+  EXPECT_FALSE(PlanMounts(c).ok());
+}
+
 TEST(MountPlan, GeneratedEtcHasNoSecrets) {
   auto files = GeneratedEtcFiles("box");
   std::vector<std::string> names;
