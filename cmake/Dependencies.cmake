@@ -33,3 +33,20 @@ add_library(nsbox_http_deps INTERFACE)
 target_link_libraries(nsbox_http_deps INTERFACE Boost::headers Threads::Threads)
 target_compile_definitions(nsbox_http_deps INTERFACE BOOST_ASIO_NO_DEPRECATED
                                                      BOOST_JSON_NO_LIB BOOST_CONTAINER_NO_LIB)
+
+# Image import: libarchive reads every tar flavour (only the tar format and the gzip, zstd, xz and
+# bzip2 filters are referenced, so a static link pulls neither libxml2 nor the other formats),
+# nettle computes the SHA-256 of every blob. Debian's libarchive-dev and nettle-dev.
+pkg_check_modules(ARCHIVE REQUIRED IMPORTED_TARGET libarchive)
+pkg_check_modules(NETTLE REQUIRED IMPORTED_TARGET nettle)
+add_library(nsbox_archive_deps INTERFACE)
+if(NSBOX_STATIC)
+  find_library(NSBOX_ARCHIVE_A libarchive.a REQUIRED)
+  foreach(lib nettle acl lzma zstd lz4 bz2 z)
+    find_library(NSBOX_${lib}_A lib${lib}.a REQUIRED)
+    list(APPEND NSBOX_ARCHIVE_STATIC_LIBS ${NSBOX_${lib}_A})
+  endforeach()
+  target_link_libraries(nsbox_archive_deps INTERFACE ${NSBOX_ARCHIVE_A} ${NSBOX_ARCHIVE_STATIC_LIBS})
+else()
+  target_link_libraries(nsbox_archive_deps INTERFACE PkgConfig::ARCHIVE PkgConfig::NETTLE)
+endif()

@@ -1,0 +1,1657 @@
+#include "images/import.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <nettle/sha2.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/json.hpp>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <utility>
+
+#include "base/files.h"
+#include "base/syscalls.h"
+#include "base/unique_fd.h"
+
+namespace nsbox::images::internal {
+
+namespace json = boost::json;
+
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+// ImportProgress promises a report at least every 4 MiB read.
+constexpr uint64_t kProgressStep = 4 * kMiB;
+// An index, a manifest or a config is a few KiB; this bounds what a hostile one costs in memory.
+constexpr uint64_t kMaxJsonBytes = 16 * kMiB;
+constexpr size_t kReadChunk = 256 * 1024;
+// Real images nest a few dozen levels at most. The bound keeps the fds held by RemoveTreeAt
+// (one per level) far below any RLIMIT_NOFILE.
+constexpr size_t kMaxPathComponents = 128;
+// An index may point at an index (a platform list inside a layout's index.json); never deeper
+// than this in practice.
+constexpr int kMaxIndexNesting = 4;
+// docker save writes a repeated layer as a symlink to the first copy; links of links are rare.
+constexpr int kMaxMemberLinks = 8;
+
+#if defined(__x86_64__)
+constexpr std::string_view kHostArch = "amd64";
+#elif defined(__aarch64__)
+constexpr std::string_view kHostArch = "arm64";
+#else
+#error "nsbox images: add the OCI architecture name of this target"
+#endif
+
+constexpr std::string_view kOciIndexType = "application/vnd.oci.image.index.v1+json";
+constexpr std::string_view kDockerListType =
+    "application/vnd.docker.distribution.manifest.list.v2+json";
+constexpr std::string_view kOciManifestType = "application/vnd.oci.image.manifest.v1+json";
+constexpr std::string_view kDockerManifestType =
+    "application/vnd.docker.distribution.manifest.v2+json";
+// Layer media types; which compression a layer has is detected from its bytes either way.
+constexpr std::string_view kLayerTypes[] = {
+    "application/vnd.oci.image.layer.v1.tar",
+    "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.oci.image.layer.v1.tar+zstd",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd",
+    "application/vnd.docker.image.rootfs.diff.tar",
+    "application/vnd.docker.image.rootfs.diff.tar.gzip",
+    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
+};
+
+// Off only in tests: the walk that replaces openat2 before Linux 5.6 (conventions.md: both
+// paths tested).
+std::atomic<bool> g_use_openat2{true};
+
+Error BadInput(std::string message) { return Error(EINVAL, std::move(message)); }
+
+// A name from the input, quoted for a message; control characters (a newline in a tar entry's
+// name) become '?' so that a message stays one line.
+std::string Quote(std::string_view s) {
+  std::string out = "'";
+  for (char c : s) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  return out + "'";
+}
+
+std::string Plural(uint64_t n, std::string_view one, std::string_view many) {
+  return std::to_string(n) + " " + std::string(n == 1 ? one : many);
+}
+
+bool IsHex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// ---- progress ----
+
+class Progress {
+ public:
+  explicit Progress(const ProgressFn& fn) : fn_(fn) {}
+  void SetTotal(uint64_t total) { state_.bytes_total = total; }
+  // A new phase or layer: reported at once. bytes_read starts from 0 in each phase.
+  void Start(std::string_view phase, uint64_t layer, uint64_t layers) {
+    if (phase != state_.phase) state_.bytes_read = 0;
+    state_.phase = std::string(phase);
+    state_.layer = layer;
+    state_.layers = layers;
+    reported_ = state_.bytes_read;
+    Report();
+  }
+  // The source is read once more from its start (a compressed tar, decompressed after its scan).
+  void Rewind() {
+    state_.bytes_read = 0;
+    reported_ = 0;
+  }
+  void Add(uint64_t n) {
+    state_.bytes_read += n;
+    if (state_.bytes_read - reported_ >= kProgressStep) {
+      reported_ = state_.bytes_read;
+      Report();
+    }
+  }
+
+ private:
+  void Report() {
+    if (fn_) fn_(state_);
+  }
+  const ProgressFn& fn_;
+  ImportProgress state_;
+  uint64_t reported_ = 0;
+};
+
+// ---- SHA-256 (nettle) ----
+
+class Sha256 {
+ public:
+  Sha256() { sha256_init(&ctx_); }
+  void Update(const void* data, size_t size) {
+    sha256_update(&ctx_, size, static_cast<const uint8_t*>(data));
+  }
+  // "sha256:<hex>"; resets the context (nettle's digest does).
+  std::string Digest() {
+    uint8_t out[SHA256_DIGEST_SIZE];
+    sha256_digest(&ctx_, sizeof out, out);
+    return "sha256:" + HexOf(out, sizeof out);
+  }
+
+ private:
+  struct sha256_ctx ctx_;
+};
+
+// ---- reading a byte range through libarchive ----
+
+// The bytes [offset, offset + size) of a file, fed to libarchive's read callback and hashed on
+// the way, so that a blob is verified in the same single pass that unpacks it. pread, not read:
+// a blob is a range of the outer tar, and nothing depends on the fd's file position.
+class RangeReader {
+ public:
+  RangeReader(int fd, uint64_t offset, uint64_t size, std::string what, Progress* progress)
+      : fd_(fd), offset_(offset), size_(size), what_(std::move(what)), progress_(progress) {
+    buf_.resize(kReadChunk);
+  }
+  RangeReader(const RangeReader&) = delete;
+  RangeReader& operator=(const RangeReader&) = delete;
+
+  // Lets libarchive skip bytes unread (the header scan of an uncompressed tar). Skipped bytes are
+  // not hashed, so this is only for readers whose digest nobody checks.
+  void AllowSkip() { skip_ok_ = true; }
+  const std::optional<Error>& error() const { return error_; }
+  uint64_t consumed() const { return pos_; }
+
+  // The next chunk: 0 bytes at the end of the range.
+  Result<size_t> Read(const void** data) {
+    if (pos_ >= size_) return size_t{0};
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - pos_));
+    ssize_t n;
+    do {
+      n = ::pread(fd_, buf_.data(), want, static_cast<off_t>(offset_ + pos_));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return Error::Sys("pread", what_, errno);
+    if (n == 0) {
+      return BadInput(what_ + ": truncated: the file ends " + std::to_string(size_ - pos_) +
+                      " bytes early");
+    }
+    const auto got = static_cast<size_t>(n);
+    hash_.Update(buf_.data(), got);
+    pos_ += got;
+    if (progress_ != nullptr) progress_->Add(got);
+    *data = buf_.data();
+    return got;
+  }
+
+  // Reads what libarchive left unread (the end-of-archive blocks, a compressor's trailer), so
+  // that the digest covers the whole blob.
+  Status Drain() {
+    const void* data;
+    for (;;) {
+      NSBOX_ASSIGN_OR_RETURN(size_t n, Read(&data));
+      if (n == 0) return Ok();
+    }
+  }
+  // "sha256:<hex>" of every byte read; call once, after Drain.
+  std::string Digest() { return hash_.Digest(); }
+
+  static la_ssize_t ReadCallback(struct archive* a, void* self, const void** buffer) {
+    auto* r = static_cast<RangeReader*>(self);
+    auto n = r->Read(buffer);
+    if (!n.ok()) {
+      r->error_ = n.error();
+      archive_set_error(a, n.error().code(), "%s", n.error().message().c_str());
+      return -1;
+    }
+    return static_cast<la_ssize_t>(*n);
+  }
+  static la_int64_t SkipCallback(struct archive*, void* self, la_int64_t request) {
+    auto* r = static_cast<RangeReader*>(self);
+    if (!r->skip_ok_ || request <= 0) return 0;  // 0: libarchive reads through instead
+    const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(request), r->size_ - r->pos_);
+    r->pos_ += n;
+    if (r->progress_ != nullptr) r->progress_->Add(n);
+    return static_cast<la_int64_t>(n);
+  }
+
+ private:
+  int fd_;
+  uint64_t offset_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+  std::string what_;
+  Progress* progress_;
+  Sha256 hash_;
+  bool skip_ok_ = false;
+  std::vector<unsigned char> buf_;
+  std::optional<Error> error_;
+};
+
+struct ArchiveReadFree {
+  void operator()(struct archive* a) const { archive_read_free(a); }
+};
+using ArchiveReader = std::unique_ptr<struct archive, ArchiveReadFree>;
+
+// What went wrong in libarchive: the reader's own error (a failed pread) when there is one,
+// else libarchive's message about the data, as bad input.
+Error ArchiveError(struct archive* a, const RangeReader& reader, std::string_view what) {
+  if (reader.error().has_value()) {
+    return Error(reader.error()->code(), std::string(what) + ": " + reader.error()->message());
+  }
+  const char* msg = archive_error_string(a);
+  return BadInput(std::string(what) + ": " +
+                  (msg != nullptr ? msg : "corrupt or truncated archive"));
+}
+
+enum class ArchiveFormat { kTar, kRaw };
+
+// A libarchive reader over `reader`: a tar (kTar) or the bare decompressed stream (kRaw), bare or
+// compressed with gzip, zstd, xz or bzip2, detected from the data. Only these are enabled:
+// archive_read_support_{format,filter}_all would also link every other format (and libxml2)
+// into the static binaries.
+Result<ArchiveReader> OpenArchive(RangeReader* reader, ArchiveFormat format,
+                                  std::string_view what) {
+  ArchiveReader a(archive_read_new());
+  if (!a) return Error(ENOMEM, "archive_read_new: out of memory");
+  if (format == ArchiveFormat::kTar) {
+    archive_read_support_format_tar(a.get());
+  } else {
+    archive_read_support_format_raw(a.get());
+  }
+  archive_read_support_filter_gzip(a.get());
+  archive_read_support_filter_zstd(a.get());
+  archive_read_support_filter_xz(a.get());
+  archive_read_support_filter_bzip2(a.get());
+  if (archive_read_open2(a.get(), reader, nullptr, &RangeReader::ReadCallback,
+                         &RangeReader::SkipCallback, nullptr) != ARCHIVE_OK) {
+    return ArchiveError(a.get(), *reader,
+                        std::string(what) + (format == ArchiveFormat::kTar
+                                                 ? ": not a tar archive (or an unsupported "
+                                                   "compression)"
+                                                 : ": cannot decompress"));
+  }
+  return a;
+}
+
+// ---- the members of an outer tar ----
+
+// A member's name as a lookup key: "./index.json", "/index.json" and "index.json" are the same
+// member; "a/../b" is "b" (a name resolved lexically inside the archive, never on disk).
+std::string MemberKey(std::string_view name) {
+  std::vector<std::string_view> parts;
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('/', start);
+    if (end == std::string_view::npos) end = name.size();
+    std::string_view part = name.substr(start, end - start);
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+    } else if (!part.empty() && part != ".") {
+      parts.push_back(part);
+    }
+    start = end + 1;
+  }
+  std::string out;
+  for (std::string_view p : parts) {
+    if (!out.empty()) out += '/';
+    out += p;
+  }
+  return out;
+}
+
+struct Member {
+  enum class Kind { kFile, kHardlink, kSymlink, kOther } kind = Kind::kOther;
+  uint64_t offset = 0;  // of the data, in the (decompressed) tar stream
+  uint64_t size = 0;
+  bool sparse = false;
+  std::string link;  // hardlink target (a member key) or symlink text
+};
+
+struct ScannedTar {
+  std::map<std::string, Member> members;  // by MemberKey; a later member of a name wins
+  bool compressed = false;
+};
+
+// Reads every header of the tar in `fd` once, recording where each member's data starts, so
+// that blobs can later be read in place with pread (ranges of the file), in any order, without
+// unpacking the outer tar to disk. It must see every name before the format is known (docker
+// save and OCI archives often put manifest.json or index.json last), and it reads the whole
+// file (skipping data where the tar is uncompressed), so a truncated or corrupt tar fails here,
+// before anything is written. A compressed root file system tarball is thus decompressed twice:
+// once here, once as its layer; CPU spent for never unpacking a broken one.
+Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Progress& progress) {
+  RangeReader reader(fd, 0, size, source, &progress);
+  reader.AllowSkip();
+  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kTar, source));
+  ScannedTar scan;
+  uint64_t entries = 0;
+  for (;;) {
+    struct archive_entry* e = nullptr;
+    int rc = archive_read_next_header(a.get(), &e);
+    if (rc == ARCHIVE_EOF) break;
+    // ARCHIVE_RETRY is a damaged header that libarchive would skip: corrupt input all the same.
+    if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
+      return ArchiveError(a.get(), reader, source + ": corrupt tar archive");
+    }
+    ++entries;
+    const char* name = archive_entry_pathname(e);
+    if (name == nullptr) name = archive_entry_pathname_utf8(e);
+    Member m;
+    if (const char* hardlink = archive_entry_hardlink(e); hardlink != nullptr) {
+      m.kind = Member::Kind::kHardlink;
+      m.link = MemberKey(hardlink);
+    } else if (archive_entry_filetype(e) == AE_IFREG) {
+      m.kind = Member::Kind::kFile;
+      // After the header (pax and GNU long-name headers included), the decompressed stream's
+      // position is the first byte of this member's data.
+      m.offset = static_cast<uint64_t>(archive_filter_bytes(a.get(), 0));
+      m.size = static_cast<uint64_t>(archive_entry_size(e));
+      m.sparse = archive_entry_sparse_count(e) > 0;
+    } else if (archive_entry_filetype(e) == AE_IFLNK) {
+      m.kind = Member::Kind::kSymlink;
+      const char* target = archive_entry_symlink(e);
+      m.link = target != nullptr ? target : "";
+    }
+    if (name != nullptr) scan.members[MemberKey(name)] = std::move(m);
+    if (archive_read_data_skip(a.get()) != ARCHIVE_OK) {
+      return ArchiveError(a.get(), reader, source + ": truncated or corrupt tar archive");
+    }
+  }
+  if (entries == 0) {
+    return BadInput(source +
+                    ": not a tar archive (or an unsupported compression): it holds no entries");
+  }
+  scan.compressed = archive_filter_code(a.get(), 0) != ARCHIVE_FILTER_NONE;
+  return scan;
+}
+
+// Decompresses the whole outer tar into an unlinked scratch file under `work_fd`. A compressed
+// outer tar (`docker save | gzip`) cannot be read in place at offsets, and the manifest chain
+// decides which members are needed only as it is read, so one decompressed copy lets everything
+// after this work exactly as for an uncompressed tar. It costs the disk space of the image once
+// more, for the length of the import only.
+Result<UniqueFd> DecompressToScratch(int fd, uint64_t size, int work_fd, const std::string& source,
+                                     Progress& progress) {
+  const std::string scratch = "source.tar";
+  NSBOX_ASSIGN_OR_RETURN(UniqueFd out,
+                         OpenAt(work_fd, scratch, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, 0600));
+  // Unlinked at once: the fd keeps the data, and nothing is left to clean up on any path.
+  if (::unlinkat(work_fd, scratch.c_str(), 0) != 0) return Error::Sys("unlinkat", scratch, errno);
+  progress.Rewind();
+  RangeReader reader(fd, 0, size, source, &progress);
+  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kRaw, source));
+  struct archive_entry* e = nullptr;
+  if (archive_read_next_header(a.get(), &e) != ARCHIVE_OK) {
+    return ArchiveError(a.get(), reader, source + ": cannot decompress");
+  }
+  std::vector<char> buf(kReadChunk);
+  for (;;) {
+    la_ssize_t n = archive_read_data(a.get(), buf.data(), buf.size());
+    if (n < 0) return ArchiveError(a.get(), reader, source + ": cannot decompress");
+    if (n == 0) break;
+    NSBOX_TRY(WriteAll(out.get(), std::string_view(buf.data(), static_cast<size_t>(n)),
+                       "the decompressed copy of " + source));
+  }
+  return out;
+}
+
+// ---- where blobs come from ----
+
+// A blob: a byte range of an open file (a whole file of an OCI layout directory, or a member of
+// an outer tar).
+struct BlobRef {
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  std::string name;  // for messages: the member's or the file's path in the source
+};
+
+class Source {
+ public:
+  virtual ~Source() = default;
+  // The file called `path` in the layout or tarball, nullopt when there is none.
+  virtual Result<std::optional<BlobRef>> Find(const std::string& path) = 0;
+};
+
+// An OCI layout directory. Blobs are opened beneath it (RESOLVE_BENEATH: a layout's own
+// symlinks may not lead out of it) and stay open for the length of the import.
+class DirSource : public Source {
+ public:
+  DirSource(UniqueFd dir, std::string path) : dir_(std::move(dir)), path_(std::move(path)) {}
+
+  Result<std::optional<BlobRef>> Find(const std::string& rel) override {
+    const std::string full = path_ + "/" + rel;
+    struct open_how how {};
+    how.flags = O_RDONLY | O_NOCTTY | O_CLOEXEC;
+    how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+    int fd;
+    do {
+      // SAFETY: `how` is a fully initialised open_how of the size passed; `rel` is a
+      // NUL-terminated string that outlives the call.
+      fd = sys::Openat2(dir_.get(), rel.c_str(), &how, sizeof how);
+    } while (fd < 0 && errno == EAGAIN);
+    if (fd < 0 && errno == ENOSYS) {
+      // Before Linux 5.6: the names nsbox asks for are fixed or made of a digest's hex digits,
+      // so they cannot climb out; only the last component is kept from being a symlink.
+      fd = ::openat(dir_.get(), rel.c_str(), O_RDONLY | O_NOCTTY | O_CLOEXEC | O_NOFOLLOW);
+    }
+    if (fd < 0) {
+      if (errno == ENOENT) return std::optional<BlobRef>();
+      return Error::Sys("open", full, errno);
+    }
+    UniqueFd owned(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return Error::Sys("fstat", full, errno);
+    if (!S_ISREG(st.st_mode)) return BadInput(full + " is not a regular file");
+    fds_.push_back(std::move(owned));
+    return std::optional<BlobRef>(BlobRef{fd, 0, static_cast<uint64_t>(st.st_size), full});
+  }
+
+ private:
+  UniqueFd dir_;
+  std::string path_;
+  std::vector<UniqueFd> fds_;
+};
+
+// The members of a tar, read in place at the offsets ScanTar recorded.
+class TarSource : public Source {
+ public:
+  TarSource(int fd, uint64_t size, std::map<std::string, Member> members, std::string source)
+      : fd_(fd), size_(size), members_(std::move(members)), source_(std::move(source)) {}
+
+  Result<std::optional<BlobRef>> Find(const std::string& path) override {
+    std::string key = MemberKey(path);
+    for (int hops = 0; hops <= kMaxMemberLinks; ++hops) {
+      auto it = members_.find(key);
+      if (it == members_.end()) return std::optional<BlobRef>();
+      const Member& m = it->second;
+      const std::string what = source_ + ": member " + Quote(key);
+      switch (m.kind) {
+        case Member::Kind::kFile:
+          if (m.sparse) return BadInput(what + " is a sparse file, which nsbox cannot read");
+          if (m.offset > size_ || m.size > size_ - m.offset) {
+            return BadInput(what + " runs past the end of the archive (truncated?)");
+          }
+          return std::optional<BlobRef>(BlobRef{fd_, m.offset, m.size, source_ + ":" + key});
+        case Member::Kind::kHardlink:
+          key = m.link;  // tar hardlink targets are relative to the archive's root
+          break;
+        case Member::Kind::kSymlink: {
+          // docker save's repeated layers: "<id>/layer.tar -> ../<other id>/layer.tar".
+          size_t slash = key.rfind('/');
+          std::string dir = slash == std::string::npos ? "" : key.substr(0, slash);
+          key = MemberKey(!m.link.empty() && m.link[0] == '/' ? m.link : dir + "/" + m.link);
+          break;
+        }
+        case Member::Kind::kOther:
+          return BadInput(what + " is not a regular file");
+      }
+    }
+    return BadInput(source_ + ": member " + Quote(path) + ": too many links");
+  }
+
+ private:
+  int fd_;
+  uint64_t size_;
+  std::map<std::string, Member> members_;
+  std::string source_;
+};
+
+struct BlobBytes {
+  std::string data;
+  std::string digest;
+};
+
+// A small blob (JSON) read whole, with its digest.
+Result<BlobBytes> ReadSmallBlob(const BlobRef& blob, std::string_view what) {
+  if (blob.size > kMaxJsonBytes) {
+    return BadInput(std::string(what) + " is " + std::to_string(blob.size) +
+                    " bytes, more than the 16 MiB nsbox reads");
+  }
+  RangeReader reader(blob.fd, blob.offset, blob.size, blob.name, nullptr);
+  BlobBytes out;
+  const void* data;
+  for (;;) {
+    NSBOX_ASSIGN_OR_RETURN(size_t n, reader.Read(&data));
+    if (n == 0) break;
+    out.data.append(static_cast<const char*>(data), n);
+  }
+  out.digest = reader.Digest();
+  return out;
+}
+
+// ---- JSON ----
+
+Result<json::value> ParseJson(std::string_view text, std::string_view what) {
+  boost::system::error_code ec;
+  json::value v = json::parse(json::string_view(text.data(), text.size()), ec);
+  if (ec) return BadInput(std::string(what) + " is not valid JSON: " + ec.message());
+  return v;
+}
+
+Result<const json::object*> ObjectOf(const json::value& v, std::string_view what) {
+  if (!v.is_object()) return BadInput(std::string(what) + " is not a JSON object");
+  return &v.get_object();
+}
+
+// An optional string member: "" when absent or null.
+Result<std::string> OptString(const json::object& o, std::string_view key, std::string_view what) {
+  const json::value* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return std::string();
+  if (!v->is_string()) {
+    return BadInput(std::string(what) + ": \"" + std::string(key) + "\" is not a string");
+  }
+  return std::string(v->get_string());
+}
+
+// An optional array of strings: empty when absent or null.
+Result<std::vector<std::string>> OptStrings(const json::object& o, std::string_view key,
+                                            std::string_view what) {
+  std::vector<std::string> out;
+  const json::value* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return out;
+  if (!v->is_array()) {
+    return BadInput(std::string(what) + ": \"" + std::string(key) + "\" is not an array");
+  }
+  for (const json::value& item : v->get_array()) {
+    if (!item.is_string()) {
+      return BadInput(std::string(what) + ": \"" + std::string(key) +
+                      "\" holds something that is not a string");
+    }
+    out.emplace_back(item.get_string());
+  }
+  return out;
+}
+
+// An OCI content descriptor (also Docker's, which has the same shape).
+struct Descriptor {
+  std::string media_type;
+  std::string digest;
+  std::optional<uint64_t> size;
+  std::string os;
+  std::string architecture;
+  bool attestation = false;  // buildx's provenance/SBOM entries of an index: not images
+};
+
+Result<Descriptor> ParseDescriptor(const json::value& v, std::string_view what) {
+  NSBOX_ASSIGN_OR_RETURN(const json::object* o, ObjectOf(v, what));
+  Descriptor d;
+  NSBOX_ASSIGN_OR_RETURN(d.media_type, OptString(*o, "mediaType", what));
+  NSBOX_ASSIGN_OR_RETURN(d.digest, OptString(*o, "digest", what));
+  if (d.digest.empty()) return BadInput(std::string(what) + " has no digest");
+  if (!IsSha256Digest(d.digest)) {
+    return BadInput(std::string(what) + ": " + Quote(d.digest) +
+                    " is not a sha256 digest (nsbox verifies sha256 digests only)");
+  }
+  if (const json::value* size = o->if_contains("size"); size != nullptr && !size->is_null()) {
+    if (size->is_uint64()) {
+      d.size = size->get_uint64();
+    } else if (size->is_int64() && size->get_int64() >= 0) {
+      d.size = static_cast<uint64_t>(size->get_int64());
+    } else {
+      return BadInput(std::string(what) + ": \"size\" is not a non-negative integer");
+    }
+  }
+  if (const json::value* p = o->if_contains("platform"); p != nullptr && p->is_object()) {
+    NSBOX_ASSIGN_OR_RETURN(d.os, OptString(p->get_object(), "os", what));
+    NSBOX_ASSIGN_OR_RETURN(d.architecture, OptString(p->get_object(), "architecture", what));
+  }
+  if (const json::value* a = o->if_contains("annotations"); a != nullptr && a->is_object()) {
+    const json::value* type = a->get_object().if_contains("vnd.docker.reference.type");
+    d.attestation =
+        type != nullptr && type->is_string() && type->get_string() == "attestation-manifest";
+  }
+  return d;
+}
+
+// The manifest of an index (index.json or a nested index) that nsbox unpacks: the only image,
+// or the one for linux on this machine's architecture.
+Result<Descriptor> ChooseManifest(const json::object& index, std::string_view what) {
+  const json::value* list = index.if_contains("manifests");
+  if (list == nullptr || !list->is_array()) {
+    return BadInput(std::string(what) + " has no \"manifests\" array");
+  }
+  std::vector<Descriptor> images;
+  for (const json::value& item : list->get_array()) {
+    NSBOX_ASSIGN_OR_RETURN(Descriptor d, ParseDescriptor(item, std::string(what) + ": a manifest"));
+    if (d.attestation || (d.os == "unknown" && d.architecture == "unknown")) continue;
+    images.push_back(std::move(d));
+  }
+  if (images.empty()) return BadInput(std::string(what) + " lists no image manifest");
+  if (images.size() == 1) return images.front();
+  std::string found;
+  for (const Descriptor& d : images) {
+    if (d.os == "linux" && d.architecture == kHostArch) return d;
+    found += (found.empty() ? "" : ", ") + (d.os.empty() ? "?" : d.os) + "/" +
+             (d.architecture.empty() ? "?" : d.architecture);
+  }
+  return BadInput(std::string(what) + " lists " + std::to_string(images.size()) +
+                  " manifests and none is for linux/" + std::string(kHostArch) + " (" + found +
+                  ")");
+}
+
+// The blob of `d` in an OCI layout, checked to exist and to have the size `d` says.
+Result<BlobRef> FindBlob(Source& src, const Descriptor& d, std::string_view what) {
+  const std::string path = "blobs/sha256/" + d.digest.substr(7);
+  NSBOX_ASSIGN_OR_RETURN(std::optional<BlobRef> blob, src.Find(path));
+  if (!blob.has_value()) {
+    return BadInput(std::string(what) + " " + d.digest + ": its blob " + path +
+                    " is missing from the image");
+  }
+  if (d.size.has_value() && *d.size != blob->size) {
+    return BadInput(std::string(what) + " " + d.digest + ": the blob has " +
+                    std::to_string(blob->size) + " bytes, its descriptor says " +
+                    std::to_string(*d.size));
+  }
+  return *blob;
+}
+
+// A JSON blob of an OCI layout, read and checked against its digest.
+Result<std::string> ReadVerifiedBlob(Source& src, const Descriptor& d, std::string_view what) {
+  NSBOX_ASSIGN_OR_RETURN(BlobRef blob, FindBlob(src, d, what));
+  NSBOX_ASSIGN_OR_RETURN(BlobBytes bytes, ReadSmallBlob(blob, std::string(what) + " " + d.digest));
+  if (bytes.digest != d.digest) {
+    return BadInput(std::string(what) + " " + d.digest + ": digest mismatch, got " + bytes.digest);
+  }
+  return std::move(bytes.data);
+}
+
+// A file of the source that is not named by a digest (index.json, manifest.json), read whole.
+Result<std::optional<std::string>> ReadNamedFile(Source& src, const std::string& path) {
+  NSBOX_ASSIGN_OR_RETURN(std::optional<BlobRef> blob, src.Find(path));
+  if (!blob.has_value()) return std::optional<std::string>();
+  NSBOX_ASSIGN_OR_RETURN(BlobBytes bytes, ReadSmallBlob(*blob, path));
+  return std::optional<std::string>(std::move(bytes.data));
+}
+
+struct ParsedConfig {
+  ImageConfig config;
+  std::vector<std::string> diff_ids;
+};
+
+// The image config (OCI and Docker share it): what ImageConfig keeps, and the layers' diff_ids.
+Result<ParsedConfig> ParseImageConfig(std::string_view text, std::string_view what) {
+  NSBOX_ASSIGN_OR_RETURN(json::value v, ParseJson(text, what));
+  NSBOX_ASSIGN_OR_RETURN(const json::object* o, ObjectOf(v, what));
+  ParsedConfig out;
+  NSBOX_ASSIGN_OR_RETURN(out.config.architecture, OptString(*o, "architecture", what));
+  NSBOX_ASSIGN_OR_RETURN(out.config.os, OptString(*o, "os", what));
+  if (const json::value* c = o->if_contains("config"); c != nullptr && !c->is_null()) {
+    const std::string cwhat = std::string(what) + ": config";
+    NSBOX_ASSIGN_OR_RETURN(const json::object* co, ObjectOf(*c, cwhat));
+    NSBOX_ASSIGN_OR_RETURN(out.config.env, OptStrings(*co, "Env", cwhat));
+    NSBOX_ASSIGN_OR_RETURN(out.config.working_dir, OptString(*co, "WorkingDir", cwhat));
+    NSBOX_ASSIGN_OR_RETURN(out.config.user, OptString(*co, "User", cwhat));
+    NSBOX_ASSIGN_OR_RETURN(out.config.entrypoint, OptStrings(*co, "Entrypoint", cwhat));
+    NSBOX_ASSIGN_OR_RETURN(out.config.cmd, OptStrings(*co, "Cmd", cwhat));
+  }
+  if (const json::value* r = o->if_contains("rootfs"); r != nullptr && !r->is_null()) {
+    const std::string rwhat = std::string(what) + ": rootfs";
+    NSBOX_ASSIGN_OR_RETURN(const json::object* ro, ObjectOf(*r, rwhat));
+    NSBOX_ASSIGN_OR_RETURN(out.diff_ids, OptStrings(*ro, "diff_ids", rwhat));
+    for (const std::string& id : out.diff_ids) {
+      if (!IsSha256Digest(id)) {
+        return BadInput(rwhat + ": unsupported diff_id " + Quote(id) + " (sha256 only)");
+      }
+    }
+  }
+  return out;
+}
+
+// ---- the plan: which blobs are the layers, and what they must hash to ----
+
+struct LayerPlan {
+  std::string label;  // how messages name it: its digest, or its member path (docker save)
+  BlobRef blob;
+  std::string digest;   // the blob's expected "sha256:...", "" when nothing names it
+  std::string diff_id;  // the uncompressed tar's expected digest, "" when unknown
+};
+
+struct ImagePlan {
+  std::string format;
+  std::string digest;
+  ImageConfig config;
+  std::vector<LayerPlan> layers;
+  std::vector<std::string> warnings;
+};
+
+bool IsIndexType(std::string_view media_type) {
+  return media_type == kOciIndexType || media_type == kDockerListType;
+}
+
+// index.json -> [nested index ->] manifest -> config and layers. Every blob found and sized
+// before the first layer is applied, so a layout with a missing blob fails before any work.
+Result<ImagePlan> PlanOci(Source& src) {
+  ImagePlan plan;
+  plan.format = "oci";
+  NSBOX_ASSIGN_OR_RETURN(std::optional<std::string> layout, ReadNamedFile(src, "oci-layout"));
+  if (layout.has_value()) {
+    NSBOX_ASSIGN_OR_RETURN(json::value v, ParseJson(*layout, "oci-layout"));
+    NSBOX_ASSIGN_OR_RETURN(const json::object* o, ObjectOf(v, "oci-layout"));
+    NSBOX_ASSIGN_OR_RETURN(std::string version, OptString(*o, "imageLayoutVersion", "oci-layout"));
+    if (version.rfind("1.", 0) != 0) {
+      return BadInput("oci-layout: unsupported imageLayoutVersion " + Quote(version));
+    }
+  }
+  NSBOX_ASSIGN_OR_RETURN(std::optional<std::string> index_text, ReadNamedFile(src, "index.json"));
+  if (!index_text.has_value()) return BadInput("the OCI layout has no index.json");
+  NSBOX_ASSIGN_OR_RETURN(json::value index, ParseJson(*index_text, "index.json"));
+  NSBOX_ASSIGN_OR_RETURN(const json::object* index_obj, ObjectOf(index, "index.json"));
+  NSBOX_ASSIGN_OR_RETURN(Descriptor d, ChooseManifest(*index_obj, "index.json"));
+
+  json::value manifest;
+  for (int depth = 0;; ++depth) {
+    const std::string what = IsIndexType(d.media_type) ? "image index" : "manifest";
+    NSBOX_ASSIGN_OR_RETURN(std::string text, ReadVerifiedBlob(src, d, what));
+    NSBOX_ASSIGN_OR_RETURN(manifest, ParseJson(text, what + " " + d.digest));
+    NSBOX_ASSIGN_OR_RETURN(const json::object* o, ObjectOf(manifest, what + " " + d.digest));
+    // An index is told by its content too: media types are optional in an index's descriptors.
+    if (!o->contains("manifests")) break;
+    if (depth == kMaxIndexNesting) {
+      return BadInput("image index " + d.digest + ": indexes nested more than " +
+                      std::to_string(kMaxIndexNesting) + " deep");
+    }
+    NSBOX_ASSIGN_OR_RETURN(d, ChooseManifest(*o, "image index " + d.digest));
+  }
+  const std::string mwhat = "manifest " + d.digest;
+  const json::object& m = manifest.get_object();
+  NSBOX_ASSIGN_OR_RETURN(std::string media_type, OptString(m, "mediaType", mwhat));
+  if (media_type.empty()) media_type = d.media_type;
+  if (!media_type.empty() && media_type != kOciManifestType && media_type != kDockerManifestType) {
+    return BadInput(mwhat + ": unsupported media type " + Quote(media_type));
+  }
+  if (const json::value* sv = m.if_contains("schemaVersion");
+      sv != nullptr && !(sv->is_int64() && sv->get_int64() == 2)) {
+    return BadInput(mwhat + ": only schemaVersion 2 manifests are supported");
+  }
+  const json::value* config_v = m.if_contains("config");
+  if (config_v == nullptr) return BadInput(mwhat + " has no config");
+  NSBOX_ASSIGN_OR_RETURN(Descriptor config_d, ParseDescriptor(*config_v, mwhat + ": config"));
+  const json::value* layers_v = m.if_contains("layers");
+  if (layers_v == nullptr || !layers_v->is_array()) {
+    return BadInput(mwhat + " has no \"layers\" array");
+  }
+  plan.digest = d.digest;
+
+  NSBOX_ASSIGN_OR_RETURN(std::string config_text, ReadVerifiedBlob(src, config_d, "config"));
+  NSBOX_ASSIGN_OR_RETURN(ParsedConfig config,
+                         ParseImageConfig(config_text, "config " + config_d.digest));
+  plan.config = std::move(config.config);
+
+  const json::array& layers = layers_v->get_array();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string what = "layer " + std::to_string(i + 1);
+    NSBOX_ASSIGN_OR_RETURN(Descriptor ld, ParseDescriptor(layers[i], mwhat + ": " + what));
+    if (!ld.media_type.empty() && std::find(std::begin(kLayerTypes), std::end(kLayerTypes),
+                                            ld.media_type) == std::end(kLayerTypes)) {
+      return BadInput(what + " " + ld.digest + ": unsupported media type " + Quote(ld.media_type));
+    }
+    LayerPlan layer;
+    layer.label = ld.digest;
+    NSBOX_ASSIGN_OR_RETURN(layer.blob, FindBlob(src, ld, what));
+    layer.digest = ld.digest;
+    // The config's diff_ids are checked where they cost nothing (uncompressed layers, whose
+    // digest is their diff_id); a compressed layer is already bound to the manifest by its
+    // digest.
+    if (config.diff_ids.size() == layers.size()) layer.diff_id = config.diff_ids[i];
+    plan.layers.push_back(std::move(layer));
+  }
+  return plan;
+}
+
+// "<64 hex>" from a docker save member name that carries its digest: "blobs/sha256/<hex>"
+// (Docker 25 and later) or "<hex>.json" (the config of older versions); "" otherwise.
+std::string DigestFromMemberName(std::string_view name) {
+  std::string key = MemberKey(name);
+  std::string_view k = key;
+  if (k.size() == 13 + 64 && k.substr(0, 13) == "blobs/sha256/" && IsHex(k.substr(13))) {
+    return "sha256:" + std::string(k.substr(13));
+  }
+  if (k.size() == 64 + 5 && k.substr(64) == ".json" && IsHex(k.substr(0, 64))) {
+    return "sha256:" + std::string(k.substr(0, 64));
+  }
+  return "";
+}
+
+// manifest.json -> config and layers. docker save's older layout names layers "<id>/layer.tar",
+// which is no digest: those are checked against the config's diff_ids (the sha256 of the
+// uncompressed layer), and the config against its file name (the image id is its digest).
+Result<ImagePlan> PlanDocker(Source& src) {
+  ImagePlan plan;
+  plan.format = "docker";
+  NSBOX_ASSIGN_OR_RETURN(std::optional<std::string> text, ReadNamedFile(src, "manifest.json"));
+  if (!text.has_value()) return BadInput("the docker save tarball has no manifest.json");
+  NSBOX_ASSIGN_OR_RETURN(json::value v, ParseJson(*text, "manifest.json"));
+  if (!v.is_array()) return BadInput("manifest.json is not a JSON array");
+  const json::array& images = v.get_array();
+  if (images.size() != 1) {
+    return BadInput("manifest.json lists " + std::to_string(images.size()) +
+                    " images; nsbox imports a tarball of exactly one (docker save one image)");
+  }
+  NSBOX_ASSIGN_OR_RETURN(const json::object* entry, ObjectOf(images[0], "manifest.json[0]"));
+  NSBOX_ASSIGN_OR_RETURN(std::string config_name, OptString(*entry, "Config", "manifest.json"));
+  if (config_name.empty()) return BadInput("manifest.json names no Config");
+  NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> layer_names,
+                         OptStrings(*entry, "Layers", "manifest.json"));
+
+  NSBOX_ASSIGN_OR_RETURN(std::optional<BlobRef> config_blob, src.Find(config_name));
+  if (!config_blob.has_value()) {
+    return BadInput("config " + Quote(config_name) + ": named by manifest.json but missing");
+  }
+  NSBOX_ASSIGN_OR_RETURN(BlobBytes config_bytes,
+                         ReadSmallBlob(*config_blob, "config " + Quote(config_name)));
+  if (std::string want = DigestFromMemberName(config_name);
+      !want.empty() && want != config_bytes.digest) {
+    return BadInput("config " + Quote(config_name) + ": digest mismatch, got " +
+                    config_bytes.digest);
+  }
+  plan.digest = config_bytes.digest;
+  NSBOX_ASSIGN_OR_RETURN(ParsedConfig config,
+                         ParseImageConfig(config_bytes.data, "config " + Quote(config_name)));
+  plan.config = std::move(config.config);
+  if (!config.diff_ids.empty() && config.diff_ids.size() != layer_names.size()) {
+    return BadInput("config " + Quote(config_name) + " lists " +
+                    std::to_string(config.diff_ids.size()) + " diff_ids for " +
+                    std::to_string(layer_names.size()) + " layers");
+  }
+  uint64_t unverified = 0;
+  for (size_t i = 0; i < layer_names.size(); ++i) {
+    LayerPlan layer;
+    layer.label = layer_names[i];
+    NSBOX_ASSIGN_OR_RETURN(std::optional<BlobRef> blob, src.Find(layer_names[i]));
+    if (!blob.has_value()) {
+      return BadInput("layer " + std::to_string(i + 1) + " " + Quote(layer_names[i]) +
+                      ": named by manifest.json but missing from the tarball");
+    }
+    layer.blob = *blob;
+    layer.digest = DigestFromMemberName(layer_names[i]);
+    if (!config.diff_ids.empty()) layer.diff_id = config.diff_ids[i];
+    if (layer.digest.empty() && layer.diff_id.empty()) ++unverified;
+    plan.layers.push_back(std::move(layer));
+  }
+  if (unverified > 0) {
+    plan.warnings.push_back(Plural(unverified, "layer", "layers") +
+                            " not verified: no digest in the member name, no diff_ids in the "
+                            "config");
+  }
+  return plan;
+}
+
+// ---- applying layers ----
+
+// The first of a kind of thing that could not be kept, and how many there were: one warning each.
+struct Tally {
+  uint64_t count = 0;
+  std::string first;
+  void Add(std::string what) {
+    if (count++ == 0) first = std::move(what);
+  }
+};
+
+std::string Child(const std::string& dir, std::string_view name) {
+  return dir.empty() ? std::string(name) : dir + "/" + std::string(name);
+}
+
+// The components of a tar entry's path inside the image. A leading "/" or "./" is dropped (root
+// file system tarballs are made with `tar -C root .`, some with absolute names), as are empty and
+// "." components. ".." is refused wherever it is, even where it would stay inside: no image
+// tool writes it, and refusing is simpler to trust than resolving.
+Result<std::vector<std::string>> SplitEntryPath(std::string_view path, std::string_view what) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view part = path.substr(start, end - start);
+    if (part == "..") {
+      return BadInput(std::string(what) + ": the path has a '..' component, which could lead " +
+                      "outside the image");
+    }
+    if (!part.empty() && part != ".") parts.emplace_back(part);
+    start = end + 1;
+  }
+  if (parts.size() > kMaxPathComponents) {
+    return BadInput(std::string(what) + ": more than " + std::to_string(kMaxPathComponents) +
+                    " path components");
+  }
+  return parts;
+}
+
+std::string JoinParts(const std::vector<std::string>& parts, size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    if (i > 0) out += '/';
+    out += parts[i];
+  }
+  return out;
+}
+
+// Writes layers into the root file system. Every entry is created relative to a directory fd
+// (never a path from the process's cwd: the daemon is multithreaded, which is also why
+// libarchive's archive_write_disk is not used), its parent found with
+// openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS), and the entry itself
+// created with O_EXCL/O_NOFOLLOW semantics. So a symlink an earlier entry placed ("evil ->
+// /etc") can never redirect a write: an entry below it is refused, and one at its place replaces
+// the link instead of following it.
+class Unpacker {
+ public:
+  Unpacker(int root_fd, const isolate::IdMapping& ids) : root_fd_(root_fd), ids_(ids) {}
+
+  // Applies one layer's entries, read from `a`, in order. Errors name the entry; the caller
+  // adds which layer.
+  Status ApplyLayer(struct archive* a, const RangeReader& reader) {
+    written_.clear();
+    for (;;) {
+      struct archive_entry* e = nullptr;
+      int rc = archive_read_next_header(a, &e);
+      if (rc == ARCHIVE_EOF) return Ok();
+      // ARCHIVE_WARN is about a name's charset or an unknown pax keyword: the entry is whole.
+      // ARCHIVE_RETRY is a damaged header (a bad checksum) that libarchive would skip over:
+      // refused, like any corruption.
+      if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
+        return ArchiveError(a, reader, "corrupt or truncated tar");
+      }
+      NSBOX_TRY(ApplyEntry(a, reader, e));
+    }
+  }
+
+  // Sets the directories' mtimes. Last, because making an entry inside a directory changes its
+  // mtime; a directory removed or replaced by a later layer is skipped.
+  Status Finish() {
+    for (const auto& [rel, mtime] : dir_mtimes_) {
+      UniqueFd fd;
+      if (rel.empty()) {
+        NSBOX_ASSIGN_OR_RETURN(fd, OpenAt(root_fd_, ".", O_RDONLY | O_DIRECTORY));
+      } else {
+        std::vector<std::string> parts;
+        NSBOX_ASSIGN_OR_RETURN(parts, SplitEntryPath(rel, rel));
+        auto parent = OpenDir("/" + rel, parts, parts.size() - 1, /*create=*/false);
+        if (!parent.ok() || !parent->valid()) continue;
+        fd.reset(::openat(parent->get(), parts.back().c_str(),
+                          O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!fd.valid()) continue;
+      }
+      const struct timespec times[2] = {mtime, mtime};
+      if (::futimens(fd.get(), times) != 0) return Error::Sys("futimens", "/" + rel, errno);
+    }
+    return Ok();
+  }
+
+  uint64_t files() const { return files_; }
+  uint64_t size_bytes() const { return size_bytes_; }
+
+  std::vector<std::string> Warnings() const {
+    std::vector<std::string> out;
+    if (devices_.count > 0) {
+      out.push_back("skipped " + Plural(devices_.count, "device node", "device nodes") +
+                    " (first: " + devices_.first + "); a sandbox has its own /dev");
+    }
+    if (sockets_.count > 0) {
+      out.push_back("skipped " + Plural(sockets_.count, "socket", "sockets") +
+                    " (first: " + sockets_.first + ")");
+    }
+    if (unknown_.count > 0) {
+      out.push_back("skipped " + Plural(unknown_.count, "entry", "entries") +
+                    " of an unknown type (first: " + unknown_.first + ")");
+    }
+    if (dropped_xattrs_.count > 0) {
+      out.push_back("dropped " + Plural(dropped_xattrs_.count, "xattr", "xattrs") +
+                    " of the trusted.* and security.selinux namespaces, which mean nothing "
+                    "inside a sandbox (first: " +
+                    dropped_xattrs_.first + ")");
+    }
+    if (refused_xattrs_.count > 0) {
+      out.push_back("could not keep " + Plural(refused_xattrs_.count, "xattr", "xattrs") +
+                    " (first: " + refused_xattrs_.first + ")");
+    }
+    if (acls_.count > 0) {
+      out.push_back("dropped the ACLs of " + Plural(acls_.count, "entry", "entries") +
+                    " (first: " + acls_.first + "); their modes are kept");
+    }
+    return out;
+  }
+
+ private:
+  struct Owner {
+    uid_t uid;
+    gid_t gid;
+  };
+
+  // The host id of image id `id` in `range`: its place in the sandbox's range.
+  static Result<uint32_t> Shift(int64_t id, const isolate::IdRange& range, std::string_view kind,
+                                const std::string& what) {
+    if (id < range.inside || static_cast<uint64_t>(id) - range.inside >= range.count) {
+      return BadInput(what + ": " + std::string(kind) + " " + std::to_string(id) +
+                      " is outside the sandbox's " + std::to_string(range.count) + " ids");
+    }
+    return static_cast<uint32_t>(range.outside + (static_cast<uint64_t>(id) - range.inside));
+  }
+
+  Owner RootOwner() const { return Owner{ids_.uid.outside, ids_.gid.outside}; }
+
+  // The directory `parts[0..n)` of the image, as an O_PATH fd. Each component must be a real
+  // directory: an entry may not be written through a symlink, not even one that resolves inside
+  // (the rule is simpler to trust than any resolution). Missing directories are made (0755,
+  // owned by the image's root) when `create`; otherwise an invalid fd says one is missing.
+  // `what` names the entry in errors ("entry 'a/b'").
+  Result<UniqueFd> OpenDir(const std::string& what, const std::vector<std::string>& parts, size_t n,
+                           bool create) {
+    if (n == 0) return OpenAt(root_fd_, ".", O_PATH | O_DIRECTORY);
+    const std::string rel = JoinParts(parts, n);
+    if (use_openat2_) {
+      struct open_how how {};
+      how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+      how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+      // SAFETY: `how` is a fully initialised open_how of the size passed; `rel` is a
+      // NUL-terminated string that outlives the call.
+      int fd = sys::Openat2(root_fd_, rel.c_str(), &how, sizeof how);
+      if (fd >= 0) return UniqueFd(fd);
+      if (errno == ENOSYS) {
+        use_openat2_ = false;  // before Linux 5.6: the walk below does the same, one step at a time
+      } else if (errno != ENOENT && errno != ELOOP && errno != ENOTDIR && errno != EAGAIN) {
+        return Error::Sys("openat2", "/" + rel, errno);
+      }
+    }
+    // One component at a time from the root: the way to make missing directories, to name the
+    // component at fault, and the fallback without openat2. Nothing else writes into the
+    // private .import- directory, so what fstatat saw is what openat opens.
+    UniqueFd cur;
+    NSBOX_ASSIGN_OR_RETURN(cur, OpenAt(root_fd_, ".", O_PATH | O_DIRECTORY));
+    for (size_t i = 0; i < n; ++i) {
+      const std::string prefix = JoinParts(parts, i + 1);
+      const char* name = parts[i].c_str();
+      struct stat st {};
+      if (::fstatat(cur.get(), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno != ENOENT) return Error::Sys("fstatat", "/" + prefix, errno);
+        if (!create) return UniqueFd();
+        if (::mkdirat(cur.get(), name, 0755) != 0) {
+          return Error::Sys("mkdirat", "/" + prefix, errno);
+        }
+        const Owner root = RootOwner();
+        if (::fchownat(cur.get(), name, root.uid, root.gid, AT_SYMLINK_NOFOLLOW) != 0) {
+          return Error::Sys("fchownat", "/" + prefix, errno);
+        }
+        // After the chown, and explicit: mkdirat's mode went through the daemon's umask.
+        if (::fchmodat(cur.get(), name, 0755, 0) != 0) {
+          return Error::Sys("fchmodat", "/" + prefix, errno);
+        }
+        written_.insert(prefix);
+      } else if (S_ISLNK(st.st_mode)) {
+        return BadInput(what + ": its parent " + Quote(prefix) +
+                        " is a symlink (refused: an entry is never written through a symlink, "
+                        "which could lead outside the image)");
+      } else if (!S_ISDIR(st.st_mode)) {
+        return BadInput(what + ": its parent " + Quote(prefix) + " is not a directory");
+      }
+      NSBOX_ASSIGN_OR_RETURN(cur, OpenAt(cur.get(), name, O_PATH | O_DIRECTORY | O_NOFOLLOW));
+    }
+    return cur;
+  }
+
+  bool WrittenBelow(const std::string& rel) const {
+    const std::string prefix = rel + "/";
+    auto it = written_.lower_bound(prefix);
+    return it != written_.end() && it->compare(0, prefix.size(), prefix) == 0;
+  }
+
+  // Removes what lower layers left at `rel` (called `name` in `parent_fd`), keeping what this
+  // layer wrote there or below: a whiteout hides only the layers under its own.
+  Status RemoveLower(int parent_fd, const std::string& rel, const std::string& name) {
+    if (written_.count(rel) == 0 && !WrittenBelow(rel)) {
+      return RemoveTreeAt(parent_fd, name, "/" + rel);
+    }
+    struct stat st {};
+    if (::fstatat(parent_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      return Error::Sys("fstatat", "/" + rel, errno);
+    }
+    if (!S_ISDIR(st.st_mode)) return Ok();
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd dir,
+                           OpenAt(parent_fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW));
+    return RemoveLowerIn(dir.get(), rel);
+  }
+
+  // RemoveLower for every entry of the directory `dir_fd` (at `rel`): an opaque directory.
+  Status RemoveLowerIn(int dir_fd, const std::string& rel) {
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(dir_fd, ".", O_RDONLY | O_DIRECTORY));
+    std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(fd.get()), ::closedir);
+    if (!dir) return Error::Sys("fdopendir", "/" + rel, errno);
+    fd.release();  // the DIR owns it now
+    std::vector<std::string> names;
+    for (;;) {
+      errno = 0;
+      struct dirent* d = ::readdir(dir.get());
+      if (d == nullptr) {
+        if (errno != 0) return Error::Sys("readdir", "/" + rel, errno);
+        break;
+      }
+      std::string_view n = d->d_name;
+      if (n != "." && n != "..") names.emplace_back(n);
+    }
+    dir.reset();  // one fd per level of the recursion, not two
+    for (const std::string& n : names) NSBOX_TRY(RemoveLower(dir_fd, Child(rel, n), n));
+    return Ok();
+  }
+
+  // `.wh.NAME` (NAME removed) and `.wh..wh..opq` (the directory made opaque) in `dir`.
+  Status ApplyWhiteout(const std::string& raw, const std::vector<std::string>& parts) {
+    const std::string& base = parts.back();
+    std::vector<std::string> dir_parts(parts.begin(), parts.end() - 1);
+    const std::string dir_rel = JoinParts(dir_parts, dir_parts.size());
+    if (base != ".wh..wh..opq" && base.rfind(".wh..wh.", 0) == 0) {
+      return Ok();  // aufs's own bookkeeping (.wh..wh.plnk, .wh..wh.aufs): no meaning here
+    }
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd dir,
+                           OpenDir("entry " + Quote(raw), dir_parts, dir_parts.size(), false));
+    if (!dir.valid()) return Ok();  // nothing below to hide
+    if (base == ".wh..wh..opq") return RemoveLowerIn(dir.get(), dir_rel);
+    const std::string name = base.substr(4);
+    if (name.empty() || name == "." || name == "..") {
+      return BadInput("entry " + Quote(raw) + ": a whiteout of no name");
+    }
+    return RemoveLower(dir.get(), Child(dir_rel, name), name);
+  }
+
+  Status ApplyXattrs(int fd, struct archive_entry* e, const std::string& path) {
+    archive_entry_xattr_reset(e);
+    const char* name = nullptr;
+    const void* value = nullptr;
+    size_t size = 0;
+    // libarchive's pax writer stores each xattr twice (SCHILY.xattr.* and LIBARCHIVE.xattr.*)
+    // and its reader hands both back: the first of a name is the one.
+    std::set<std::string_view> seen;
+    while (archive_entry_xattr_next(e, &name, &value, &size) == ARCHIVE_OK) {
+      std::string_view n = name;
+      if (!seen.insert(n).second) continue;
+      if (n.substr(0, 8) == "trusted." || n == "security.selinux") {
+        dropped_xattrs_.Add(std::string(n) + " on " + path);
+        continue;
+      }
+      if (fd < 0) {  // a symlink: Linux keeps no user.* xattrs on one, and there is no fd to use
+        refused_xattrs_.Add(std::string(n) + " on the symlink " + path);
+        continue;
+      }
+      if (::fsetxattr(fd, name, value, size, 0) != 0) {
+        // The file system does not take it (no xattr support, a namespace it refuses, a value
+        // too large): said once in the warnings, the import goes on.
+        if (errno == EPERM || errno == ENOTSUP || errno == EOPNOTSUPP || errno == E2BIG ||
+            errno == ERANGE || errno == EINVAL) {
+          refused_xattrs_.Add(std::string(n) + " on " + path + ": " + ErrnoName(errno));
+          continue;
+        }
+        return Error::Sys("fsetxattr", path + " " + std::string(n), errno);
+      }
+    }
+    if (archive_entry_acl_count(e, ARCHIVE_ENTRY_ACL_TYPE_POSIX1E | ARCHIVE_ENTRY_ACL_TYPE_NFS4) >
+        0) {
+      acls_.Add(path);
+    }
+    return Ok();
+  }
+
+  // Owner, then mode (a chown clears the setuid bit and file capabilities), then xattrs.
+  Status SetMetadata(int fd, struct archive_entry* e, const Owner& owner, const std::string& path) {
+    if (::fchown(fd, owner.uid, owner.gid) != 0) return Error::Sys("fchown", path, errno);
+    if (::fchmod(fd, archive_entry_perm(e) & 07777) != 0) return Error::Sys("fchmod", path, errno);
+    return ApplyXattrs(fd, e, path);
+  }
+
+  static struct timespec MtimeOf(struct archive_entry* e) {
+    struct timespec ts {};
+    if (!archive_entry_mtime_is_set(e)) {
+      ts.tv_nsec = UTIME_OMIT;
+      return ts;
+    }
+    ts.tv_sec = archive_entry_mtime(e);
+    ts.tv_nsec = archive_entry_mtime_nsec(e);
+    return ts;
+  }
+
+  // Something is at `name` that the new entry replaces (a later layer's file over an earlier
+  // one's, or over a directory): it goes, whatever it is, without following it.
+  Status Clear(int parent_fd, const std::string& name, const std::string& path) {
+    return RemoveTreeAt(parent_fd, name, path);
+  }
+
+  Status MakeDirectory(struct archive_entry* e, int parent, const std::string& name,
+                       const std::string& rel, const Owner& owner) {
+    const std::string path = "/" + rel;
+    if (::mkdirat(parent, name.c_str(), 0700) != 0) {
+      if (errno != EEXIST) return Error::Sys("mkdirat", path, errno);
+      struct stat st {};
+      if (::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        return Error::Sys("fstatat", path, errno);
+      }
+      if (!S_ISDIR(st.st_mode)) {  // a directory stays a directory; anything else is replaced
+        NSBOX_TRY(Clear(parent, name, path));
+        if (::mkdirat(parent, name.c_str(), 0700) != 0) return Error::Sys("mkdirat", path, errno);
+      }
+    }
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
+    NSBOX_TRY(SetMetadata(fd.get(), e, owner, path));
+    dir_mtimes_[rel] = MtimeOf(e);
+    return Ok();
+  }
+
+  Status WriteRegular(struct archive* a, const RangeReader& reader, struct archive_entry* e,
+                      int parent, const std::string& name, const std::string& rel,
+                      const Owner& owner) {
+    const std::string path = "/" + rel;
+    const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+    UniqueFd fd(::openat(parent, name.c_str(), flags, 0600));
+    if (!fd.valid() && errno == EEXIST) {
+      NSBOX_TRY(Clear(parent, name, path));
+      fd.reset(::openat(parent, name.c_str(), flags, 0600));
+    }
+    if (!fd.valid()) return Error::Sys("openat", path, errno);
+    uint64_t end = 0;
+    for (;;) {
+      const void* data = nullptr;
+      size_t size = 0;
+      la_int64_t offset = 0;
+      int rc = archive_read_data_block(a, &data, &size, &offset);
+      if (rc == ARCHIVE_EOF) break;
+      if (rc != ARCHIVE_OK) return ArchiveError(a, reader, "entry " + Quote(rel) + ": its data");
+      // Sparse entries come as blocks at offsets; the holes stay holes.
+      const char* p = static_cast<const char*>(data);
+      uint64_t at = static_cast<uint64_t>(offset);
+      while (size > 0) {
+        ssize_t n = ::pwrite(fd.get(), p, size, static_cast<off_t>(at));
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          return Error::Sys("write", path, errno);
+        }
+        p += n;
+        at += static_cast<uint64_t>(n);
+        size -= static_cast<size_t>(n);
+      }
+      end = std::max(end, at);
+    }
+    const uint64_t size = static_cast<uint64_t>(std::max<la_int64_t>(archive_entry_size(e), 0));
+    if (end < size && ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+      return Error::Sys("ftruncate", path, errno);  // a sparse file's trailing hole
+    }
+    size_bytes_ += size;
+    NSBOX_TRY(SetMetadata(fd.get(), e, owner, path));
+    const struct timespec mtime = MtimeOf(e);
+    const struct timespec times[2] = {mtime, mtime};
+    if (::futimens(fd.get(), times) != 0) return Error::Sys("futimens", path, errno);
+    return Ok();
+  }
+
+  Status MakeSymlink(struct archive_entry* e, int parent, const std::string& name,
+                     const std::string& raw, const std::string& rel, const Owner& owner) {
+    const std::string path = "/" + rel;
+    const char* target = archive_entry_symlink(e);
+    if (target == nullptr) target = archive_entry_symlink_utf8(e);
+    if (target == nullptr || *target == '\0') {
+      return BadInput("entry " + Quote(raw) + ": a symlink with no target");
+    }
+    // The target is data, stored verbatim: absolute links (/bin/sh -> /bin/busybox) are normal,
+    // and nothing in the import ever follows one.
+    if (::symlinkat(target, parent, name.c_str()) != 0) {
+      if (errno != EEXIST) return Error::Sys("symlinkat", path, errno);
+      NSBOX_TRY(Clear(parent, name, path));
+      if (::symlinkat(target, parent, name.c_str()) != 0) {
+        return Error::Sys("symlinkat", path, errno);
+      }
+    }
+    if (::fchownat(parent, name.c_str(), owner.uid, owner.gid, AT_SYMLINK_NOFOLLOW) != 0) {
+      return Error::Sys("fchownat", path, errno);
+    }
+    NSBOX_TRY(ApplyXattrs(-1, e, path));
+    const struct timespec mtime = MtimeOf(e);
+    const struct timespec times[2] = {mtime, mtime};
+    if (::utimensat(parent, name.c_str(), times, AT_SYMLINK_NOFOLLOW) != 0) {
+      return Error::Sys("utimensat", path, errno);
+    }
+    return Ok();
+  }
+
+  Status MakeHardlink(const char* hardlink, int parent, const std::string& name,
+                      const std::string& raw, const std::string& rel) {
+    const std::string path = "/" + rel;
+    const std::string what = "entry " + Quote(raw) + ": hardlink target " + Quote(hardlink);
+    NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> target, SplitEntryPath(hardlink, what));
+    if (target.empty()) return BadInput(what + " is the image's root");
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd tdir, OpenDir(what, target, target.size() - 1, false));
+    struct stat tst {};
+    if (!tdir.valid() ||
+        ::fstatat(tdir.get(), target.back().c_str(), &tst, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (tdir.valid() && errno != ENOENT) {
+        return Error::Sys("fstatat", "/" + JoinParts(target, target.size()), errno);
+      }
+      return BadInput(what + " does not exist (a hardlink's target must come before it)");
+    }
+    if (S_ISDIR(tst.st_mode)) return BadInput(what + " is a directory");
+    // flags 0: a hardlink to a symlink links the symlink itself.
+    if (::linkat(tdir.get(), target.back().c_str(), parent, name.c_str(), 0) != 0) {
+      if (errno != EEXIST) return Error::Sys("linkat", path, errno);
+      struct stat st {};
+      if (::fstatat(parent, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          st.st_ino == tst.st_ino && st.st_dev == tst.st_dev) {
+        return Ok();  // already that very file
+      }
+      NSBOX_TRY(Clear(parent, name, path));
+      if (::linkat(tdir.get(), target.back().c_str(), parent, name.c_str(), 0) != 0) {
+        return Error::Sys("linkat", path, errno);
+      }
+    }
+    return Ok();
+  }
+
+  Status MakeFifo(struct archive_entry* e, int parent, const std::string& name,
+                  const std::string& rel, const Owner& owner) {
+    const std::string path = "/" + rel;
+    if (::mkfifoat(parent, name.c_str(), 0600) != 0) {
+      if (errno != EEXIST) return Error::Sys("mkfifoat", path, errno);
+      NSBOX_TRY(Clear(parent, name, path));
+      if (::mkfifoat(parent, name.c_str(), 0600) != 0) return Error::Sys("mkfifoat", path, errno);
+    }
+    // Opening a FIFO for reading with O_NONBLOCK does not wait for a writer; the fd is what
+    // fchown, fchmod, fsetxattr and futimens need.
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(parent, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW));
+    NSBOX_TRY(SetMetadata(fd.get(), e, owner, path));
+    const struct timespec mtime = MtimeOf(e);
+    const struct timespec times[2] = {mtime, mtime};
+    if (::futimens(fd.get(), times) != 0) return Error::Sys("futimens", path, errno);
+    return Ok();
+  }
+
+  Status ApplyEntry(struct archive* a, const RangeReader& reader, struct archive_entry* e) {
+    const char* raw_c = archive_entry_pathname(e);
+    if (raw_c == nullptr) raw_c = archive_entry_pathname_utf8(e);
+    if (raw_c == nullptr || *raw_c == '\0') return BadInput("an entry has no name");
+    const std::string raw = raw_c;
+    const std::string what = "entry " + Quote(raw);
+    NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> parts, SplitEntryPath(raw, what));
+    const mode_t type = archive_entry_filetype(e);
+    const char* hardlink = archive_entry_hardlink(e);
+
+    if (!parts.empty() && parts.back().rfind(".wh.", 0) == 0) return ApplyWhiteout(raw, parts);
+
+    const std::string rel = JoinParts(parts, parts.size());
+    if (hardlink == nullptr && (type == AE_IFCHR || type == AE_IFBLK)) {
+      devices_.Add("/" + rel);  // a sandbox gets its own minimal /dev; an image's nodes are moot
+      return Ok();
+    }
+    if (hardlink == nullptr && type == AE_IFSOCK) {
+      sockets_.Add("/" + rel);
+      return Ok();
+    }
+    if (hardlink == nullptr && type != AE_IFDIR && type != AE_IFREG && type != AE_IFLNK &&
+        type != AE_IFIFO) {
+      unknown_.Add("/" + rel);
+      return Ok();
+    }
+    Owner owner{};
+    NSBOX_ASSIGN_OR_RETURN(owner.uid, Shift(archive_entry_uid(e), ids_.uid, "owner", what));
+    NSBOX_ASSIGN_OR_RETURN(owner.gid, Shift(archive_entry_gid(e), ids_.gid, "group", what));
+
+    if (parts.empty()) {  // "./": the root itself, whose owner and mode an image may set
+      if (hardlink != nullptr || type != AE_IFDIR) return BadInput(what + " is not a directory");
+      NSBOX_ASSIGN_OR_RETURN(UniqueFd root, OpenAt(root_fd_, ".", O_RDONLY | O_DIRECTORY));
+      NSBOX_TRY(SetMetadata(root.get(), e, owner, "/"));
+      dir_mtimes_[""] = MtimeOf(e);
+      return Ok();
+    }
+
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd parent, OpenDir(what, parts, parts.size() - 1, true));
+    const std::string& name = parts.back();
+    if (hardlink != nullptr) {
+      NSBOX_TRY(MakeHardlink(hardlink, parent.get(), name, raw, rel));
+    } else if (type == AE_IFDIR) {
+      NSBOX_TRY(MakeDirectory(e, parent.get(), name, rel, owner));
+    } else if (type == AE_IFREG) {
+      NSBOX_TRY(WriteRegular(a, reader, e, parent.get(), name, rel, owner));
+    } else if (type == AE_IFLNK) {
+      NSBOX_TRY(MakeSymlink(e, parent.get(), name, raw, rel, owner));
+    } else {
+      NSBOX_TRY(MakeFifo(e, parent.get(), name, rel, owner));
+    }
+    written_.insert(rel);
+    ++files_;
+    return Ok();
+  }
+
+  int root_fd_;
+  isolate::IdMapping ids_;
+  bool use_openat2_ = g_use_openat2.load();
+  std::set<std::string> written_;  // paths this layer made: whiteouts never remove them
+  std::map<std::string, struct timespec> dir_mtimes_;
+  uint64_t files_ = 0;
+  uint64_t size_bytes_ = 0;
+  Tally devices_;
+  Tally sockets_;
+  Tally unknown_;
+  Tally dropped_xattrs_;
+  Tally refused_xattrs_;
+  Tally acls_;
+};
+
+// The sha256 of a compressed layer's decompressed stream: a docker save layer that is
+// compressed and not named by its digest can only be checked against its diff_id this way.
+Result<std::string> UncompressedDigest(const LayerPlan& layer, const std::string& what) {
+  RangeReader reader(layer.blob.fd, layer.blob.offset, layer.blob.size, layer.blob.name, nullptr);
+  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kRaw, what));
+  struct archive_entry* e = nullptr;
+  if (archive_read_next_header(a.get(), &e) != ARCHIVE_OK) {
+    return ArchiveError(a.get(), reader, what + ": cannot decompress");
+  }
+  Sha256 hash;
+  const void* data = nullptr;
+  size_t size = 0;
+  la_int64_t offset = 0;
+  for (;;) {
+    int rc = archive_read_data_block(a.get(), &data, &size, &offset);
+    if (rc == ARCHIVE_EOF) break;
+    if (rc != ARCHIVE_OK) return ArchiveError(a.get(), reader, what + ": cannot decompress");
+    hash.Update(data, size);
+  }
+  return hash.Digest();
+}
+
+// One layer: streamed once through libarchive into the root file system, its digest computed
+// on the way and checked at its end (a mismatch fails the import, and the caller removes all
+// that was unpacked).
+Status ApplyLayer(Unpacker& unpacker, const LayerPlan& layer, size_t index, size_t count,
+                  Progress& progress) {
+  progress.Start("layer", index + 1, count);
+  const std::string what = "layer " + std::to_string(index + 1) + " " + layer.label;
+  RangeReader reader(layer.blob.fd, layer.blob.offset, layer.blob.size, layer.blob.name, &progress);
+  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kTar, what));
+  NSBOX_TRY_CTX(unpacker.ApplyLayer(a.get(), reader), what);
+  const bool compressed = archive_filter_code(a.get(), 0) != ARCHIVE_FILTER_NONE;
+  NSBOX_TRY_CTX(reader.Drain(), what);
+  const std::string got = reader.Digest();
+  if (!layer.digest.empty() && got != layer.digest) {
+    return BadInput(what + ": digest mismatch, got " + got);
+  }
+  if (!layer.diff_id.empty() && (!compressed || layer.digest.empty())) {
+    std::string uncompressed = got;
+    if (compressed) {
+      NSBOX_ASSIGN_OR_RETURN(uncompressed, UncompressedDigest(layer, what));
+    }
+    if (uncompressed != layer.diff_id) {
+      return BadInput(what + ": the config's diff_id is " + layer.diff_id +
+                      ", but the uncompressed layer's digest is " + uncompressed);
+    }
+  }
+  return Ok();
+}
+
+}  // namespace
+
+void SetUseOpenat2ForTesting(bool enabled) { g_use_openat2.store(enabled); }
+
+bool IsSha256Digest(std::string_view d) {
+  return d.size() == 71 && d.substr(0, 7) == "sha256:" && IsHex(d.substr(7));
+}
+
+std::string HexOf(const unsigned char* bytes, size_t size) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(size * 2);
+  for (size_t i = 0; i < size; ++i) {
+    out += kHex[bytes[i] >> 4];
+    out += kHex[bytes[i] & 15];
+  }
+  return out;
+}
+
+Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int rootfs_fd,
+                                  const isolate::IdMapping& ids, const ProgressFn& progress_fn) {
+  NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(AT_FDCWD, source, O_RDONLY | O_NOCTTY));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Error::Sys("fstat", source, errno);
+  Progress progress(progress_fn);
+
+  // 1. What the source is.
+  std::unique_ptr<Source> src;
+  UniqueFd scratch;
+  ImagePlan plan;
+  if (S_ISDIR(st.st_mode)) {
+    progress.Start("reading", 0, 0);
+    if (::faccessat(fd.get(), "oci-layout", F_OK, AT_SYMLINK_NOFOLLOW) != 0 ||
+        ::faccessat(fd.get(), "index.json", F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
+      return BadInput(source +
+                      " is a directory but not an OCI image layout (it needs oci-layout and "
+                      "index.json)");
+    }
+    src = std::make_unique<DirSource>(std::move(fd), source);
+    NSBOX_ASSIGN_OR_RETURN(plan, PlanOci(*src));
+  } else if (S_ISREG(st.st_mode)) {
+    const auto size = static_cast<uint64_t>(st.st_size);
+    progress.SetTotal(size);
+    progress.Start("reading", 0, 0);
+    NSBOX_ASSIGN_OR_RETURN(ScannedTar scan, ScanTar(fd.get(), size, source, progress));
+    const bool oci =
+        scan.members.count("oci-layout") != 0 ||
+        (scan.members.count("index.json") != 0 && scan.members.count("manifest.json") == 0);
+    const bool docker = !oci && scan.members.count("manifest.json") != 0;
+    if (!oci && !docker) {
+      // A root file system tarball: the whole file is its one layer, nothing names a digest.
+      plan.format = "rootfs";
+      plan.layers.push_back(
+          LayerPlan{"(root file system tarball)", BlobRef{fd.get(), 0, size, source}, "", ""});
+    } else {
+      int tar_fd = fd.get();
+      uint64_t tar_size = size;
+      if (scan.compressed) {
+        NSBOX_ASSIGN_OR_RETURN(scratch,
+                               DecompressToScratch(fd.get(), size, work_fd, source, progress));
+        struct stat sst {};
+        if (::fstat(scratch.get(), &sst) != 0) {
+          return Error::Sys("fstat", "the decompressed copy of " + source, errno);
+        }
+        tar_fd = scratch.get();
+        tar_size = static_cast<uint64_t>(sst.st_size);
+      }
+      src = std::make_unique<TarSource>(tar_fd, tar_size, std::move(scan.members), source);
+      if (oci) {
+        NSBOX_ASSIGN_OR_RETURN(plan, PlanOci(*src));
+      } else {
+        NSBOX_ASSIGN_OR_RETURN(plan, PlanDocker(*src));
+      }
+    }
+  } else {
+    return BadInput(source + " is neither a regular file nor a directory");
+  }
+
+  // 2. The layers, in order.
+  Unpacker unpacker(rootfs_fd, ids);
+  for (size_t i = 0; i < plan.layers.size(); ++i) {
+    NSBOX_TRY(ApplyLayer(unpacker, plan.layers[i], i, plan.layers.size(), progress));
+  }
+  // 3. Directory mtimes, after everything inside them was made.
+  NSBOX_TRY(unpacker.Finish());
+
+  UnpackedImage out;
+  out.format = plan.format;
+  out.digest = plan.digest;
+  out.layers = plan.layers.size();
+  out.size_bytes = unpacker.size_bytes();
+  out.files = unpacker.files();
+  out.config = std::move(plan.config);
+  out.warnings = std::move(plan.warnings);
+  for (std::string& w : unpacker.Warnings()) out.warnings.push_back(std::move(w));
+  return out;
+}
+
+namespace {
+
+// The entries of the directory `fd` (which it takes), "." and ".." left out.
+Result<std::vector<std::pair<std::string, unsigned char>>> ListDir(UniqueFd fd,
+                                                                   const std::string& display) {
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(fd.get()), ::closedir);
+  if (!dir) return Error::Sys("fdopendir", display, errno);
+  fd.release();  // the DIR owns it now
+  std::vector<std::pair<std::string, unsigned char>> out;
+  for (;;) {
+    errno = 0;
+    struct dirent* d = ::readdir(dir.get());
+    if (d == nullptr) {
+      if (errno != 0) return Error::Sys("readdir", display, errno);
+      return out;
+    }
+    std::string_view n = d->d_name;
+    if (n != "." && n != "..") out.emplace_back(std::string(n), d->d_type);
+  }
+}
+
+// Empties the directory `name` in `parent_fd`, depth first. Each level is opened with
+// O_NOFOLLOW relative to its parent's fd, so a symlink is removed, never followed.
+Status RemoveChildren(int parent_fd, const std::string& name, const std::string& display) {
+  UniqueFd fd(::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return Ok();
+    return Error::Sys("openat", display, errno);
+  }
+  UniqueFd dir_fd(::dup(fd.get()));
+  if (!dir_fd.valid()) return Error::Sys("dup", display, errno);
+  NSBOX_ASSIGN_OR_RETURN(auto entries, ListDir(std::move(fd), display));
+  for (const auto& [child, type] : entries) {
+    const std::string child_display = display + "/" + child;
+    bool is_dir = type == DT_DIR;
+    if (type == DT_UNKNOWN) {
+      struct stat st {};
+      if (::fstatat(dir_fd.get(), child.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno == ENOENT) continue;
+        return Error::Sys("fstatat", child_display, errno);
+      }
+      is_dir = S_ISDIR(st.st_mode);
+    }
+    if (is_dir) NSBOX_TRY(RemoveChildren(dir_fd.get(), child, child_display));
+    if (::unlinkat(dir_fd.get(), child.c_str(), is_dir ? AT_REMOVEDIR : 0) != 0 &&
+        errno != ENOENT) {
+      return Error::Sys("unlinkat", child_display, errno);
+    }
+  }
+  return Ok();
+}
+
+}  // namespace
+
+Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& display) {
+  struct stat st {};
+  if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return Ok();
+    return Error::Sys("fstatat", display, errno);
+  }
+  if (S_ISDIR(st.st_mode)) NSBOX_TRY(RemoveChildren(dir_fd, name, display));
+  if (::unlinkat(dir_fd, name.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0 &&
+      errno != ENOENT) {
+    return Error::Sys("unlinkat", display, errno);
+  }
+  return Ok();
+}
+
+}  // namespace nsbox::images::internal
