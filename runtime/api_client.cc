@@ -441,6 +441,10 @@ Result<ApiResponse> ApiClient::StreamLines(Method method, const std::string& tar
                                            const json::value& body, std::string_view accept,
                                            const LineFn& on_line) {
   NSBOX_TRY(Send(method, target, body, accept));
+  return ReadLines(on_line);
+}
+
+Result<ApiResponse> ApiClient::ReadLines(const LineFn& on_line) {
   std::string pending;
   auto result = ReadStreamed([&](std::string_view chunk) -> Status {
     size_t start = 0;
@@ -472,7 +476,8 @@ Result<ApiResponse> ApiClient::Download(const std::string& target, const ChunkFn
   return ReadStreamed(on_chunk);
 }
 
-Result<ApiResponse> ApiClient::Upload(Method method, const std::string& target, int fd) {
+Result<ApiResponse> ApiClient::Upload(Method method, const std::string& target, int fd,
+                                      const UploadOptions& options) {
   connect_failed_ = false;
   struct stat st {};
   if (::fstat(fd, &st) != 0) return Error::Sys("fstat", "", errno);
@@ -486,6 +491,7 @@ Result<ApiResponse> ApiClient::Upload(Method method, const std::string& target, 
   http::request<http::buffer_body> req{Verb(method), target, 11};
   SetHeaders(req, endpoint_);
   req.set(http::field::content_type, "application/octet-stream");
+  if (options.on_line) req.set(http::field::accept, "application/x-ndjson");
   if (sized) {
     req.content_length(remaining);
   } else {
@@ -497,6 +503,7 @@ Result<ApiResponse> ApiClient::Upload(Method method, const std::string& target, 
   boost::system::error_code ec;
   http::write_header(conn_->socket, serializer, ec);
   std::vector<char> chunk(kIoChunk);
+  uint64_t sent = 0;
   while (!ec) {
     size_t want =
         sized ? static_cast<size_t>(std::min<uint64_t>(remaining, chunk.size())) : chunk.size();
@@ -522,7 +529,11 @@ Result<ApiResponse> ApiClient::Upload(Method method, const std::string& target, 
     if (ec == http::error::need_buffer) ec = {};
     if (n == 0) break;
     remaining -= static_cast<uint64_t>(n);
+    sent += static_cast<uint64_t>(n);
+    if (options.on_sent && !ec) options.on_sent(sent);
   }
+  // Even when sending failed, the daemon may have answered early (see below).
+  if (options.on_line) return ReadLines(options.on_line);
   // Even when sending failed, the daemon may have answered early (a 404 for an unknown
   // sandbox, a 507 when the disk is full) before it stopped reading: that answer says more.
   http::response_parser<http::string_body> parser;

@@ -106,7 +106,17 @@ class ApiClient {
   Result<ApiResponse> Download(const std::string& target, const ChunkFn& on_chunk);
   // A request whose body is read from `fd` as it is sent: with Content-Length when `fd` is a
   // regular file (its size from fstat), else with chunked transfer-encoding.
-  Result<ApiResponse> Upload(Method method, const std::string& target, int fd);
+  struct UploadOptions {
+    std::function<void(uint64_t bytes_sent)> on_sent;  // after each piece
+    // When set, the answer is asked for as application/x-ndjson and streamed here line by line
+    // (as StreamLines does).
+    LineFn on_line;
+  };
+  Result<ApiResponse> Upload(Method method, const std::string& target, int fd,
+                             const UploadOptions& options);
+  Result<ApiResponse> Upload(Method method, const std::string& target, int fd) {
+    return Upload(method, target, fd, UploadOptions{});
+  }
 
  private:
   struct Connection;
@@ -116,6 +126,8 @@ class ApiClient {
               std::string_view accept);
   // Reads an answer whose request was sent: a 2xx body to `on_chunk`, an error body whole.
   Result<ApiResponse> ReadStreamed(const ChunkFn& on_chunk);
+  // The same, a 2xx body given to `on_line` a line at a time.
+  Result<ApiResponse> ReadLines(const LineFn& on_line);
 
   ApiEndpoint endpoint_;
   std::unique_ptr<Connection> conn_;

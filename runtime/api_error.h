@@ -27,6 +27,13 @@ struct ApiError {
     return {400, "invalid_request", std::move(message), {}, {}};
   }
   static ApiError SandboxNotFound(const std::string& id);
+  static ApiError ImageNotFound(const std::string& name) {
+    return {404,
+            "image_not_found",
+            "no image named '" + name + "' (nsbox image ls lists them; \"host\" is built in)",
+            {},
+            {}};
+  }
   static ApiError Unsupported(std::string message) {
     return {422, "unsupported", std::move(message), {}, {}};
   }

@@ -22,6 +22,7 @@
 
 #include "base/files.h"
 #include "base/unique_fd.h"
+#include "images/store.h"
 #include "runtime/api_client.h"
 #include "runtime/paths.h"
 #include "runtime/units.h"
@@ -71,6 +72,17 @@ struct ClientCommands::Options {
   std::string dst;
 
   std::vector<std::string> ids;  // stop, rm
+
+  // nsbox image ...
+  CLI::App* image_cmd = nullptr;
+  CLI::App* image_import = nullptr;
+  CLI::App* image_ls = nullptr;
+  CLI::App* image_rm = nullptr;
+  CLI::App* image_inspect = nullptr;
+  std::string image_name;
+  std::string image_source;
+  bool replace = false;
+  std::vector<std::string> image_names;  // image rm
 };
 
 namespace {
@@ -276,6 +288,183 @@ int ForEachId(const Options& o, ApiClient& client, std::string_view verb) {
       continue;
     }
     std::printf("%s\n", id.c_str());
+  }
+  return rc;
+}
+
+// ---- images ----
+
+std::string ImageTarget(const std::string& name) { return "/v1/images/" + PercentEncode(name); }
+
+std::string Mebibytes(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+// One progress line on a terminal, rewritten in place; nothing when stderr is not one.
+class ProgressLine {
+ public:
+  ProgressLine() : tty_(::isatty(STDERR_FILENO) == 1) {}
+  ~ProgressLine() { Done(); }
+  void Show(const std::string& text) {
+    if (!tty_) return;
+    std::fprintf(stderr, "\r\033[K%s", text.c_str());
+    shown_ = true;
+  }
+  void Done() {
+    if (shown_) std::fputs("\r\033[K", stderr);
+    shown_ = false;
+  }
+
+ private:
+  bool tty_;
+  bool shown_ = false;
+};
+
+int ImportImage(const Options& o, ApiClient& client) {
+  const std::string what = "image import " + o.image_name;
+  if (auto reason = images::InvalidImageNameReason(o.image_name)) {
+    return Fail(what, *reason, kExitUsage);
+  }
+  UniqueFd fd(::open(o.image_source.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  if (!fd.valid()) return Fail(what, Error::Sys("open", o.image_source, errno).message());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return Fail(what, Error::Sys("fstat", o.image_source, errno).message());
+  }
+  ProgressLine line;
+  if (S_ISDIR(st.st_mode)) {
+    // An OCI layout directory goes to the daemon as one tar, made in an unnamed temp file.
+    const char* tmpdir = std::getenv("TMPDIR");
+    const std::string dir = tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
+    UniqueFd tar(::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+    if (!tar.valid()) return Fail(what, Error::Sys("open", dir + " (O_TMPFILE)", errno).message());
+    auto packed = images::WriteTarOfDirectory(
+        o.image_source, tar.get(), [&](const images::ImportProgress& p) {
+          line.Show("packing " + o.image_source + ": " + Mebibytes(p.bytes_read));
+        });
+    if (!packed.ok()) return Fail(what, packed.error().message());
+    if (::lseek(tar.get(), 0, SEEK_SET) != 0) {
+      return Fail(what, Error::Sys("lseek", dir, errno).message());
+    }
+    fd = std::move(tar);
+    if (::fstat(fd.get(), &st) != 0) return Fail(what, Error::Sys("fstat", dir, errno).message());
+  } else if (!S_ISREG(st.st_mode)) {
+    return Fail(what, o.image_source + " is neither a file nor a directory", kExitUsage);
+  }
+
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  std::optional<json::object> image;
+  std::string import_error;
+  ApiClient::UploadOptions upload;
+  upload.on_sent = [&](uint64_t sent) {
+    line.Show("uploading " + Mebibytes(sent) + " of " + Mebibytes(size) + " (" +
+              std::to_string(size == 0 ? 100 : sent * 100 / size) + "%)");
+  };
+  upload.on_line = [&](std::string_view text) -> Status {
+    boost::system::error_code ec;
+    json::value v = json::parse(text, ec);
+    const json::object* event = ec ? nullptr : v.if_object();
+    if (event == nullptr) return Error(EPROTO, "the daemon sent a line that is not JSON");
+    const std::string type = JsonText(*event, "type");
+    if (type == "progress") {
+      const std::string phase = JsonText(*event, "phase");
+      if (phase == "layer") {
+        line.Show("importing: layer " + JsonText(*event, "layer") + " of " +
+                  JsonText(*event, "layers"));
+      } else {
+        line.Show("importing: " + phase);
+      }
+    } else if (type == "image" && event->contains("image") && event->at("image").is_object()) {
+      image = event->at("image").get_object();
+    } else if (type == "error") {
+      const json::value* e = event->if_contains("error");
+      import_error = e != nullptr && e->is_object() ? JsonText(e->get_object(), "message")
+                                                    : std::string("the import failed");
+    }
+    return Ok();
+  };
+  std::string target = ImageTarget(o.image_name);
+  if (o.replace) target += "?replace=1";
+  auto answer = Check(client, client.Upload(Method::kPost, target, fd.get(), upload));
+  line.Done();
+  if (!answer.ok()) return Fail(what, answer.error().message());
+  if (!import_error.empty()) return Fail(what, import_error);
+  if (!image) return Fail(what, "the daemon's answer ended without the image");
+  if (o.json) {
+    std::printf("%s\n", json::serialize(*image).c_str());
+  } else {
+    std::printf("%s imported: %s, %s layer%s, %s files, %s (id %s)\n", o.image_name.c_str(),
+                JsonText(*image, "format").c_str(), JsonText(*image, "layers").c_str(),
+                JsonText(*image, "layers") == "1" ? "" : "s", JsonText(*image, "files").c_str(),
+                image->contains("sizeBytes") && image->at("sizeBytes").is_number()
+                    ? Mebibytes(image->at("sizeBytes").to_number<uint64_t>()).c_str()
+                    : "-",
+                JsonText(*image, "id").c_str());
+  }
+  if (const json::value* warnings = image->if_contains("warnings");
+      warnings != nullptr && warnings->is_array()) {
+    for (const json::value& w : warnings->get_array()) {
+      if (w.is_string()) {
+        std::fprintf(stderr, "nsbox: %s: note: %s\n", what.c_str(), w.get_string().c_str());
+      }
+    }
+  }
+  return 0;
+}
+
+int ListImages(const Options& o, ApiClient& client) {
+  auto answer = Check(client, client.Call(Method::kGet, "/v1/images"));
+  if (!answer.ok()) return Fail("image ls", answer.error().message());
+  if (o.json) {
+    PrintBody(*answer);
+    return 0;
+  }
+  auto parsed = answer->Json();
+  const json::object* top = parsed.ok() ? parsed->if_object() : nullptr;
+  const json::value* list = top != nullptr ? top->if_contains("images") : nullptr;
+  if (list == nullptr || !list->is_array()) {
+    return Fail("image ls", "the daemon's answer has no \"images\" list");
+  }
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"host", "host", "-", "-", "(built in: the host's /usr, read-only)"});
+  for (const json::value& item : list->get_array()) {
+    if (!item.is_object()) continue;
+    const json::object& i = item.get_object();
+    const json::value* used = i.if_contains("usedBy");
+    rows.push_back(
+        {JsonText(i, "name"), JsonText(i, "format"), JsonText(i, "layers"),
+         i.contains("sizeBytes") && i.at("sizeBytes").is_number()
+             ? Mebibytes(i.at("sizeBytes").to_number<uint64_t>())
+             : "-",
+         JsonText(i, "importedAt") + "  " +
+             std::to_string(used != nullptr && used->is_array() ? used->get_array().size() : 0) +
+             " sandboxes"});
+  }
+  std::sort(rows.begin() + 1, rows.end());
+  rows.insert(rows.begin(), {"NAME", "FORMAT", "LAYERS", "SIZE", "IMPORTED"});
+  PrintTable(rows);
+  return 0;
+}
+
+int InspectImage(const Options& o, ApiClient& client) {
+  auto answer = Check(client, client.Call(Method::kGet, ImageTarget(o.image_name)));
+  if (!answer.ok()) return Fail("image inspect " + o.image_name, answer.error().message());
+  PrintBody(*answer);
+  return 0;
+}
+
+int RemoveImages(const Options& o, ApiClient& client) {
+  int rc = 0;
+  for (const std::string& name : o.image_names) {
+    auto answer = Check(client, client.Call(Method::kDelete, ImageTarget(name)));
+    if (!answer.ok()) {
+      rc = Fail("image rm " + name, answer.error().message());
+      if (client.connect_failed()) break;
+      continue;
+    }
+    std::printf("%s\n", name.c_str());
   }
   return rc;
 }
@@ -746,7 +935,7 @@ std::string ShellCommand(const std::vector<std::string>& args) {
 
 ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Options>()) {
   Options& o = *options_;
-  const std::string group = "Daemon connection (for create, ls, exec, cp, stop, rm)";
+  const std::string group = "Daemon connection (for create, ls, exec, cp, stop, rm, image)";
   o.socket_opt =
       app.add_option("--socket", o.socket,
                      "nsboxd's Unix socket (env NSBOX_SOCKET; default " + DefaultSocketPath() + ")")
@@ -794,6 +983,25 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   o.stop->add_option("id", o.ids, "the sandboxes' ids")->required();
   o.rm = app.add_subcommand("rm", "Remove sandboxes and all their files");
   o.rm->add_option("id", o.ids, "the sandboxes' ids")->required();
+
+  o.image_cmd = app.add_subcommand("image", "Import, list and remove images");
+  o.image_cmd->require_subcommand(1);
+  o.image_import = o.image_cmd->add_subcommand(
+      "import",
+      "Import an image: nsbox image import NAME FILE (an OCI layout, a docker save tarball or a "
+      "root file system tarball; or an OCI layout directory)");
+  o.image_import->add_option("name", o.image_name, "the image's name, e.g. debian-12")->required();
+  o.image_import->add_option("source", o.image_source, "the tarball or OCI layout directory")
+      ->required();
+  o.image_import->add_flag("--replace", o.replace,
+                           "replace an image of that name (its sandboxes keep the old root)");
+  o.image_import->add_flag("--json", o.json, "print the API's JSON");
+  o.image_ls = o.image_cmd->add_subcommand("ls", "List images");
+  o.image_ls->add_flag("--json", o.json, "print the API's JSON");
+  o.image_inspect = o.image_cmd->add_subcommand("inspect", "Print an image's JSON");
+  o.image_inspect->add_option("name", o.image_name, "the image's name")->required();
+  o.image_rm = o.image_cmd->add_subcommand("rm", "Remove images no sandbox uses");
+  o.image_rm->add_option("name", o.image_names, "the images' names")->required();
 }
 
 ClientCommands::~ClientCommands() = default;
@@ -803,7 +1011,8 @@ std::string ClientCommands::GlobalSocket() const { return options_->socket; }
 std::optional<int> ClientCommands::Dispatch() {
   const Options& o = *options_;
   CLI::App* chosen = nullptr;
-  for (CLI::App* cmd : {o.create, o.ls, o.exec, o.cp, o.stop, o.rm}) {
+  for (CLI::App* cmd : {o.create, o.ls, o.exec, o.cp, o.stop, o.rm, o.image_import, o.image_ls,
+                        o.image_inspect, o.image_rm}) {
     if (cmd->parsed()) chosen = cmd;
   }
   if (chosen == nullptr) return std::nullopt;
@@ -815,6 +1024,10 @@ std::optional<int> ClientCommands::Dispatch() {
   if (chosen == o.exec) return Exec(o, client);
   if (chosen == o.cp) return Copy(o, client);
   if (chosen == o.stop) return ForEachId(o, client, "stop");
+  if (chosen == o.image_import) return ImportImage(o, client);
+  if (chosen == o.image_ls) return ListImages(o, client);
+  if (chosen == o.image_inspect) return InspectImage(o, client);
+  if (chosen == o.image_rm) return RemoveImages(o, client);
   return ForEachId(o, client, "rm");
 }
 

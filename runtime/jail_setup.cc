@@ -24,6 +24,76 @@ namespace {
 
 constexpr uint64_t kDefaultPids = 4096;
 
+// Opens the workspace (and the home directory) of a host-image jail once: the binds use these
+// fds, so a symlink swapped in later cannot redirect them (CVE-2024-42472).
+Status PinWorkspaceAndHome(const JailOptions& o, const isolate::IdMapping& ids, PreparedJail* plan,
+                           isolate::JailFsConfig* fs) {
+  plan->workspace_path = o.workspace;
+  if (plan->workspace_path.empty()) {
+    char buf[4096];
+    if (::getcwd(buf, sizeof buf) == nullptr) {
+      return Error::Sys("getcwd", "", errno)
+          .Context("--workspace (default: the current directory)");
+    }
+    plan->workspace_path = buf;
+  }
+  int wfd = ::open(plan->workspace_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (wfd < 0) {
+    int err = errno;
+    return Error(err, "--workspace '" + plan->workspace_path + "': " +
+                          (err == ENOTDIR ? std::string("not a directory") : ErrnoText(err)));
+  }
+  plan->workspace.reset(wfd);
+  if (char* real = ::realpath(plan->workspace_path.c_str(), nullptr); real != nullptr) {
+    plan->workspace_path = real;
+    std::free(real);
+  }
+  struct stat st {};
+  if (o.warn_unwritable_workspace && ::fstat(wfd, &st) == 0 && st.st_uid != ids.uid.outside &&
+      !(st.st_mode & S_IWOTH)) {
+    // Root inside is ids.uid.outside on the host; to it, a directory of another owner is
+    // "nobody"'s and not writable. Said once, so a read-only workspace is no mystery.
+    std::fprintf(stderr,
+                 "nsbox run: note: the workspace %s belongs to host uid %u; root in the jail is "
+                 "host uid %u and can only read it (chown -R %u:%u it to let commands write)\n",
+                 plan->workspace_path.c_str(), st.st_uid, ids.uid.outside, ids.uid.outside,
+                 ids.gid.outside);
+  }
+
+  fs->workspace_source = plan->workspace_path;
+  fs->workspace_fd = wfd;
+  // A detached copy of the workspace mount, made here with the caller's rights: the jail attaches
+  // it without walking the path, which may pass through directories its root cannot traverse.
+  // SAFETY: open_tree only reads the fd and returns a new one (or fails, then the path is used).
+  int tree = sys::OpenTree(wfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+  if (tree >= 0) {
+    plan->workspace_tree.reset(tree);
+    fs->workspace_fd = tree;
+    fs->workspace_fd_is_tree = true;
+  } else if (errno != ENOSYS) {
+    return Error::Sys("open_tree", plan->workspace_path, errno).Context("--workspace");
+  }
+  if (!o.home.empty()) {
+    // Pinned and cloned like the workspace: the jail's root need not traverse the host path.
+    fs->home_tmpfs = false;
+    fs->home_source = o.home;
+    int hfd = ::open(o.home.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (hfd < 0) return Error::Sys("open", o.home, errno).Context("the home directory");
+    plan->home.reset(hfd);
+    fs->home_fd = hfd;
+    // SAFETY: as for the workspace above.
+    int home_tree = sys::OpenTree(hfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+    if (home_tree >= 0) {
+      plan->home_tree.reset(home_tree);
+      fs->home_fd = home_tree;
+      fs->home_fd_is_tree = true;
+    } else if (errno != ENOSYS) {
+      return Error::Sys("open_tree", o.home, errno).Context("the home directory");
+    }
+  }
+  return Ok();
+}
+
 }  // namespace
 
 Result<PreparedJail> PrepareJail(const JailOptions& o) {
@@ -63,80 +133,25 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
   }
   NSBOX_TRY_CTX(isolate::ValidateIdRange(spec.ids.uid, "uid"), "--uid-base");
 
-  auto image = images::ResolveImage(o.image);
-  if (!image.ok()) return std::move(image).error().Context("--image");
-  plan.image = std::move(*image);
-
-  // The workspace is opened now, once: the bind uses this fd, so a symlink swapped in later
-  // cannot redirect it (CVE-2024-42472).
-  plan.workspace_path = o.workspace;
-  if (plan.workspace_path.empty()) {
-    char buf[4096];
-    if (::getcwd(buf, sizeof buf) == nullptr) {
-      return Error::Sys("getcwd", "", errno)
-          .Context("--workspace (default: the current directory)");
-    }
-    plan.workspace_path = buf;
-  }
-  int wfd = ::open(plan.workspace_path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-  if (wfd < 0) {
-    int err = errno;
-    return Error(err, "--workspace '" + plan.workspace_path + "': " +
-                          (err == ENOTDIR ? std::string("not a directory") : ErrnoText(err)));
-  }
-  plan.workspace.reset(wfd);
-  if (char* real = ::realpath(plan.workspace_path.c_str(), nullptr); real != nullptr) {
-    plan.workspace_path = real;
-    std::free(real);
-  }
-  struct stat st {};
-  if (o.warn_unwritable_workspace && ::fstat(wfd, &st) == 0 && st.st_uid != spec.ids.uid.outside &&
-      !(st.st_mode & S_IWOTH)) {
-    // Root inside is spec.ids.uid.outside on the host; to it, a directory of another owner is
-    // "nobody"'s and not writable. Said once, so a read-only workspace is no mystery.
-    std::fprintf(stderr,
-                 "nsbox run: note: the workspace %s belongs to host uid %u; root in the jail is "
-                 "host uid %u and can only read it (chown -R %u:%u it to let commands write)\n",
-                 plan.workspace_path.c_str(), st.st_uid, spec.ids.uid.outside, spec.ids.uid.outside,
-                 spec.ids.gid.outside);
-  }
-
   isolate::JailFsConfig fs;
-  fs.root = plan.image.root;
   fs.hostname = o.hostname;
   if (!o.copy_etc_files) fs.etc_copy_limit = 0;
-  fs.workspace_source = plan.workspace_path;
-  fs.workspace_fd = wfd;
-  // A detached copy of the workspace mount, made here with the caller's rights: the jail attaches
-  // it without walking the path, which may pass through directories its root cannot traverse.
-  // SAFETY: open_tree only reads the fd and returns a new one (or fails, then the path is used).
-  int tree = sys::OpenTree(wfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
-  if (tree >= 0) {
-    plan.workspace_tree.reset(tree);
-    fs.workspace_fd = tree;
-    fs.workspace_fd_is_tree = true;
-  } else if (errno != ENOSYS) {
-    return Error::Sys("open_tree", plan.workspace_path, errno).Context("--workspace");
+  if (o.overlay) {
+    // An imported image: the overlay, mounted here with the caller's rights, is the whole root
+    // (workspace and home included); the jail only attaches it.
+    auto image = images::OverlayImage(o.image, *o.overlay);
+    if (!image.ok()) return std::move(image).error().Context("image '" + o.image + "'");
+    plan.image = std::move(*image);
+    NSBOX_ASSIGN_OR_RETURN(plan.root_tree, isolate::MountOverlay(*o.overlay));
+    fs.root_tree_fd = plan.root_tree.get();
+  } else {
+    auto image = images::ResolveImage(o.image);
+    if (!image.ok()) return std::move(image).error().Context("--image");
+    plan.image = std::move(*image);
+    fs.root = plan.image.root;
+    NSBOX_TRY(PinWorkspaceAndHome(o, spec.ids, &plan, &fs));
+    NSBOX_ASSIGN_OR_RETURN(fs.host_etc, isolate::ScanHostEtc("/etc"));
   }
-  if (!o.home.empty()) {
-    // Pinned and cloned like the workspace: the jail's root need not traverse the host path.
-    fs.home_tmpfs = false;
-    fs.home_source = o.home;
-    int hfd = ::open(o.home.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (hfd < 0) return Error::Sys("open", o.home, errno).Context("the home directory");
-    plan.home.reset(hfd);
-    fs.home_fd = hfd;
-    // SAFETY: as for the workspace above.
-    int home_tree = sys::OpenTree(hfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
-    if (home_tree >= 0) {
-      plan.home_tree.reset(home_tree);
-      fs.home_fd = home_tree;
-      fs.home_fd_is_tree = true;
-    } else if (errno != ENOSYS) {
-      return Error::Sys("open_tree", o.home, errno).Context("the home directory");
-    }
-  }
-  NSBOX_ASSIGN_OR_RETURN(fs.host_etc, isolate::ScanHostEtc("/etc"));
   // The new root is assembled on a directory of the host that exists everywhere; nothing of it
   // is visible outside the jail's mount namespace.
   NSBOX_ASSIGN_OR_RETURN(spec.mounts, isolate::PlanMounts(fs));

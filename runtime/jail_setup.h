@@ -16,6 +16,9 @@ namespace nsbox::runtime {
 // configuration). Values are strings where the user typed them, so that errors name them.
 struct JailOptions {
   std::string image = "host";
+  // An imported image's root (its unpacked layers and this sandbox's upper layer): the jail runs
+  // on their overlay, which holds /workspace and /root too (`workspace` and `home` are unused).
+  std::optional<isolate::RootSpec::Overlay> overlay;
   std::string workspace;  // host directory bound at /workspace; default: the current directory
   std::string home;       // host directory bound at /root; empty: a tmpfs
   std::string cwd;        // inside; relative to /workspace; default /workspace
@@ -41,6 +44,7 @@ struct PreparedJail {
   UniqueFd workspace_tree;  // open_tree(OPEN_TREE_CLONE) of it, where the kernel has it
   UniqueFd home;            // O_PATH of the host directory bound at /root, when there is one
   UniqueFd home_tree;       // its open_tree clone
+  UniqueFd root_tree;       // an imported image's overlay, mounted detached (fsmount)
   std::string workspace_path;
   isolate::CgroupLimits limits;
   isolate::JailSpec spec;

@@ -14,11 +14,11 @@
 #include <boost/uuid/uuid_io.hpp>
 #include <cmath>
 #include <filesystem>
-#include <random>
 
 #include "base/files.h"
 #include "base/log.h"
 #include "exec/runner.h"
+#include "images/image.h"
 #include "isolate/cgroup.h"
 #include "isolate/idmap.h"
 #include "runtime/utf8.h"
@@ -32,51 +32,6 @@ namespace {
 // The namespace of nsbox's name-based UUIDs (any fixed UUID will do; this one is random).
 constexpr boost::uuids::uuid kIdNamespace = {{0x6e, 0x73, 0x62, 0x6f, 0x78, 0x2d, 0x4b, 0x1e, 0x9d,
                                               0x3a, 0x51, 0x0c, 0x7e, 0x22, 0x90, 0xa4}};
-
-Status MakeDir(const std::string& path, mode_t mode) {
-  if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) return Error::Sys("mkdir", path, errno);
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return Error::Sys("stat", path, errno);
-  if (!S_ISDIR(st.st_mode)) return Error(ENOTDIR, path + " exists and is not a directory");
-  return Ok();
-}
-
-Status FsyncPath(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd.valid()) return Error::Sys("open", path, errno);
-  if (::fsync(fd.get()) != 0) return Error::Sys("fsync", path, errno);
-  return Ok();
-}
-
-// temp file, fsync, rename, fsync of the directory: a crash leaves the old file or the new.
-Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data) {
-  const std::string temp = dir + "/." + name + ".tmp";
-  const std::string path = dir + "/" + name;
-  UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd.valid()) return Error::Sys("open", temp, errno);
-  NSBOX_TRY(WriteAll(fd.get(), data, temp));
-  if (::fsync(fd.get()) != 0) return Error::Sys("fsync", temp, errno);
-  fd.reset();
-  if (::rename(temp.c_str(), path.c_str()) != 0) return Error::Sys("rename", path, errno);
-  return FsyncPath(dir);
-}
-
-// A whole tree, without following symlinks (std::filesystem::remove_all does not). Only called
-// on a sandbox whose processes are all gone, in a directory nothing else uses.
-Status RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-  if (ec) return Error(ec.value(), "remove " + path + ": " + ec.message());
-  return Ok();
-}
-
-std::string RandomHex(size_t digits) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < digits; ++i) out += kHex[rng() & 15];
-  return out;
-}
 
 std::string FormatCpus(double cpus) {
   char buf[32];
@@ -136,6 +91,7 @@ std::string EncodeConfig(const SandboxConfig& c) {
   o["version"] = 1;
   o["id"] = c.id;
   o["image"] = c.image;
+  if (!c.image_id.empty()) o["imageId"] = c.image_id;
   o["cwd"] = c.cwd;
   json::object env;
   for (const auto& [k, v] : c.env) env[k] = v;
@@ -171,6 +127,16 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
   NSBOX_TRY(str("network", &c.network));
   NSBOX_TRY(str("createdAt", &c.created_at));
   if (auto reason = InvalidIdReason(c.id)) return Error(EINVAL, "config.json: " + *reason);
+  if (c.image != images::kHostImage) {
+    if (auto reason = images::InvalidImageNameReason(c.image)) {
+      return Error(EINVAL, "config.json: " + *reason);
+    }
+    NSBOX_TRY(str("imageId", &c.image_id));
+    if (c.image_id.size() != 32 ||
+        c.image_id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return Error(EINVAL, "config.json: \"imageId\" is not 32 hex digits");
+    }
+  }
   if (c.cwd.empty() || c.cwd[0] != '/') return Error(EINVAL, "config.json: cwd is not absolute");
   if (const json::value* env = o->if_contains("env")) {
     if (!env->is_object()) return Error(EINVAL, "config.json: \"env\" is not an object");
@@ -302,11 +268,25 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
   }
   r->cgroup_prefix_ = "nsbox-" + IdHash(real).substr(0, 8) + "-";
   NSBOX_TRY(r->RemoveStaleCgroups());
+  NSBOX_ASSIGN_OR_RETURN(r->images_, images::ImageStore::Open(r->state_dir_ + "/images", r->ids_));
   NSBOX_TRY(r->Load());
+  r->janitor_ = std::thread([registry = r.get()] { registry->JanitorLoop(); });
+  std::lock_guard<std::mutex> lock(r->mu_);
+  r->CollectImagesLocked();
   return r;
 }
 
-Registry::~Registry() { StopAll(); }
+Registry::~Registry() {
+  StopAll();
+  if (janitor_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(janitor_mu_);
+      janitor_stop_ = true;
+    }
+    janitor_cv_.notify_one();
+    janitor_.join();  // a removal under way is finished; what is left, the next start removes
+  }
+}
 
 Status Registry::RemoveStaleCgroups() {
   NSBOX_ASSIGN_OR_RETURN(auto layout, isolate::LoadCgroupLayout());
@@ -362,6 +342,14 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   const std::string hash = IdHash(config.id);
   const std::string dir = sandboxes_dir_ + "/" + hash;
   config.created_at = NowRfc3339();
+  // An imported image is looked up under the registry's lock, which RemoveImage also takes: the
+  // content a new sandbox is built on cannot be collected under it.
+  std::optional<images::ImageInfo> image;
+  if (config.image != images::kHostImage) {
+    auto info = images_->InfoOf(config.image_id);
+    if (config.image_id.empty() || !info.ok()) return ApiError::ImageNotFound(config.image);
+    image = std::move(info).value();
+  }
   bool made_dir = false;
   auto made = [&]() -> Status {
     // config.json last: a directory without it is a creation that did not finish. A directory
@@ -378,12 +366,31 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
       return e;
     }
     made_dir = true;
-    for (const char* sub : {"/workspace", "/home"}) {
-      const std::string path = dir + sub;
-      if (::mkdir(path.c_str(), 0700) != 0) return Error::Sys("mkdir", path, errno);
-      // SAFETY: a directory we just made; its owner becomes the jail's root.
-      if (::chown(path.c_str(), ids_.uid.outside, ids_.gid.outside) != 0) {
-        return Error::Sys("chown", path, errno);
+    if (image) {
+      // The overlay's own layer: its top directory is the root directory inside, so it gets
+      // the image's root's owner and mode; work/ is the overlay's private scratch space.
+      NSBOX_ASSIGN_OR_RETURN(std::string lower, images_->RootfsOf(config.image_id));
+      struct stat root {};
+      if (::stat(lower.c_str(), &root) != 0) return Error::Sys("stat", lower, errno);
+      const std::string upper = dir + "/upper";
+      const std::string work = dir + "/work";
+      if (::mkdir(upper.c_str(), 0700) != 0) return Error::Sys("mkdir", upper, errno);
+      // SAFETY: a directory we just made, given the owner the image's root already has.
+      if (::chown(upper.c_str(), root.st_uid, root.st_gid) != 0) {
+        return Error::Sys("chown", upper, errno);
+      }
+      if (::chmod(upper.c_str(), root.st_mode & 07777) != 0) {
+        return Error::Sys("chmod", upper, errno);
+      }
+      if (::mkdir(work.c_str(), 0700) != 0) return Error::Sys("mkdir", work, errno);
+    } else {
+      for (const char* sub : {"/workspace", "/home"}) {
+        const std::string path = dir + sub;
+        if (::mkdir(path.c_str(), 0700) != 0) return Error::Sys("mkdir", path, errno);
+        // SAFETY: a directory we just made; its owner becomes the jail's root.
+        if (::chown(path.c_str(), ids_.uid.outside, ids_.gid.outside) != 0) {
+          return Error::Sys("chown", path, errno);
+        }
       }
     }
     return WriteFileAtomic(dir, "config.json", EncodeConfig(config));
@@ -441,8 +448,17 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   const SandboxConfig& c = entry.config_;
   SandboxOptions o;
   o.jail.image = c.image;
-  o.jail.workspace = entry.dir_ + "/workspace";
-  o.jail.home = entry.dir_ + "/home";
+  if (!c.image_id.empty()) {
+    auto overlay = OverlayOf(entry);
+    if (!overlay.ok()) {
+      log::error("sandbox={} start: {}", c.id, overlay.error().message());
+      return ApiError::Unavailable("start sandbox '" + c.id + "': " + overlay.error().message());
+    }
+    o.jail.overlay = std::move(overlay).value();
+  } else {
+    o.jail.workspace = entry.dir_ + "/workspace";
+    o.jail.home = entry.dir_ + "/home";
+  }
   o.jail.hostname = HostnameFor(c.id, entry.hash_);
   if (c.limits.memory_bytes) o.jail.memory = std::to_string(*c.limits.memory_bytes);
   if (c.limits.pids) o.jail.pids = std::to_string(*c.limits.pids);
@@ -525,6 +541,11 @@ ApiOutcome<bool> Registry::Delete(std::string_view id) {
   if (auto st = RemoveTree(trash); !st.ok()) {
     log::error("sandbox={} remove {}: {}", entry->config_.id, trash, st.error().message());
   }
+  if (!entry->config_.image_id.empty()) {
+    // It may have been the last user of an image that was since replaced or removed.
+    std::lock_guard<std::mutex> lock(mu_);
+    CollectImagesLocked();
+  }
   log::info("sandbox={} deleted", entry->config_.id);
   return true;
 }
@@ -534,6 +555,139 @@ void Registry::StopAll() {
     std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
     (void)StopLocked(*entry);
   }
+}
+
+// ---- images ----
+
+Result<isolate::RootSpec::Overlay> Registry::OverlayOf(const SandboxEntry& entry) const {
+  const SandboxConfig& c = entry.config_;
+  auto info = images_->InfoOf(c.image_id);
+  if (!info.ok()) {
+    return std::move(info).error().Context("the content of image '" + c.image + "' (" + c.image_id +
+                                           ") that this sandbox was made from");
+  }
+  // Owners were shifted at import; a sandbox must run with the same ids to own its files.
+  if (info->uid_base != ids_.uid.outside || info->gid_base != ids_.gid.outside) {
+    return Error(EINVAL, "image '" + c.image + "' was imported for host uid " +
+                             std::to_string(info->uid_base) + " but sandboxes now run as " +
+                             std::to_string(ids_.uid.outside) +
+                             " (/etc/subuid changed): import it again under a new name");
+  }
+  isolate::RootSpec::Overlay overlay;
+  NSBOX_ASSIGN_OR_RETURN(overlay.lower, images_->RootfsOf(c.image_id));
+  overlay.upper = entry.dir_ + "/upper";
+  overlay.work = entry.dir_ + "/work";
+  return overlay;
+}
+
+std::set<std::string> Registry::ImageIdsInUseLocked() const {
+  std::set<std::string> ids;
+  for (const auto& [id, e] : by_id_) {
+    if (!e->config_.image_id.empty()) ids.insert(e->config_.image_id);
+  }
+  return ids;
+}
+
+void Registry::CollectImagesLocked() {
+  if (auto st = images_->CollectGarbage(ImageIdsInUseLocked()); !st.ok()) {
+    log::error("collect unused images: {}", st.error().message());
+  }
+  WakeJanitor();
+}
+
+void Registry::WakeJanitor() {
+  {
+    std::lock_guard<std::mutex> lock(janitor_mu_);
+    janitor_work_ = true;
+  }
+  janitor_cv_.notify_one();
+}
+
+void Registry::JanitorLoop() {
+  std::unique_lock<std::mutex> lock(janitor_mu_);
+  for (;;) {
+    janitor_cv_.wait(lock, [this] { return janitor_work_ || janitor_stop_; });
+    if (janitor_stop_) return;
+    janitor_work_ = false;
+    lock.unlock();
+    if (auto st = images_->PurgeTrash(); !st.ok()) {
+      log::error("remove unused image content: {}", st.error().message());
+    }
+    lock.lock();
+  }
+}
+
+namespace {
+
+ApiError ImageError(const Error& e) {
+  switch (e.code()) {
+    case EEXIST:
+      return ApiError::Of(409, "image_exists", e.message());
+    case ENOENT:
+      return ApiError::Of(404, "image_not_found", e.message());
+    case EINVAL:
+      return ApiError::Of(400, "invalid_image", e.message());
+    case ENOSPC:
+    case EDQUOT:
+      return ApiError::Of(507, ErrnoName(e.code()), e.message());
+    default:
+      return ApiError::Internal(e.message());
+  }
+}
+
+}  // namespace
+
+ApiOutcome<images::ImageInfo> Registry::ImportImage(const std::string& name,
+                                                    const std::string& source, bool replace,
+                                                    const images::ProgressFn& progress) {
+  auto imported = images_->Import(name, source, replace, progress);
+  if (!imported.ok()) {
+    log::warn("image={} import failed: {}", name, imported.error().message());
+    return ImageError(imported.error());
+  }
+  log::info("image={} imported as {} ({} layers, {} files, {} bytes)", name, imported->id,
+            imported->layers, imported->files, imported->size_bytes);
+  if (replace) {
+    std::lock_guard<std::mutex> lock(mu_);
+    CollectImagesLocked();
+  }
+  return std::move(imported).value();
+}
+
+std::vector<std::string> Registry::SandboxesOfImage(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, e] : by_id_) {
+    if (e->config_.image == name) out.push_back(id);
+  }
+  return out;
+}
+
+ApiOutcome<bool> Registry::RemoveImage(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> users;
+  for (const auto& [id, e] : by_id_) {
+    if (e->config_.image == name) users.push_back(id);
+  }
+  if (!users.empty()) {
+    std::string list;
+    for (size_t i = 0; i < users.size() && i < 10; ++i) list += (i ? ", " : "") + users[i];
+    if (users.size() > 10) list += " and " + std::to_string(users.size() - 10) + " more";
+    return ApiError::Of(409, "image_in_use",
+                        "image '" + name + "' is used by " + std::to_string(users.size()) +
+                            " sandbox" + (users.size() == 1 ? "" : "es") + " (" + list +
+                            "): delete them first");
+  }
+  if (auto st = images_->Remove(name, ImageIdsInUseLocked()); !st.ok()) {
+    return ImageError(st.error());
+  }
+  WakeJanitor();
+  log::info("image={} removed", name);
+  return true;
+}
+
+std::string Registry::NewUploadPath() const {
+  return images_->dir() + "/.import-upload-" + RandomHex(16);
 }
 
 }  // namespace nsbox::runtime

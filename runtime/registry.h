@@ -6,6 +6,9 @@
 //   <state>/sandboxes/<hash of id>/config.json   written atomically (temp, fsync, rename)
 //   <state>/sandboxes/<hash of id>/workspace/    /workspace inside
 //   <state>/sandboxes/<hash of id>/home/         /root inside
+//   <state>/sandboxes/<hash of id>/upper/, work/ an imported image's sandbox: its overlay's
+//                                                own layer, the whole root file system's changes
+//   <state>/images/                              the imported images (images/store.h)
 //
 // Every method may block (mkdir, fsync, starting a jail): the HTTP server calls them on its
 // worker pool, never on its event loop. Thread-safe.
@@ -13,18 +16,22 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "base/error.h"
 #include "base/unique_fd.h"
+#include "images/store.h"
 #include "runtime/api_error.h"
 #include "runtime/sandbox.h"
 
@@ -39,6 +46,9 @@ struct SandboxLimits {
 struct SandboxConfig {
   std::string id;
   std::string image = "host";
+  // An imported image's content id (images/store.h): the unpacked root this sandbox's upper
+  // layer was built on, kept even when the name is later replaced. "" for the host image.
+  std::string image_id;
   std::string cwd = "/workspace";                        // absolute, normalised
   std::vector<std::pair<std::string, std::string>> env;  // sorted by name
   SandboxLimits limits;
@@ -139,6 +149,17 @@ class Registry {
   // At shutdown: stops every sandbox.
   void StopAll();
 
+  // Images. Removing one that a sandbox uses is refused (409 image_in_use, naming them);
+  // content no name and no sandbox refers to any more is deleted.
+  const images::ImageStore& images() const { return *images_; }
+  ApiOutcome<images::ImageInfo> ImportImage(const std::string& name, const std::string& source,
+                                            bool replace, const images::ProgressFn& progress);
+  ApiOutcome<bool> RemoveImage(const std::string& name);
+  // The ids of the sandboxes made from the image `name`, sorted.
+  std::vector<std::string> SandboxesOfImage(std::string_view name) const;
+  // Where the daemon spools an image upload before importing it (removed at the next start).
+  std::string NewUploadPath() const;
+
   const std::string& state_dir() const { return state_dir_; }
 
  private:
@@ -146,6 +167,11 @@ class Registry {
   Status Load();
   Status RemoveStaleCgroups();
   Status StopLocked(SandboxEntry& entry);
+  // Content ids the sandboxes use; the caller holds mu_.
+  std::set<std::string> ImageIdsInUseLocked() const;
+  // The overlay a sandbox of an imported image runs on.
+  Result<isolate::RootSpec::Overlay> OverlayOf(const SandboxEntry& entry) const;
+  void CollectImagesLocked();
 
   std::string state_dir_;
   std::string sandboxes_dir_;
@@ -153,6 +179,18 @@ class Registry {
   std::string cgroup_prefix_;  // "nsbox-<8 hex of the state dir>-": ours, not another daemon's
   UniqueFd lock_fd_;
   isolate::IdMapping ids_;
+  std::unique_ptr<images::ImageStore> images_;
+  // Deletes image content taken out of use (ImageStore::PurgeTrash) on a thread of its own:
+  // removing a distribution's thousands of files takes seconds on a slow disk (20 s for Debian's
+  // 6,600 on this project's CI machines), which neither the registry's lock nor an API answer
+  // should wait for.
+  void WakeJanitor();
+  void JanitorLoop();
+  std::mutex janitor_mu_;
+  std::condition_variable janitor_cv_;
+  bool janitor_work_ = false;
+  bool janitor_stop_ = false;
+  std::thread janitor_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>, std::less<>> by_id_;
 };

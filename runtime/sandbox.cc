@@ -104,6 +104,13 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
     return cgroups->AddProcess(pid, !joined_v2);
   };
   NSBOX_ASSIGN_OR_RETURN(box->jail_, isolate::Jail::Start(spec));
+  // The jail has attached its mounts: the host's handles on them would only keep them (an
+  // image's overlay above all, whose upper layer must be free for the next start) alive.
+  box->prepared_.root_tree.reset();
+  box->prepared_.workspace_tree.reset();
+  box->prepared_.home_tree.reset();
+  box->prepared_.workspace.reset();
+  box->prepared_.home.reset();
   box->client_ = std::make_unique<fs::InitClient>(box->jail_.TakeControl());
   NSBOX_TRY_CTX(box->client_->SendHello(hello), "configure nsbox-init");
   auto pong = box->client_->Ping();

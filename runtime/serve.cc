@@ -29,6 +29,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -40,6 +41,8 @@
 #include "base/log.h"
 #include "exec/runner.h"
 #include "fs/path.h"
+#include "images/image.h"
+#include "images/store.h"
 #include "policy/environment.h"
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
@@ -229,6 +232,46 @@ std::string EntryTypeName(uint8_t type) {
   }
 }
 
+json::object ImageJson(const images::ImageInfo& info, const std::vector<std::string>& used_by) {
+  json::object o;
+  o["name"] = info.name;
+  o["id"] = info.id;
+  o["format"] = info.format;
+  o["digest"] = info.digest;
+  o["layers"] = info.layers;
+  o["files"] = info.files;
+  o["sizeBytes"] = info.size_bytes;
+  o["importedAt"] = info.imported_at;
+  o["shell"] = info.shell;
+  json::object config;
+  json::array env(info.config.env.begin(), info.config.env.end());
+  config["env"] = std::move(env);
+  config["workingDir"] = info.config.working_dir;
+  config["user"] = info.config.user;
+  config["entrypoint"] = json::array(info.config.entrypoint.begin(), info.config.entrypoint.end());
+  config["cmd"] = json::array(info.config.cmd.begin(), info.config.cmd.end());
+  config["architecture"] = info.config.architecture;
+  config["os"] = info.config.os;
+  o["config"] = std::move(config);
+  o["warnings"] = json::array(info.warnings.begin(), info.warnings.end());
+  o["usedBy"] = json::array(used_by.begin(), used_by.end());
+  return o;
+}
+
+// "replace=1" (or true) in a query string.
+bool QueryFlag(std::string_view query, std::string_view name) {
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    size_t eq = pair.find('=');
+    if (pair.substr(0, eq) != name) continue;
+    std::string_view value = eq == std::string_view::npos ? "1" : pair.substr(eq + 1);
+    return value == "1" || value == "true";
+  }
+  return false;
+}
+
 // ---- exec events, from the control channel's reader thread to the event loop
 // ----
 
@@ -240,25 +283,28 @@ struct ExecEvent {
   std::optional<fs::FsOutcome<fs::proto::ExecExit>> exit;
 };
 
-class ExecQueue : public std::enable_shared_from_this<ExecQueue> {
+// Events pushed from any thread (the control channel's reader, a worker of the pool) and taken
+// on the event loop.
+template <typename Event>
+class LoopQueue : public std::enable_shared_from_this<LoopQueue<Event>> {
  public:
-  explicit ExecQueue(asio::any_io_executor ex) : wake_(ex) {}
+  explicit LoopQueue(asio::any_io_executor ex) : wake_(ex) {}
 
   // Any thread.
-  void Push(ExecEvent event) {
+  void Push(Event event) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       events_.push_back(std::move(event));
     }
-    asio::post(wake_.get_executor(), [self = shared_from_this()] { self->wake_.cancel(); });
+    asio::post(wake_.get_executor(), [self = this->shared_from_this()] { self->wake_.cancel(); });
   }
 
   // On the loop: the events so far, waiting for at least one. A Push cannot be
   // missed: its cancel() runs on the loop too, so after the check below or
   // while the wait is pending.
-  asio::awaitable<std::deque<ExecEvent>> Next() {
+  asio::awaitable<std::deque<Event>> Next() {
     for (;;) {
-      std::deque<ExecEvent> out;
+      std::deque<Event> out;
       {
         std::lock_guard<std::mutex> lock(mu_);
         out.swap(events_);
@@ -271,9 +317,10 @@ class ExecQueue : public std::enable_shared_from_this<ExecQueue> {
 
  private:
   std::mutex mu_;
-  std::deque<ExecEvent> events_;
+  std::deque<Event> events_;
   asio::steady_timer wake_;
 };
+using ExecQueue = LoopQueue<ExecEvent>;
 
 // ---- the daemon ----
 
@@ -341,6 +388,10 @@ class Daemon {
                                 std::string_view query);
   asio::awaitable<bool> FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                const std::string& verb);
+  // /v1/images and /v1/images/{name}.
+  asio::awaitable<bool> Images(Ctx& c, const std::vector<std::string>& segs,
+                               std::string_view query);
+  asio::awaitable<bool> ImportImage(Ctx& c, const std::string& name, bool replace);
 
   asio::io_context& io_;
   Registry& registry_;
@@ -524,8 +575,10 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
                                     std::string_view query) {
   const http::verb method = c.parser.get().method();
   const size_t n = segs.size();
-  const bool uses_body = method == http::verb::put || (method == http::verb::post && n >= 4 &&
-                                                       (segs[3] == "exec" || segs[3] == "fs"));
+  const bool uses_body =
+      method == http::verb::put ||
+      (method == http::verb::post && n >= 4 && (segs[3] == "exec" || segs[3] == "fs")) ||
+      (method == http::verb::post && n == 3 && segs[1] == "images");
   if (!uses_body && !c.body_done) {
     auto drained = co_await ReadBody(c);
     if (!drained.ok()) {
@@ -553,6 +606,7 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     o["version"] = kVersion;
     co_return co_await ReplyJson(c, 200, o);
   }
+  if (segs[1] == "images" && n <= 3) co_return co_await Images(c, segs, query);
   if (segs[1] != "sandboxes") co_return co_await ReplyError(c, not_found);
   if (n == 2) {
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
@@ -782,13 +836,31 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     const ApiError reply_error = image.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  if (image.value() && *image.value() != "host") {
-    {
-      const ApiError reply_error = ApiError::Unsupported(
-          "no image named '" + *image.value() + "': this daemon has only the 'host' image");
+  // An imported image: its content as it is now (a later replace does not change this
+  // sandbox's root), and its Env and WorkingDir as the sandbox's defaults.
+  std::string default_cwd = "/workspace";
+  std::map<std::string, std::string> env_defaults;
+  if (image.value() && *image.value() != images::kHostImage) {
+    if (auto reason = images::InvalidImageNameReason(*image.value())) {
+      const ApiError reply_error = ApiError::Invalid("\"image\": " + *reason);
       co_return co_await ReplyError(c, reply_error);
     }
+    auto info = registry_.images().Find(*image.value());
+    if (!info) {
+      const ApiError reply_error = ApiError::ImageNotFound(*image.value());
+      co_return co_await ReplyError(c, reply_error);
+    }
+    config.image = info->name;
+    config.image_id = info->id;
+    const std::string& dir = info->config.working_dir;
+    if (!dir.empty() && dir[0] == '/') default_cwd = fs::ResolvePath("/", dir);
+    for (const std::string& kv : info->config.env) {
+      if (auto parsed = policy::ParseEnvAssignment(kv); parsed.ok()) {
+        env_defaults[parsed->first] = parsed->second;
+      }
+    }
   }
+  config.cwd = default_cwd;
   auto cwd = f.String("cwd");
   if (!cwd.ok()) {
     const ApiError reply_error = cwd.error();
@@ -801,7 +873,7 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
         co_return co_await ReplyError(c, reply_error);
       }
     }
-    config.cwd = fs::ResolvePath("/workspace", *cwd.value());
+    config.cwd = fs::ResolvePath(default_cwd, *cwd.value());
   }
   if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
     if (!env->is_object()) {
@@ -828,10 +900,10 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
           co_return co_await ReplyError(c, reply_error);
         }
       }
-      config.env.emplace_back(std::string(k), std::string(v.get_string()));
+      env_defaults[std::string(k)] = std::string(v.get_string());
     }
-    std::sort(config.env.begin(), config.env.end());
   }
+  config.env.assign(env_defaults.begin(), env_defaults.end());
   if (const json::value* limits = o.if_contains("limits");
       limits != nullptr && !limits->is_null()) {
     if (!limits->is_object()) {
@@ -1400,6 +1472,195 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   }
   log::debug("sandbox={} wrote {} bytes to {}", entry->config().id, total, path);
   co_return co_await ReplyNoContent(c);
+}
+
+// ---- images ----
+
+asio::awaitable<bool> Daemon::Images(Ctx& c, const std::vector<std::string>& segs,
+                                     std::string_view query) {
+  const http::verb method = c.parser.get().method();
+  if (segs.size() == 2) {
+    if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
+    json::array list;
+    for (const auto& info : registry_.images().List()) {
+      list.push_back(ImageJson(info, registry_.SandboxesOfImage(info.name)));
+    }
+    json::object o;
+    o["images"] = std::move(list);
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  const std::string& name = segs[2];
+  if (method != http::verb::get && method != http::verb::post && method != http::verb::delete_) {
+    co_return co_await MethodNotAllowed(c, "GET, POST, DELETE");
+  }
+  if (auto reason = images::InvalidImageNameReason(name)) {
+    const ApiError reply_error = ApiError::Invalid(*reason);
+    co_return co_await ReplyError(c, reply_error);
+  }
+  if (method == http::verb::post)
+    co_return co_await ImportImage(c, name, QueryFlag(query, "replace"));
+  if (method == http::verb::delete_) {
+    auto work = [this, name] { return registry_.RemoveImage(name); };
+    auto removed = co_await Blocking(std::move(work));
+    if (!removed.ok()) {
+      const ApiError reply_error = removed.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    co_return co_await ReplyNoContent(c);
+  }
+  auto info = registry_.images().Find(name);
+  if (!info) {
+    const ApiError reply_error = ApiError::ImageNotFound(name);
+    co_return co_await ReplyError(c, reply_error);
+  }
+  const json::value reply_json = ImageJson(*info, registry_.SandboxesOfImage(name));
+  co_return co_await ReplyJson(c, 200, reply_json);
+}
+
+// The tarball is spooled to the state dir as it comes (an OCI or docker archive must be read
+// out of order, and a slow client must not hold an import half-done), then imported on the
+// worker pool. With Accept: application/x-ndjson the answer is a stream of progress events
+// ending with the image or the error.
+asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool replace) {
+  if (!replace && registry_.images().Find(name)) {
+    const ApiError reply_error =
+        ApiError::Of(409, "image_exists",
+                     "an image named '" + name + "' exists already (replace it with ?replace=1)");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  const std::string spool = registry_.NewUploadPath();
+  UniqueFd fd(::open(spool.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    const ApiError reply_error =
+        ApiError::Internal(Error::Sys("open", spool, errno).Context("spool the upload").message());
+    co_return co_await ReplyError(c, reply_error);
+  }
+  struct Unlink {
+    std::string path;
+    ~Unlink() { ::unlink(path.c_str()); }
+  } unlink_spool{spool};
+
+  if (!co_await SendContinue(c)) co_return false;
+  std::vector<char> buf(kStreamChunk);
+  auto& p = c.parser;
+  uint64_t total = 0;
+  while (!p.is_done()) {
+    p.get().body().data = buf.data();
+    p.get().body().size = buf.size();
+    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
+    (void)n;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      log::info("image={} the upload ended early after {} bytes ({}); nothing imported", name,
+                total, ec.message());
+      co_return false;
+    }
+    size_t got = buf.size() - p.get().body().size;
+    if (auto st = WriteAll(fd.get(), std::string_view(buf.data(), got), spool); !st.ok()) {
+      const int err = st.error().code();
+      const ApiError reply_error = ApiError::Of(StatusForErrno(err), ErrnoName(err),
+                                                "spool the image upload: " + st.error().message());
+      co_return co_await ReplyError(c, reply_error);
+    }
+    total += got;
+    metrics_.BytesIn(got);
+  }
+  c.body_done = true;
+  fd.reset();
+  if (total == 0) {
+    const ApiError reply_error =
+        ApiError::Of(400, "invalid_image", "the request has no body: send the image's tarball");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  log::info("image={} received {} bytes; importing", name, total);
+
+  const bool stream =
+      c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
+  struct ImportEvent {
+    std::optional<images::ImportProgress> progress;
+    std::optional<ApiOutcome<images::ImageInfo>> done;
+  };
+  auto queue = std::make_shared<LoopQueue<ImportEvent>>(io_.get_executor());
+  images::ProgressFn progress;
+  if (stream) {
+    progress = [queue](const images::ImportProgress& update) {
+      queue->Push(ImportEvent{update, std::nullopt});
+    };
+  }
+  const bool existed = registry_.images().Find(name).has_value();
+  auto import_work = [this, name, spool, replace, progress, queue] {
+    queue->Push(ImportEvent{std::nullopt, registry_.ImportImage(name, spool, replace, progress)});
+    return true;
+  };
+  // Started now, on the pool; its result arrives through the queue.
+  auto import_task = Blocking(std::move(import_work));
+  asio::co_spawn(io_, std::move(import_task), asio::detached);
+
+  if (!stream) {
+    for (;;) {
+      for (auto& event : co_await queue->Next()) {
+        if (!event.done) continue;
+        if (!event.done->ok()) {
+          const ApiError reply_error = event.done->error();
+          co_return co_await ReplyError(c, reply_error);
+        }
+        const json::value reply_json =
+            ImageJson(event.done->value(), registry_.SandboxesOfImage(name));
+        co_return co_await ReplyJson(c, existed ? 200 : 201, reply_json);
+      }
+    }
+  }
+
+  http::response<http::empty_body> res{http::status::ok, 11};
+  res.set(http::field::server, std::string("nsboxd/") + kVersion);
+  res.set(http::field::content_type, "application/x-ndjson");
+  res.chunked(true);
+  res.keep_alive(c.parser.get().keep_alive());
+  http::response_serializer<http::empty_body> sr{res};
+  auto [ec, n] = co_await http::async_write_header(c.socket, sr, kTuple);
+  (void)n;
+  c.status = 200;
+  bool alive = !ec;  // the import goes on when the client has gone
+  for (;;) {
+    for (auto& event : co_await queue->Next()) {
+      json::object o;
+      if (event.progress) {
+        const images::ImportProgress& update = *event.progress;
+        o["type"] = "progress";
+        o["phase"] = update.phase;
+        o["layer"] = update.layer;
+        o["layers"] = update.layers;
+        o["bytesRead"] = update.bytes_read;
+        o["bytesTotal"] = update.bytes_total;
+      } else if (event.done->ok()) {
+        o["type"] = "image";
+        o["image"] = ImageJson(event.done->value(), registry_.SandboxesOfImage(name));
+      } else {
+        const ApiError& error = event.done->error();
+        o["type"] = "error";
+        json::object e;
+        e["code"] = error.code;
+        e["message"] = error.message;
+        o["error"] = std::move(e);
+        o["status"] = error.status;
+      }
+      if (alive) {
+        std::string line = json::serialize(o);
+        line += '\n';
+        metrics_.BytesOut(line.size());
+        auto [wec, wn] =
+            co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(line)), kTuple);
+        (void)wn;
+        alive = !wec;
+      }
+      if (event.done) {
+        if (!alive) co_return false;
+        auto [lec, ln] = co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
+        (void)ln;
+        co_return !lec && c.parser.get().keep_alive() && !shutting_down_;
+      }
+    }
+  }
 }
 
 asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
