@@ -103,6 +103,29 @@ void RemoveTree(const std::string& path) {
   nftw(path.c_str(), RemoveEntry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
 }
 
+int RunProgram(const std::vector<std::string>& argv, const std::string& log_path,
+               std::string* output) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || null < 0) ::_exit(126);
+    ::dup2(null, 0);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  *output = ReadHostFile(log_path);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 uint16_t FreeTcpPort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
@@ -209,6 +232,14 @@ bool Daemon::Spawn(const std::vector<std::string>& extra_args) {
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
+  // Built before the fork: nothing is allocated between fork and execve.
+  std::vector<char*> cenv;
+  // SAFETY: execve does not write through envp; the cast only fits its prototype.
+  for (const char* const* e = kDaemonEnv; *e != nullptr; ++e) {
+    cenv.push_back(const_cast<char*>(*e));
+  }
+  for (auto& e : extra_env_) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
   int log = open(log_path().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (log < 0) {
     error_ = std::string("open the log: ") + strerror(errno);
@@ -240,7 +271,7 @@ bool Daemon::Spawn(const std::vector<std::string>& extra_args) {
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     // SAFETY: execve's argv and envp are arrays of NUL-terminated strings ending in nullptr.
-    execve(kNsboxBin, cargv.data(), const_cast<char* const*>(kDaemonEnv));
+    execve(kNsboxBin, cargv.data(), cenv.data());
     _exit(127);
   }
   close(log);

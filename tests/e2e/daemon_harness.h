@@ -72,6 +72,9 @@ class Daemon {
   void Kill();
   // Start again with the arguments of the last Start, on the same state dir.
   bool Restart();
+  // "NAME=VALUE" entries added to the daemon's environment at the next Start (the adversarial
+  // tier plants a canary there); by default the environment is the harness's fixed one.
+  void SetExtraEnv(std::vector<std::string> env) { extra_env_ = std::move(env); }
   bool running();
 
   pid_t pid() const { return pid_; }
@@ -101,6 +104,7 @@ class Daemon {
   std::string socket_;
   std::string state_;
   std::vector<std::string> args_;
+  std::vector<std::string> extra_env_;
   pid_t pid_ = -1;
   std::string error_;
   int exit_status_ = -1;  // waitpid status of the last run
@@ -114,6 +118,10 @@ void RemoveTree(const std::string& path);
 std::string ReadHostFile(const std::string& path);
 // A TCP port nobody listens on now.
 uint16_t FreeTcpPort();
+// Runs argv (PATH searched) with stdin on /dev/null and stdout and stderr both into `log_path`;
+// its exit code (128 + the signal when killed) and, in *output, what it printed.
+int RunProgram(const std::vector<std::string>& argv, const std::string& log_path,
+               std::string* output);
 
 // The result of a buffered exec.
 struct ExecResult {
