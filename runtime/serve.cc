@@ -366,6 +366,14 @@ class Daemon {
   asio::awaitable<bool> MethodNotAllowed(Ctx& c, std::string_view allow);
 
   asio::awaitable<bool> SendContinue(Ctx& c);
+  // The request's body, to its end, written into `fd` a piece at a time as it arrives (never
+  // held whole). Stops at the first write error (its errno) or when the connection fails (why).
+  struct BodyCopy {
+    uint64_t bytes = 0;
+    int write_error = 0;
+    std::string hangup;
+  };
+  asio::awaitable<BodyCopy> CopyBodyTo(Ctx& c, int fd, std::string_view what);
   // The whole body of a JSON request (up to 1 MiB); an empty body is an empty
   // object when `optional`.
   asio::awaitable<ApiOutcome<json::object>> ReadJson(Ctx& c, bool optional);
@@ -759,6 +767,32 @@ asio::awaitable<bool> Daemon::SendContinue(Ctx& c) {
   auto [ec, n] = co_await asio::async_write(c.socket, asio::buffer(kContinue), kTuple);
   (void)n;
   co_return !ec;
+}
+
+asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string_view what) {
+  BodyCopy out;
+  std::vector<char> buf(kStreamChunk);
+  auto& p = c.parser;
+  while (!p.is_done()) {
+    p.get().body().data = buf.data();
+    p.get().body().size = buf.size();
+    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
+    (void)n;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      out.hangup = ec.message();
+      co_return out;
+    }
+    const size_t got = buf.size() - p.get().body().size;
+    if (auto st = WriteAll(fd, std::string_view(buf.data(), got), what); !st.ok()) {
+      out.write_error = st.error().code() != 0 ? st.error().code() : EIO;
+      co_return out;
+    }
+    out.bytes += got;
+    metrics_.BytesIn(got);
+  }
+  c.body_done = true;
+  co_return out;
 }
 
 asio::awaitable<ApiOutcome<std::string>> Daemon::ReadBody(Ctx& c) {
@@ -1428,40 +1462,23 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
     co_await abort();
     co_return false;
   }
-  std::vector<char> buf(kStreamChunk);
-  auto& p = c.parser;
-  uint64_t total = 0;
-  while (!p.is_done()) {
-    p.get().body().data = buf.data();
-    p.get().body().size = buf.size();
-    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
-    (void)n;
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) {
-      // The client hung up or the body was cut short: nothing changes in the
-      // sandbox.
-      log::info(
-          "sandbox={} writeFile {}: the upload ended early ({}); nothing "
-          "written",
-          entry->config().id, path, ec.message());
-      co_await abort();
-      co_return false;
-    }
-    size_t got = buf.size() - p.get().body().size;
-    if (auto st = WriteAll(fd.get(), std::string_view(buf.data(), got), path); !st.ok()) {
-      co_await abort();
-      int err = st.error().code();
-      {
-        const ApiError reply_error = ApiError::Of(
-            StatusForErrno(err), ErrnoName(err),
-            ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw + "'", raw, "write");
-        co_return co_await ReplyError(c, reply_error);
-      }
-    }
-    total += got;
-    metrics_.BytesIn(got);
+  const BodyCopy copied = co_await CopyBodyTo(c, fd.get(), path);
+  if (!copied.hangup.empty()) {
+    // The client hung up or the body was cut short: nothing changes in the sandbox.
+    log::info("sandbox={} writeFile {}: the upload ended early ({}); nothing written",
+              entry->config().id, path, copied.hangup);
+    co_await abort();
+    co_return false;
   }
-  c.body_done = true;
+  if (copied.write_error != 0) {
+    co_await abort();
+    const int err = copied.write_error;
+    const ApiError reply_error = ApiError::Of(
+        StatusForErrno(err), ErrnoName(err),
+        ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw + "'", raw, "write");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  const uint64_t total = copied.bytes;
   fd.reset();
   auto work11 = [box, tag] { return box->client().CommitWrite(tag); };
   auto committed = co_await Blocking(std::move(work11));
@@ -1541,31 +1558,20 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   } unlink_spool{spool};
 
   if (!co_await SendContinue(c)) co_return false;
-  std::vector<char> buf(kStreamChunk);
-  auto& p = c.parser;
-  uint64_t total = 0;
-  while (!p.is_done()) {
-    p.get().body().data = buf.data();
-    p.get().body().size = buf.size();
-    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
-    (void)n;
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) {
-      log::info("image={} the upload ended early after {} bytes ({}); nothing imported", name,
-                total, ec.message());
-      co_return false;
-    }
-    size_t got = buf.size() - p.get().body().size;
-    if (auto st = WriteAll(fd.get(), std::string_view(buf.data(), got), spool); !st.ok()) {
-      const int err = st.error().code();
-      const ApiError reply_error = ApiError::Of(StatusForErrno(err), ErrnoName(err),
-                                                "spool the image upload: " + st.error().message());
-      co_return co_await ReplyError(c, reply_error);
-    }
-    total += got;
-    metrics_.BytesIn(got);
+  const BodyCopy copied = co_await CopyBodyTo(c, fd.get(), spool);
+  if (!copied.hangup.empty()) {
+    log::info("image={} the upload ended early after {} bytes ({}); nothing imported", name,
+              copied.bytes, copied.hangup);
+    co_return false;
   }
-  c.body_done = true;
+  if (copied.write_error != 0) {
+    const int err = copied.write_error;
+    const ApiError reply_error = ApiError::Of(
+        StatusForErrno(err), ErrnoName(err),
+        "spool the image upload to " + spool + ": " + ErrnoName(err) + ": " + ErrnoText(err));
+    co_return co_await ReplyError(c, reply_error);
+  }
+  const uint64_t total = copied.bytes;
   fd.reset();
   if (total == 0) {
     const ApiError reply_error =
