@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "bench/bench_common.h"
+#include "bench/bench_daemon.h"
 #include "isolate/idmap.h"
 #include "runtime/api_client.h"
 #include "runtime/sandbox.h"
@@ -56,10 +57,9 @@ using nsbox::runtime::ApiClient;
 using nsbox::runtime::ApiEndpoint;
 using nsbox::runtime::Method;
 
-[[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "nsbox-api-bench: %s\n", message.c_str());
-  std::exit(1);
-}
+using nsbox::bench::Daemon;
+using nsbox::bench::Die;
+using nsbox::bench::Must;
 
 void Row(const char* what, const Stats& s, const char* note = "") {
   std::printf("| %s | %.0f | %.0f | %.0f | %s |\n", what, s.median, s.p10, s.p90, note);
@@ -241,61 +241,6 @@ double DurableCreate(const std::string& parent, int i) {
   return us;
 }
 
-// ---- the daemon -----------------------------------------------------------------------------
-
-struct Daemon {
-  pid_t pid = 0;
-  std::string socket, log;
-
-  void Start(const std::string& nsbox, const std::string& dir, const std::string& log_level) {
-    socket = dir + "/nsboxd.sock";
-    log = dir + "/nsboxd.stderr";
-    std::string state = dir + "/state";
-    pid = fork();
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      int null = open("/dev/null", O_RDONLY);
-      dup2(null, 0);
-      std::vector<std::string> args = {nsbox, "serve", "--socket", socket, "--state-dir", state};
-      if (!log_level.empty()) args.insert(args.end(), {"--log-level", log_level});
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    ApiClient probe(ApiEndpoint::Unix(socket));
-    for (int i = 0; i < 500; ++i) {
-      auto r = probe.Call(Method::kGet, "/v1/health");
-      if (r.ok() && r->ok()) return;
-      int status;
-      if (waitpid(pid, &status, WNOHANG) == pid) Die("the daemon exited; see " + log);
-      usleep(10000);
-    }
-    Die("the daemon did not answer on " + socket);
-  }
-
-  // SIGTERM, wait; true when it exited with 0.
-  bool Stop() {
-    kill(pid, SIGTERM);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-};
-
-nsbox::runtime::ApiResponse Must(nsbox::Result<nsbox::runtime::ApiResponse> r, const char* what,
-                                 int want = 0) {
-  if (!r.ok()) Die(std::string(what) + ": " + r.error().message());
-  if (!r->ok() || (want != 0 && r->status != want)) {
-    Die(std::string(what) + ": HTTP " + std::to_string(r->status) + " " + r->body);
-  }
-  return std::move(*r);
-}
-
 boost::json::value TrueBody() {
   boost::json::object o;
   o["command"] = "/bin/true";
@@ -317,6 +262,7 @@ std::string Mib(double kib) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  nsbox::bench::g_program = "nsbox-api-bench";
   int runs = 200, idle = 1000, conns = 1000, warmup = 10;
   std::string nsbox, log_level, base = "/var/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
