@@ -129,17 +129,29 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
     ChildFail(report, SpawnStep::kStdio, errno, kExitNotStarted);
   }
 
+  // Nothing of nsbox reaches the command: every fd but stdio goes (CVE-2024-21626 leaked a host
+  // directory fd this way). Before the chdir: the child holds a copy of nsbox-init's fds (the
+  // host's cgroup directory among them), and a cwd of "/proc/self/fd/4" would otherwise put the
+  // command in a host directory outside the jail's root, from which ".." walks the host's tree
+  // (adversarial case ExecCwdThroughInitsFdsStaysInside).
+  int close_err = CloseFrom3();
+  if (close_err != 0) ChildFail(report, SpawnStep::kCloseFds, close_err, kExitNotStarted);
+
   // SAFETY: chdir reads the NUL-terminated path the parent prepared.
   if (::syscall(SYS_chdir, req.cwd) < 0) {
     ChildFail(report, SpawnStep::kChdir, errno, kExitNotStarted);
   }
+  // And the directory it reached must be under the jail's root, whatever magic link led there
+  // (runc's verifyCwd): the kernel's getcwd prefixes a path it cannot reach from the root with
+  // "(unreachable)" (fs/d_path.c). ERANGE for a cwd deeper than the buffer is no verdict: it
+  // passes.
+  char cwd_buf[512];
+  // SAFETY: getcwd writes at most sizeof cwd_buf bytes into the child's own stack buffer.
+  if (::syscall(SYS_getcwd, cwd_buf, sizeof cwd_buf) > 0 && cwd_buf[0] != '/') {
+    ChildFail(report, SpawnStep::kChdir, ENOENT, kExitNotStarted);
+  }
   // SAFETY: umask only sets the child's file mode creation mask (api.md: umask 022).
   ::syscall(SYS_umask, 022);
-
-  // Nothing of nsbox reaches the command: every fd but stdio goes (CVE-2024-21626 leaked a host
-  // directory fd this way).
-  int close_err = CloseFrom3();
-  if (close_err != 0) ChildFail(report, SpawnStep::kCloseFds, close_err, kExitNotStarted);
 
   // no_new_privs, capabilities, seccomp: last, so the filter need not allow the steps above.
   if (req.hooks.pre_exec != nullptr) {
