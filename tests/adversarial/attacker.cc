@@ -1,0 +1,496 @@
+// nsbox-attacker: the adversarial tier's in-jail attack program. Static, copied into a sandbox
+// through the files API and run by exec, it makes the attacks that a shell cannot make exactly
+// and prints what each one got, one "key=value" line per fact: "0" for a success, the errno's
+// name ("EPERM") for a failure.
+//
+// Every subcommand is also the control run of its case, on the host: run there (as root) it must
+// succeed where the jail refuses, so that a refusal in the jail means the defence and not a
+// broken probe. None of them disturbs the host: `ptrace` and `vmread` act only on a child of the
+// attacker's own unless they run in a new pid namespace, `connect` only connects and reads, and
+// `exchange` swaps two names it is given (the tests give it names in the sandbox's workspace).
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/ptrace.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <initializer_list>
+
+namespace {
+
+// /proc/self/ns/pid of the initial pid namespace: PROC_PID_INIT_INO (include/linux/proc_ns.h).
+constexpr const char* kInitialPidNs = "pid:[4026531836]";
+
+const char* ErrName(int err) {
+  if (err == 0) return "0";
+  const char* name = strerrorname_np(err);
+  return name != nullptr ? name : "E?";
+}
+
+const char* Outcome(long rc) { return rc < 0 ? ErrName(errno) : "0"; }
+
+void Print(const char* key, const char* value) {
+  printf("%s=%s\n", key, value);
+  fflush(stdout);
+}
+
+bool InInitialPidNamespace() {
+  char buf[64] = {};
+  ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  return n <= 0 || strcmp(buf, kInitialPidNs) == 0;
+}
+
+// Printable form of bytes: anything outside 0x21..0x7e becomes '.'.
+void Sanitize(const char* in, size_t n, char* out, size_t size) {
+  size_t o = 0;
+  for (size_t i = 0; i < n && o + 1 < size; ++i) {
+    unsigned char c = static_cast<unsigned char>(in[i]);
+    out[o++] = (c > 0x20 && c < 0x7f) ? static_cast<char>(c) : '.';
+  }
+  out[o] = '\0';
+}
+
+// ---- procscan: every visible process's magic links and fds --------------------------------
+
+void ScanOne(const char* pid) {
+  char path[512];
+  char target[1024];
+  char key[512];
+  snprintf(path, sizeof path, "/proc/%s/comm", pid);
+  FILE* f = fopen(path, "re");
+  char comm[64] = "?";
+  if (f != nullptr) {
+    if (fgets(comm, sizeof comm, f) != nullptr) comm[strcspn(comm, "\n")] = '\0';
+    fclose(f);
+  }
+  snprintf(key, sizeof key, "pid.%s.comm", pid);
+  Print(key, comm);
+  for (const char* link : {"root", "cwd", "exe"}) {
+    snprintf(path, sizeof path, "/proc/%s/%s", pid, link);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    snprintf(key, sizeof key, "pid.%s.%s", pid, link);
+    if (n < 0) {
+      Print(key, ErrName(errno));
+    } else {
+      target[n] = '\0';
+      Print(key, target);
+    }
+  }
+  // Through the root link: does it open, and whose /etc/hostname is behind it?
+  snprintf(path, sizeof path, "/proc/%s/root/etc/hostname", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  snprintf(key, sizeof key, "pid.%s.root.hostname", pid);
+  if (fd < 0) {
+    Print(key, ErrName(errno));
+  } else {
+    char buf[256];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    char clean[256];
+    Sanitize(buf, n > 0 ? static_cast<size_t>(n) : 0, clean, sizeof clean);
+    Print(key, clean);
+    close(fd);
+  }
+  snprintf(path, sizeof path, "/proc/%s/fd", pid);
+  DIR* d = opendir(path);
+  snprintf(key, sizeof key, "pid.%s.fds", pid);
+  if (d == nullptr) {
+    Print(key, ErrName(errno));
+    return;
+  }
+  Print(key, "0");
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char fdpath[1024];
+    snprintf(fdpath, sizeof fdpath, "%s/%s", path, e->d_name);
+    ssize_t n = readlink(fdpath, target, sizeof target - 1);
+    snprintf(key, sizeof key, "pid.%s.fd.%s", pid, e->d_name);
+    if (n < 0) {
+      Print(key, ErrName(errno));
+    } else {
+      target[n] = '\0';
+      Print(key, target);
+    }
+  }
+  closedir(d);
+}
+
+int CmdProcscan() {
+  DIR* d = opendir("/proc");
+  if (d == nullptr) {
+    Print("proc", ErrName(errno));
+    return 1;
+  }
+  char self[32];
+  snprintf(self, sizeof self, "%d", getpid());
+  while (struct dirent* e = readdir(d)) {
+    char* end = nullptr;
+    strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    if (strcmp(e->d_name, self) == 0) continue;  // its own fds are the scan's
+    ScanOne(e->d_name);
+  }
+  closedir(d);
+  return 0;
+}
+
+// ---- ptrace / vmread: another process's memory and fds -------------------------------------
+
+volatile unsigned long g_secret = 0x6e73626f78UL;  // "nsbox": what the control reads back
+
+void Attacks(pid_t pid) {
+  char path[64];
+  // PTRACE_ATTACH and PTRACE_SEIZE; a success is undone at once.
+  long rc = ptrace(PTRACE_ATTACH, pid, nullptr, nullptr);
+  Print("ptrace.attach", Outcome(rc));
+  if (rc == 0) {
+    waitpid(pid, nullptr, __WALL);
+    ptrace(PTRACE_DETACH, pid, nullptr, nullptr);
+  }
+  rc = ptrace(PTRACE_SEIZE, pid, nullptr, nullptr);
+  Print("ptrace.seize", Outcome(rc));
+  if (rc == 0) ptrace(PTRACE_DETACH, pid, nullptr, nullptr);
+  // process_vm_readv of the attacker's own global in the other process (same binary layout in
+  // the control's child; in the jail the filter answers before the address matters).
+  unsigned long got = 0;
+  struct iovec local = {&got, sizeof got};
+  struct iovec remote = {const_cast<unsigned long*>(&g_secret), sizeof g_secret};
+  rc = syscall(SYS_process_vm_readv, pid, &local, 1, &remote, 1, 0);
+  Print("vm_readv", Outcome(rc));
+  if (rc > 0) Print("vm_readv.value", got == g_secret ? "secret" : "other");
+  snprintf(path, sizeof path, "/proc/%d/mem", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  Print("open.mem", Outcome(fd));
+  if (fd >= 0) close(fd);
+  snprintf(path, sizeof path, "/proc/%d/environ", pid);
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  Print("open.environ", Outcome(fd));
+  if (fd >= 0) close(fd);
+  snprintf(path, sizeof path, "/proc/%d/fd", pid);
+  DIR* d = opendir(path);
+  Print("open.fd_dir", d == nullptr ? ErrName(errno) : "0");
+  if (d != nullptr) closedir(d);
+  // pidfd_open + pidfd_getfd: steal its fd 0.
+  long pidfd = syscall(SYS_pidfd_open, pid, 0);
+  Print("pidfd_open", Outcome(pidfd));
+  if (pidfd >= 0) {
+    long stolen = syscall(SYS_pidfd_getfd, pidfd, 0, 0);
+    Print("pidfd_getfd", Outcome(stolen));
+    if (stolen >= 0) close(static_cast<int>(stolen));
+    close(static_cast<int>(pidfd));
+  }
+  // kcmp: compare its fd 0 with ours.
+  Print("kcmp", Outcome(syscall(SYS_kcmp, getpid(), pid, 0 /* KCMP_FILE */, 0, 0)));
+}
+
+int CmdPtrace(const char* pid_text) {
+  pid_t pid = static_cast<pid_t>(strtol(pid_text, nullptr, 10));
+  if (InInitialPidNamespace()) {
+    printf("refused=ptrace of a pid runs only in a jail; the control is ptrace-child\n");
+    return 2;
+  }
+  Attacks(pid);
+  return 0;
+}
+
+// The control: the same attacks on a child of the attacker's own (the host allows them to root).
+int CmdPtraceChild() {
+  int pipefd[2];
+  if (pipe(pipefd) < 0) return 1;
+  pid_t child = fork();
+  if (child == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    close(pipefd[0]);
+    (void)!write(pipefd[1], "r", 1);
+    for (;;) pause();
+  }
+  close(pipefd[1]);
+  char c;
+  (void)!read(pipefd[0], &c, 1);
+  close(pipefd[0]);
+  Attacks(child);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  return 0;
+}
+
+// ---- connect: reach a service -------------------------------------------------------------
+
+int ConnectWithTimeout(int fd, const sockaddr* addr, socklen_t len) {
+  int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  if (connect(fd, addr, len) == 0) return 0;
+  if (errno != EINPROGRESS) return errno;
+  struct pollfd p = {fd, POLLOUT, 0};
+  if (poll(&p, 1, 2000) <= 0) return ETIMEDOUT;
+  int err = 0;
+  socklen_t elen = sizeof err;
+  getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+  fcntl(fd, F_SETFL, flags);
+  return err;
+}
+
+int CmdConnect(int argc, char** argv) {
+  if (argc < 2) return 2;
+  const char* kind = argv[0];
+  int fd = -1;
+  int err = 0;
+  if (strcmp(kind, "tcp") == 0 || strcmp(kind, "tcp6") == 0) {
+    if (argc < 3) return 2;
+    const bool v6 = strcmp(kind, "tcp6") == 0;
+    fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      Print("connect", ErrName(errno));
+      return 0;
+    }
+    const uint16_t port = static_cast<uint16_t>(strtol(argv[2], nullptr, 10));
+    if (v6) {
+      sockaddr_in6 a{};
+      a.sin6_family = AF_INET6;
+      a.sin6_port = htons(port);
+      inet_pton(AF_INET6, argv[1], &a.sin6_addr);
+      // SAFETY: sockaddr_in6 is the address of an AF_INET6 socket.
+      err = ConnectWithTimeout(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    } else {
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(port);
+      inet_pton(AF_INET, argv[1], &a.sin_addr);
+      // SAFETY: sockaddr_in is the address of an AF_INET socket.
+      err = ConnectWithTimeout(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    }
+  } else if (strcmp(kind, "unix") == 0 || strcmp(kind, "abstract") == 0) {
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      Print("connect", ErrName(errno));
+      return 0;
+    }
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    socklen_t len = 0;
+    const size_t n = strlen(argv[1]);
+    if (n + 2 > sizeof a.sun_path) return 2;
+    if (strcmp(kind, "abstract") == 0) {
+      memcpy(a.sun_path + 1, argv[1], n);  // a leading NUL: the abstract namespace
+      len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+    } else {
+      memcpy(a.sun_path, argv[1], n);
+      len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n + 1);
+    }
+    // SAFETY: sockaddr_un is the address of an AF_UNIX socket; len covers the name used.
+    err = ConnectWithTimeout(fd, reinterpret_cast<sockaddr*>(&a), len);
+  } else {
+    return 2;
+  }
+  Print("connect", ErrName(err));
+  if (err == 0) {
+    char buf[256];
+    struct pollfd p = {fd, POLLIN, 0};
+    ssize_t n = poll(&p, 1, 500) > 0 ? read(fd, buf, sizeof buf) : 0;
+    char clean[256];
+    Sanitize(buf, n > 0 ? static_cast<size_t>(n) : 0, clean, sizeof clean);
+    Print("read", clean);
+  }
+  close(fd);
+  return 0;
+}
+
+// ---- exchange: the directory/symlink swap racing the file verbs ----------------------------
+
+// Swaps A and B with renameat2(RENAME_EXCHANGE) as fast as it can until STOPFILE exists or
+// SECONDS pass, then prints how many swaps it made.
+int CmdExchange(const char* a, const char* b, const char* stopfile, const char* seconds) {
+  const long limit = strtol(seconds, nullptr, 10);
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  unsigned long swaps = 0;
+  unsigned long failures = 0;
+  int last_err = 0;
+  for (;;) {
+    for (int i = 0; i < 256; ++i) {
+      if (syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, 2 /* RENAME_EXCHANGE */) == 0) {
+        ++swaps;
+      } else {
+        ++failures;
+        last_err = errno;
+      }
+    }
+    if (access(stopfile, F_OK) == 0) break;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (now.tv_sec - t0.tv_sec >= limit) break;
+  }
+  printf("swaps=%lu\nfailures=%lu\nlast_error=%s\n", swaps, failures, ErrName(last_err));
+  fflush(stdout);
+  return 0;
+}
+
+// ---- userns: nested user namespaces ---------------------------------------------------------
+
+template <typename Fn>
+const char* InChild(Fn fn) {
+  pid_t pid = fork();
+  if (pid < 0) return ErrName(errno);
+  if (pid == 0) _exit(fn());
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return ErrName(errno);
+  }
+  if (WIFSIGNALED(status)) return "signaled";
+  return ErrName(WEXITSTATUS(status));
+}
+
+int CmdUserns() {
+  Print("unshare_user", InChild([] { return unshare(CLONE_NEWUSER) < 0 ? errno : 0; }));
+  Print("unshare_user_pid",
+        InChild([] { return unshare(CLONE_NEWUSER | CLONE_NEWPID) < 0 ? errno : 0; }));
+  // clone(CLONE_NEWUSER) with a real child: it exits at once where it is allowed.
+  Print("clone_newuser", InChild([] {
+          long rc = syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0);
+          if (rc == 0) _exit(0);
+          if (rc < 0) return errno;
+          waitpid(static_cast<pid_t>(rc), nullptr, 0);
+          return 0;
+        }));
+  FILE* f = fopen("/proc/sys/user/max_user_namespaces", "re");
+  char line[64] = "";
+  if (f == nullptr) {
+    Print("max_user_namespaces", ErrName(errno));
+  } else {
+    if (fgets(line, sizeof line, f) != nullptr) line[strcspn(line, "\n")] = '\0';
+    fclose(f);
+    Print("max_user_namespaces", line);
+  }
+  return 0;
+}
+
+// ---- fds: what the command holds -----------------------------------------------------------
+
+int CmdFds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) {
+    Print("fds", ErrName(errno));
+    return 1;
+  }
+  const int own = dirfd(d);
+  char list[1024] = "";
+  while (struct dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.' || atoi(e->d_name) == own) continue;
+    char path[300];
+    char target[512];
+    snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(path, target, sizeof target - 1);
+    target[n > 0 ? n : 0] = '\0';
+    char key[300];
+    snprintf(key, sizeof key, "fd.%s", e->d_name);
+    Print(key, target);
+    if (list[0] != '\0') strncat(list, ",", sizeof list - strlen(list) - 1);
+    strncat(list, e->d_name, sizeof list - strlen(list) - 1);
+  }
+  closedir(d);
+  Print("fds", list);
+  return 0;
+}
+
+// ---- sock: leaves a Unix socket file at PATH -------------------------------------------------
+
+int CmdSock(const char* path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+  // SAFETY: sockaddr_un is the address of an AF_UNIX socket.
+  int rc = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  Print("bind", Outcome(rc));
+  if (rc == 0) listen(fd, 1);
+  close(fd);
+  return 0;
+}
+
+// ---- orphans: zombies for PID 1 to reap -----------------------------------------------------
+
+// N double-forks whose grandchildren exit at once: orphans re-parented to PID 1, which must reap
+// them. With `--keep-zombie` it also leaves one zombie child of its own (never waited for) and
+// stays alive for SECONDS, the control that the zombie scan sees a zombie when there is one.
+int CmdOrphans(int n, bool keep_zombie, int seconds) {
+  for (int i = 0; i < n; ++i) {
+    pid_t c = fork();
+    if (c == 0) {
+      if (fork() == 0) _exit(0);
+      _exit(0);
+    }
+    if (c > 0) waitpid(c, nullptr, 0);
+  }
+  Print("orphans", "0");
+  if (keep_zombie) {
+    pid_t z = fork();
+    if (z == 0) _exit(0);
+    printf("zombie=%d\n", z);
+    fflush(stdout);
+    sleep(static_cast<unsigned>(seconds));
+  }
+  return 0;
+}
+
+// ---- whoami: what a (possibly setuid) copy of the attacker runs as, and what it can open ----
+
+int CmdWhoami(int argc, char** argv) {
+  printf("uid=%d\neuid=%d\n", static_cast<int>(getuid()), static_cast<int>(geteuid()));
+  for (int i = 0; i < argc; ++i) {
+    int fd = open(argv[i], O_RDONLY | O_CLOEXEC);
+    printf("open[%s]=%s\n", argv[i], fd < 0 ? ErrName(errno) : "0");
+    if (fd >= 0) close(fd);
+  }
+  fflush(stdout);
+  return 0;
+}
+
+int Usage() {
+  fprintf(stderr,
+          "usage: nsbox-attacker procscan | ptrace PID | ptrace-child | connect tcp|tcp6 HOST "
+          "PORT\n       | connect unix PATH | connect abstract NAME | exchange A B STOPFILE "
+          "SECONDS\n       | userns | fds | sock PATH | orphans N [--keep-zombie SECONDS]\n"
+          "       | whoami [FILE...]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return Usage();
+  const char* cmd = argv[1];
+  if (strcmp(cmd, "procscan") == 0) return CmdProcscan();
+  if (strcmp(cmd, "ptrace-child") == 0) return CmdPtraceChild();
+  // On the host the nested namespaces are made in children that exit at once: harmless.
+  if (strcmp(cmd, "userns") == 0) return CmdUserns();
+  if (strcmp(cmd, "fds") == 0) return CmdFds();
+  if (strcmp(cmd, "whoami") == 0) return CmdWhoami(argc - 2, argv + 2);
+  if (strcmp(cmd, "ptrace") == 0 && argc == 3) return CmdPtrace(argv[2]);
+  if (strcmp(cmd, "connect") == 0) return CmdConnect(argc - 2, argv + 2);
+  if (strcmp(cmd, "exchange") == 0 && argc == 6) {
+    return CmdExchange(argv[2], argv[3], argv[4], argv[5]);
+  }
+  if (strcmp(cmd, "sock") == 0 && argc == 3) return CmdSock(argv[2]);
+  if (strcmp(cmd, "orphans") == 0 && argc >= 3) {
+    const bool keep = argc >= 5 && strcmp(argv[3], "--keep-zombie") == 0;
+    return CmdOrphans(atoi(argv[2]), keep, keep ? atoi(argv[4]) : 0);
+  }
+  return Usage();
+}

@@ -1,0 +1,356 @@
+// Group "exhaustion" (docs/security.md): a sandbox that tries to exhaust processes, memory, disk
+// and the daemon's own resources (output, connections, slow and never-reading clients). Each
+// case asserts the limit that stops it and that everyone else is still served; the control is
+// the same work under the limit, which succeeds.
+
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <functional>
+#include <thread>
+
+#include "tests/adversarial/fixture.h"
+
+namespace nsbox::adversarial {
+namespace {
+
+constexpr uint64_t kMiB = 1024 * 1024;
+
+class ExhaustionTest : public AdversarialTest {
+ protected:
+  // A health request on a fresh connection: its latency in ms (-1 if it failed).
+  long HealthLatencyMs() {
+    Client c(daemon().endpoint());
+    const auto t0 = Clock::now();
+    Response r = c.Get("/v1/health", milliseconds(5000));
+    if (r.status != 200) return -1;
+    return std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count();
+  }
+};
+
+void RaiseFdLimit() {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+}
+
+// A non-blocking stream connection to the daemon's Unix socket, or to 127.0.0.1:port.
+int Connect(const std::string& unix_path, uint16_t port = 0) {
+  int fd = -1;
+  int rc = -1;
+  if (!unix_path.empty()) {
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", unix_path.c_str());
+    // SAFETY: sockaddr_un is the address of an AF_UNIX socket.
+    rc = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  } else {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    // SAFETY: sockaddr_in is the address of an AF_INET socket.
+    rc = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  if (rc != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool SendAll(int fd, std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+// Reads every fd to EOF (or the deadline), all at once with poll; returns what each sent.
+std::vector<std::string> ReadAllToEof(const std::vector<int>& fds, milliseconds timeout) {
+  std::vector<std::string> out(fds.size());
+  std::vector<bool> done(fds.size(), false);
+  size_t left = fds.size();
+  const auto deadline = Clock::now() + timeout;
+  std::vector<pollfd> pfds;
+  std::vector<size_t> index;
+  char buf[65536];
+  while (left > 0 && Clock::now() < deadline) {
+    pfds.clear();
+    index.clear();
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!done[i]) {
+        pfds.push_back({fds[i], POLLIN, 0});
+        index.push_back(i);
+      }
+    }
+    if (poll(pfds.data(), pfds.size(), 200) <= 0) continue;
+    for (size_t k = 0; k < pfds.size(); ++k) {
+      if (pfds[k].revents == 0) continue;
+      const size_t i = index[k];
+      ssize_t n = recv(fds[i], buf, sizeof buf, MSG_DONTWAIT);
+      if (n > 0) {
+        out[i].append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        done[i] = true;
+        --left;
+      }
+    }
+  }
+  return out;
+}
+
+// ---- processes and memory ----
+
+// A fork bomb under `pids: 64`: fork fails with EAGAIN before 64 processes, the daemon and the
+// sandbox stay usable. Control: under `pids: 128` the same bomb gets further, so the limit is
+// what stopped it.
+TEST_F(ExhaustionTest, ForkBombStopsAtThePidsLimit) {
+  const std::string id = NewSandbox("bomb", "{\"limits\":{\"pids\":64}}");
+  InstallTools(id);
+  KeyValues bomb = Probe(id, "forkbomb");
+  const long forks = std::stol(Get(bomb, "forks") == "<missing>" ? "-1" : Get(bomb, "forks"));
+  EXPECT_EQ(Get(bomb, "fork_errno"), "EAGAIN");
+  EXPECT_GT(forks, 32);
+  EXPECT_LT(forks, 64);
+  EXPECT_EQ(Get(bomb, "reaped"), Get(bomb, "forks"));
+  EXPECT_EQ(Sh(id, "echo still usable"), "still usable\n");
+  const std::string wider = NewSandbox("wider", "{\"limits\":{\"pids\":128}}");
+  InstallTools(wider);
+  KeyValues control = Probe(wider, "forkbomb");
+  EXPECT_GT(std::stol(Get(control, "forks") == "<missing>" ? "0" : Get(control, "forks")), 64)
+      << "control";
+  EXPECT_LT(HealthLatencyMs(), 1000);
+}
+
+// A memory bomb under `memoryBytes: 64 MiB`: the kernel's OOM killer ends it, and the answer
+// says so (api.md: reason "oom", exit code 137). Control: 16 MiB fits.
+TEST_F(ExhaustionTest, MemoryBombIsOomKilled) {
+  const std::string id = NewSandbox("mem", "{\"limits\":{\"memoryBytes\":67108864}}");
+  InstallTools(id);
+  ExecResult ok = Exec(id, std::string(kJailProbe) + " memhog 16");
+  EXPECT_EQ(ok.exit_code(), 0) << "control: " << ok.Describe();
+  ExecResult bomb = Exec(id, std::string(kJailProbe) + " memhog 1024", milliseconds(60000));
+  EXPECT_EQ(bomb.exit_code(), 137) << bomb.Describe();
+  EXPECT_EQ(Str(bomb.answer, "signal"), "SIGKILL");
+  EXPECT_EQ(bomb.reason(), "oom") << bomb.Describe();
+  EXPECT_EQ(Sh(id, "echo alive"), "alive\n");
+}
+
+// The same bomb written to the sandbox's tmpfs from inside: tmpfs pages are charged to the
+// command's memory, so the writer is killed and what stays in /tmp is below the limit.
+// Control: 8 MiB fits.
+TEST_F(ExhaustionTest, MemoryBombThroughTmpfsFromInside) {
+  const std::string id = NewSandbox("tmpfs", "{\"limits\":{\"memoryBytes\":67108864}}");
+  EXPECT_EQ(Sh(id, "head -c 8M /dev/zero > /tmp/small && stat -c %s /tmp/small"), "8388608\n")
+      << "control";
+  const size_t log_at = daemon().LogSize();
+  ExecResult bomb = Exec(id, "head -c 512M /dev/zero > /tmp/big", milliseconds(60000));
+  EXPECT_NE(bomb.exit_code(), 0) << bomb.Describe();
+  // What stays in /tmp is below the limit, and the sandbox's nsbox-init survived it: the next
+  // command runs in the same jail (no restart), and can clean up.
+  ExecResult after = Exec(id, "stat -c %s /tmp/big; rm /tmp/big");
+  EXPECT_EQ(after.reason(), "exited") << after.Describe();
+  EXPECT_LT(std::stol("0" + after.out()), 64L * 1024 * 1024) << after.Describe();
+  EXPECT_EQ(daemon().Log(log_at).find("nsbox-init had exited"), std::string::npos)
+      << "the sandbox's nsbox-init was killed by its own memory limit";
+  // /dev/shm is memory like /tmp.
+  ExecResult shm = Exec(id, "head -c 512M /dev/zero > /dev/shm/big", milliseconds(60000));
+  EXPECT_NE(shm.exit_code(), 0) << shm.Describe();
+  ExecResult after_shm = Exec(id, "rm -f /dev/shm/big; echo ok");
+  EXPECT_EQ(after_shm.out(), "ok\n") << after_shm.Describe();
+}
+
+// The same bomb through the files API: a 256 MiB upload into /tmp (a tmpfs) of a sandbox limited
+// to 64 MiB. The bytes are memory of the host either way; they must count against the sandbox's
+// limit (api.md: 507 ENOSPC/EDQUOT when a write does not fit). Control: 8 MiB fits.
+TEST_F(ExhaustionTest, MemoryBombThroughUploadToTmpfs) {
+  const std::string id = NewSandbox("upload", "{\"limits\":{\"memoryBytes\":67108864}}");
+  EXPECT_EQ(PutFile(id, "/tmp/small", std::string(8 * kMiB, 's')).status, 204) << "control";
+  Response r = PutFile(id, "/tmp/big", std::string(256 * kMiB, 'b'));
+  EXPECT_EQ(r.status, 507) << r.Describe();
+  EXPECT_EQ(r.ErrorCode(), "ENOSPC") << r.Describe();
+  ExecResult held = Exec(id, "du -sk /tmp | cut -f1");
+  EXPECT_LT(std::stol(held.out().empty() ? "0" : held.out()), 64L * 1024) << held.Describe();
+}
+
+// No disk quota exists yet: `limits.diskBytes` is refused at creation (api.md: 422 unsupported),
+// so nobody believes the workspace is bounded. Control: the same PUT without it creates.
+TEST_F(ExhaustionTest, DiskQuotaIsRefusedAsUnsupported) {
+  const std::string id = NewId("disk");
+  Response r = Call("PUT", SbPath(id), "{\"limits\":{\"diskBytes\":1048576}}",
+                    {{"Content-Type", "application/json"}});
+  EXPECT_EQ(r.status, 422) << r.Describe();
+  EXPECT_EQ(r.ErrorCode(), "unsupported");
+  EXPECT_EQ(Call("GET", SbPath(id)).status, 404);
+  EXPECT_EQ(Call("PUT", SbPath(id)).status, 201) << "control";
+  // What a full disk looks like from inside, without filling the host's: /dev/full.
+  ExecResult full = Exec(id, "echo x 2>&1 >/dev/full; echo rc=$?");
+  EXPECT_EQ(full.out(), "/bin/bash: line 1: echo: write error: No space left on device\nrc=1\n");
+}
+
+// ---- output ----
+
+// 100 MiB of output without a single newline: cut at the cap (64 MiB for stdout and stderr
+// together), the process tree killed, the answer exact. Control: 1 MiB passes whole.
+TEST_F(ExhaustionTest, OutputFloodWithoutNewlines) {
+  const std::string id = NewSandbox("flood");
+  ExecResult small = Exec(id, "head -c 1M /dev/zero | tr '\\0' a");
+  EXPECT_EQ(small.out().size(), kMiB) << "control";
+  EXPECT_EQ(Field(small.answer, "truncated"), json::value(false));
+  ExecResult flood =
+      Exec(id, "head -c 100M /dev/zero | tr '\\0' a; echo never", milliseconds(60000));
+  ASSERT_EQ(flood.response.status, 200) << flood.response.transport_error;
+  EXPECT_EQ(flood.reason(), "output_limit");
+  EXPECT_EQ(flood.exit_code(), 1);
+  EXPECT_EQ(Field(flood.answer, "truncated"), json::value(true));
+  const std::string err = "nsbox: output exceeded 67108864 bytes; process tree killed\n";
+  EXPECT_EQ(flood.err(), err);
+  EXPECT_EQ(flood.out().size(), 64 * kMiB);
+  EXPECT_EQ(flood.out().find_first_not_of('a'), std::string::npos);
+  EXPECT_EQ(Sh(id, "ps -e -o comm= | grep -c -e head -e tr; true"), "0\n");
+}
+
+// The same flood streamed to a client that never reads: the daemon holds at most the cap for it
+// (api.md: "never holds more than the cap for one command"), the command ends at the cap, and
+// every other client is served meanwhile.
+TEST_F(ExhaustionTest, NeverReadingClientOfAStreamingFlood) {
+  const std::string id = NewSandbox("never-read");
+  Sh(id, "true");
+  const long rss0 = RssKib(daemon().pid());
+  RawConnection raw(daemon().endpoint());
+  ASSERT_TRUE(raw.connected());
+  const std::string body = "{\"command\":\"yes nsbox-flood\"}";
+  ASSERT_TRUE(raw.Send("POST " + SbPath(id, "/exec") +
+                       " HTTP/1.1\r\nHost: x\r\nAccept: application/x-ndjson\r\nContent-Type: "
+                       "application/json\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body));
+  // The command ends at the cap in the jail (the daemon holds what it could not send).
+  long worst = 0;
+  bool ended = false;
+  for (int i = 0; i < 150 && !ended; ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    worst = std::max(worst, HealthLatencyMs());
+    ended = i > 3 && Sh(id, "ps -e -o comm= | grep -c '^yes$'; true") == "0\n";
+  }
+  const long rss1 = RssKib(daemon().pid());
+  EXPECT_TRUE(ended) << "the flood never reached its cap";
+  EXPECT_LT(worst, 1000) << "another client waited " << worst << " ms";
+  std::fprintf(stderr, "the daemon holds %ld MiB for the client that does not read\n",
+               (rss1 - rss0) / 1024);
+  EXPECT_LT(rss1 - rss0, 160L * 1024) << "the daemon grew by " << (rss1 - rss0) / 1024 << " MiB";
+  // Still listed while its answer waits for the client; gone once the client hangs up.
+  EXPECT_EQ(Arr(Call("GET", SbPath(id, "/execs")), "execs").size(), 1u);
+  raw.Close();
+  bool unlisted = false;
+  for (int i = 0; i < 100 && !unlisted; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+    unlisted = Arr(Call("GET", SbPath(id, "/execs")), "execs").empty();
+  }
+  EXPECT_TRUE(unlisted);
+}
+
+// ---- connections ----
+
+// 1,000 commands at once, each on its own connection: every one answered, exactly.
+TEST_F(ExhaustionTest, ThousandConcurrentExecs) {
+  RaiseFdLimit();
+  const std::string id = NewSandbox("thousand");
+  Sh(id, "true");
+  const int kN = 1000;
+  std::vector<int> fds;
+  for (int i = 0; i < kN; ++i) {
+    int fd = Connect(daemon().socket_path());
+    ASSERT_GE(fd, 0) << "connection " << i << ": " << strerror(errno);
+    const std::string body = "{\"command\":\"sleep 1; echo " + std::to_string(i) + "\"}";
+    ASSERT_TRUE(SendAll(fd, "POST " + SbPath(id, "/exec") +
+                                " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                                "application/json\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body));
+    fds.push_back(fd);
+  }
+  const auto t0 = Clock::now();
+  std::vector<std::string> answers = ReadAllToEof(fds, milliseconds(120000));
+  const auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count();
+  for (int fd : fds) close(fd);
+  int exact = 0;
+  for (int i = 0; i < kN; ++i) {
+    const std::string& a = answers[static_cast<size_t>(i)];
+    Scan("exec answer", a);
+    const std::string want = "\"stdout\":\"" + std::to_string(i) + "\\n\"";
+    if (a.rfind("HTTP/1.1 200 ", 0) == 0 && a.find(want) != std::string::npos &&
+        a.find("\"exitCode\":0") != std::string::npos) {
+      ++exact;
+    } else if (exact + 5 > i) {
+      ADD_FAILURE() << "answer " << i << ": " << a.substr(0, 500);
+    }
+  }
+  EXPECT_EQ(exact, kN);
+  EXPECT_LT(took, 60000);
+  std::fprintf(stderr, "1,000 concurrent execs answered in %lld ms\n",
+               static_cast<long long>(took));
+}
+
+// Slow-loris: 500 connections on the Unix socket and 500 on TCP (without a token) dribbling a
+// request's header one byte at a time. Everyone else is still answered within 1 s; when they
+// hang up the daemon's fds come back (the after-case check).
+TEST_F(ExhaustionTest, SlowLorisClientsDoNotStarveOthers) {
+  RaiseFdLimit();
+  std::vector<int> fds;
+  for (int i = 0; i < 1000; ++i) {
+    int fd = i % 2 == 0 ? Connect(daemon().socket_path()) : Connect("", tcp_port());
+    ASSERT_GE(fd, 0) << strerror(errno);
+    fds.push_back(fd);
+  }
+  const std::string head = "GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  const std::string id = NewSandbox("loris");
+  long worst = 0;
+  for (size_t step = 0; step < 40; ++step) {
+    for (int fd : fds) {
+      char c = step < head.size() ? head[step] : 'a';
+      (void)!send(fd, &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    worst = std::max(worst, HealthLatencyMs());
+    if (step % 10 == 0) {
+      EXPECT_EQ(Sh(id, "echo served"), "served\n");
+    }
+  }
+  EXPECT_GE(worst, 0);
+  EXPECT_LT(worst, 1000) << "a client waited " << worst << " ms behind the slow ones";
+  EXPECT_GE(daemon().CountFds(), 1000) << "control: the slow connections were all held";
+  for (int fd : fds) close(fd);
+}
+
+// A client that sends a request and never reads the answer (a 32 MiB file), then one that hangs
+// up halfway: the daemon neither blocks nor holds them.
+TEST_F(ExhaustionTest, NeverReadingDownloadDoesNotBlockOthers) {
+  const std::string id = NewSandbox("download");
+  ASSERT_EQ(PutFile(id, "/workspace/big", std::string(32 * kMiB, 'd')).status, 204);
+  std::vector<std::unique_ptr<RawConnection>> stuck;
+  for (int i = 0; i < 20; ++i) {
+    auto raw = std::make_unique<RawConnection>(daemon().endpoint());
+    ASSERT_TRUE(raw->Send("GET " + SbPath(id, "/files?path=big") + " HTTP/1.1\r\nHost: x\r\n\r\n"));
+    stuck.push_back(std::move(raw));
+  }
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_LT(HealthLatencyMs(), 1000);
+  Response r = GetFile(id, "/workspace/big");
+  EXPECT_EQ(r.body.size(), 32 * kMiB) << "control: a reading client gets it all";
+  stuck.clear();
+}
+
+}  // namespace
+}  // namespace nsbox::adversarial
