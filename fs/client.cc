@@ -52,8 +52,12 @@ InitClient::InitClient(UniqueFd control) : control_(std::move(control)) {
   reader_ = std::thread([this] { ReaderLoop(); });
 }
 
-InitClient::~InitClient() {
-  // shutdown wakes the reader's recvmsg; nsbox-init sees the channel close.
+InitClient::~InitClient() { Close(); }
+
+void InitClient::Close() {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  // shutdown wakes the reader's recvmsg; nsbox-init sees the channel close. The fd stays open
+  // until the destructor, so a concurrent send fails with EPIPE and never reaches a reused fd.
   ::shutdown(control_.get(), SHUT_RDWR);
   if (reader_.joinable()) reader_.join();
 }

@@ -34,6 +34,10 @@ class InitClient {
   // Closes the channel (nsbox-init then ends every process of the sandbox and exits) and joins
   // the reader thread; every pending call fails with EPIPE.
   ~InitClient();
+  // The same, leaving the object in place: calls made after it (a request that still holds the
+  // sandbox while it is stopped) fail with EPIPE instead of reaching a destroyed client.
+  // Idempotent and thread-safe.
+  void Close();
   InitClient(const InitClient&) = delete;
   InitClient& operator=(const InitClient&) = delete;
 
@@ -107,6 +111,7 @@ class InitClient {
   FsOutcome<RawReply> Call(proto::Type type, std::string_view payload, UniqueFd* fd = nullptr,
                            uint64_t tag = 0);
   void ReaderLoop();
+  std::mutex close_mu_;  // serialises Close
   void Dispatch(const proto::FrameReader::FrameView& frame, std::deque<UniqueFd>& fds);
   void FailAll(const FsError& error);
 

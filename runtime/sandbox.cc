@@ -125,7 +125,9 @@ Sandbox::~Sandbox() { (void)Stop(); }
 Status Sandbox::Stop() {
   if (stopped_) return Ok();
   stopped_ = true;
-  client_.reset();  // closes the channel
+  // Closes the channel, but keeps the client: a request on the worker pool may still hold this
+  // sandbox and call it (case ConcurrentCreateDeleteExecOnOneId); it then gets EPIPE.
+  if (client_ != nullptr) client_->Close();
   if (jail_.pid() > 0) {
     // nsbox-init kills its commands (SIGTERM, then SIGKILL after 2 s) and exits; it is given a
     // little more, then killed, which kills everything else in its PID namespace.
