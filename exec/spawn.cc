@@ -137,6 +137,19 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
   int close_err = CloseFrom3();
   if (close_err != 0) ChildFail(report, SpawnStep::kCloseFds, close_err, kExitNotStarted);
 
+  // A command is the OOM killer's choice before the server that runs it: tmpfs pages a command
+  // left behind stay charged after it died, and without this the next kill could pick
+  // nsbox-init and end the whole sandbox (case MemoryBombThroughTmpfsFromInside). Raising the
+  // score needs no privilege; best effort (a host without /proc/self/oom_score_adj just keeps
+  // the default).
+  // SAFETY: open/write/close of a /proc file of this process, with a literal path and buffer.
+  int oom_fd = static_cast<int>(
+      ::syscall(SYS_openat, AT_FDCWD, "/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC));
+  if (oom_fd >= 0) {
+    (void)::syscall(SYS_write, oom_fd, "500", 3);
+    ::syscall(SYS_close, oom_fd);
+  }
+
   // SAFETY: chdir reads the NUL-terminated path the parent prepared.
   if (::syscall(SYS_chdir, req.cwd) < 0) {
     ChildFail(report, SpawnStep::kChdir, errno, kExitNotStarted);

@@ -262,8 +262,16 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
       home.source_is_tree = config.home_fd_is_tree;
     }
   }
+  // Memory like any other: with a memory limit, /tmp may hold half of it and /dev/shm a
+  // quarter, so that files left there never leave the sandbox's processes without room (cases
+  // MemoryBombThroughUploadToTmpfs and MemoryBombThroughTmpfsFromInside).
+  auto tmpfs_size = [&](uint64_t share) {
+    return config.tmpfs_size_bytes == 0
+               ? std::string()
+               : ",size=" + std::to_string(config.tmpfs_size_bytes / share);
+  };
   p.Mkdir("/tmp", 01777);
-  p.Tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=1777");
+  p.Tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=1777" + tmpfs_size(2));
 
   // 5. A fresh /proc for the new PID namespace, with Docker's masked and read-only paths.
   p.Mkdir("/proc", 0555);
@@ -289,7 +297,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   pts.data = "newinstance,ptmxmode=0666,mode=0620,gid=5";
   p.Symlink("pts/ptmx", "/dev/ptmx");
   p.Mkdir("/dev/shm", 01777);
-  p.Tmpfs("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777");
+  p.Tmpfs("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777" + tmpfs_size(4));
   p.Symlink("/proc/self/fd", "/dev/fd");
   p.Symlink("/proc/self/fd/0", "/dev/stdin");
   p.Symlink("/proc/self/fd/1", "/dev/stdout");

@@ -109,6 +109,10 @@ struct JailFsConfig {
   int workspace_fd = -1;
   bool workspace_fd_is_tree = false;  // workspace_fd came from open_tree(OPEN_TREE_CLONE)
   std::string hostname;
+  // The sandbox's memory limit, of which /tmp may hold a half and /dev/shm a quarter; 0 for the
+  // kernel's default (half the RAM each). Tmpfs pages written by the daemon through the files
+  // API are charged to the daemon, not to the sandbox's cgroup: the size is what bounds them.
+  uint64_t tmpfs_size_bytes = 0;
   struct EtcEntry {
     enum class Type { kFile, kDirectory, kSymlink } type;
     std::string name;     // "ld.so.cache"

@@ -135,6 +135,7 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
 
   isolate::JailFsConfig fs;
   fs.hostname = o.hostname;
+  if (plan.limits.memory_bytes) fs.tmpfs_size_bytes = *plan.limits.memory_bytes;
   if (!o.copy_etc_files) fs.etc_copy_limit = 0;
   if (o.overlay) {
     // An imported image: the overlay, mounted here with the caller's rights, is the whole root
