@@ -341,8 +341,9 @@ class Daemon {
     bool tcp = false;
     bool body_done = false;  // the request's body was read to its end
     bool continue_sent = false;
-    int status = 0;          // of the answer, for the metrics
-    std::string sandbox_id;  // for the logs
+    bool must_close = false;  // the answer ends the connection, whatever else holds
+    int status = 0;           // of the answer, for the metrics
+    std::string sandbox_id;   // for the logs
   };
 
   asio::awaitable<void> Session(Socket socket, bool tcp);
@@ -484,7 +485,7 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
       if (ec != http::error::end_of_stream && ec != asio::error::eof &&
           ec != asio::error::connection_reset && ec != asio::error::operation_aborted) {
         // Not HTTP: one answer, then the connection closes.
-        Ctx c{socket, buffer, parser, tcp, false, false, 0, {}};
+        Ctx c{socket, buffer, parser, tcp, false, false, false, 0, {}};
         bool too_big = ec == http::error::header_limit;
         {
           const ApiError reply_error =
@@ -495,7 +496,7 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
       }
       break;
     }
-    Ctx c{socket, buffer, parser, tcp, false, false, 0, {}};
+    Ctx c{socket, buffer, parser, tcp, false, false, false, 0, {}};
     c.body_done = parser.is_done();
     auto start = Clock::now();
     bool keep = co_await Handle(c);
@@ -546,6 +547,20 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
                                       : "the bearer token is not valid");
         co_return co_await ReplyError(c, reply_error);
       }
+    }
+  }
+  // Request smuggling shapes (RFC 9112 6.1, 6.3): a Transfer-Encoding other than exactly
+  // "chunked", or one beside a Content-Length, would make a proxy and this daemon disagree on
+  // where the body ends. Refused, and the connection closed (case
+  // RequestSmugglingShapesAreRefused).
+  if (req.count(http::field::transfer_encoding) > 0) {
+    const bool chunked_only = req.count(http::field::transfer_encoding) == 1 &&
+                              beast::iequals(req[http::field::transfer_encoding], "chunked");
+    if (!chunked_only || req.count(http::field::content_length) > 0) {
+      const ApiError reply_error = ApiError::Invalid(
+          "Transfer-Encoding must be exactly \"chunked\", and never beside Content-Length");
+      c.must_close = true;  // where this request ends is not known: nothing after it is read
+      co_return co_await ReplyError(c, reply_error);
     }
   }
   std::string_view target = req.target();
@@ -714,7 +729,7 @@ asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
   if (!body.empty() || status != 204) res.set(http::field::content_type, content_type);
   if (!allow.empty()) res.set(http::field::allow, allow);
   // A request whose body was not read to its end cannot be followed by another.
-  res.keep_alive(c.parser.get().keep_alive() && c.body_done && !shutting_down_);
+  res.keep_alive(c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_);
   metrics_.BytesOut(body.size());
   res.body() = std::move(body);
   res.prepare_payload();
