@@ -586,7 +586,9 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
   }
   NSBOX_TRY(WriteFileAtomic(work_path, "image.json", EncodeImageInfo(info)));
   if (::syncfs(work_fd.get()) != 0) return Error::Sys("syncfs", work_path, errno);
-  if (::fchmod(work_fd.get(), 0711) != 0) return Error::Sys("fchmod", work_path, errno);
+  // 0700: the root holds setuid files owned by the sandboxes' uids; no host user may reach them
+  // (case SetuidFilesOfSandboxesAreOutOfHostUsersReach). The overlay reads it as root.
+  if (::fchmod(work_fd.get(), 0700) != 0) return Error::Sys("fchmod", work_path, errno);
 
   // 4. Publish, under the lock: the check of the name, the rename into content/ (so that
   // CollectGarbage never sees a content id before its name) and <name>.json.

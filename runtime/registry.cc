@@ -149,14 +149,29 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
   if (const json::value* limits = o->if_contains("limits")) {
     if (!limits->is_object()) return Error(EINVAL, "config.json: \"limits\" is not an object");
     const json::object& l = limits->get_object();
-    if (const json::value* m = l.if_contains("memoryBytes"); m && m->is_number()) {
-      c.limits.memory_bytes = m->to_number<uint64_t>();
-    }
-    if (const json::value* p = l.if_contains("pids"); p && p->is_number()) {
-      c.limits.pids = p->to_number<uint64_t>();
-    }
-    if (const json::value* cpu = l.if_contains("cpus"); cpu && cpu->is_number()) {
-      c.limits.cpus = cpu->to_number<double>();
+    // A hand-edited file may hold anything: a negative, fractional or huge number is an error,
+    // never an exception (case found by fuzz_config).
+    auto count = [&](const char* key, std::optional<uint64_t>* out) -> Status {
+      const json::value* field = l.if_contains(key);
+      if (field == nullptr || field->is_null()) return Ok();
+      boost::system::error_code number_ec;
+      uint64_t n = field->is_number() ? field->to_number<uint64_t>(number_ec) : 0;
+      if (!field->is_number() || number_ec) {
+        return Error(EINVAL, std::string("config.json: limits.") + key +
+                                 " is not a whole number of at most 2^64-1");
+      }
+      *out = n;
+      return Ok();
+    };
+    NSBOX_TRY(count("memoryBytes", &c.limits.memory_bytes));
+    NSBOX_TRY(count("pids", &c.limits.pids));
+    if (const json::value* cpu = l.if_contains("cpus"); cpu != nullptr && !cpu->is_null()) {
+      boost::system::error_code number_ec;
+      double cpus = cpu->is_number() ? cpu->to_number<double>(number_ec) : 0;
+      if (!cpu->is_number() || number_ec || !(cpus > 0)) {
+        return Error(EINVAL, "config.json: limits.cpus is not a positive number");
+      }
+      c.limits.cpus = cpus;
     }
   }
   return c;
@@ -329,6 +344,8 @@ Status Registry::Load() {
           config.ok() ? "its id does not hash to its directory name" : config.error().message());
       continue;
     }
+    // Directories made by earlier versions were 0711.
+    if (::chmod(path.c_str(), 0700) != 0) return Error::Sys("chmod", path, errno);
     std::string id = config->id;
     by_id_[id] = std::make_shared<SandboxEntry>(std::move(config).value(), name, path);
   }
@@ -355,7 +372,10 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     // config.json last: a directory without it is a creation that did not finish. A directory
     // that is already there (one whose config.json the start-up could not read) is refused,
     // never reused or removed: it may hold someone's files.
-    if (::mkdir(dir.c_str(), 0711) != 0) {
+    // 0700: a sandbox may make its files setuid to its own uid (or its image has such files);
+    // no host user may reach them (case SetuidFilesOfSandboxesAreOutOfHostUsersReach). The jail
+    // attaches its directories through fds, never walking this path as its own uid.
+    if (::mkdir(dir.c_str(), 0700) != 0) {
       int err = errno;
       Error e = Error::Sys("mkdir", dir, err);
       if (err == EEXIST) {
@@ -551,10 +571,21 @@ ApiOutcome<bool> Registry::Delete(std::string_view id) {
 }
 
 void Registry::StopAll() {
+  // All at once: each stop gives the sandbox's commands a grace of 2 s after SIGTERM, and one
+  // after the other, 30 sandboxes would outlast systemd's stop timeout (case
+  // SigtermWithSandboxesRunning).
+  std::vector<std::thread> stoppers;
   for (const auto& entry : List()) {
-    std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
-    (void)StopLocked(*entry);
+    {
+      std::lock_guard<std::mutex> lock(entry->mu_);
+      if (entry->box_ == nullptr) continue;  // stopped already: nothing to wait for
+    }
+    stoppers.emplace_back([this, entry] {
+      std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
+      (void)StopLocked(*entry);
+    });
   }
+  for (auto& t : stoppers) t.join();
 }
 
 // ---- images ----

@@ -258,8 +258,8 @@ std::string TarMember(const std::string& name, const std::string& data, unsigned
 // A sandbox plants a setuid copy of a program in its own workspace (it owns the directory and
 // may chmod it 0755), and an imported image carries a setuid file: on the host both are setuid
 // to the uid that owns every sandbox's files. An unprivileged host user must not be able to run
-// them. Control: root runs them, and the program then reads another sandbox's file: the plant
-// is real and would give a host user every sandbox.
+// them (every sandbox's directory and every image's content is 0700), and even run as root the
+// plant's uid cannot open another sandbox's file. Control: root runs them: the plant is real.
 TEST_F(ApiAbuseTest, SetuidFilesOfSandboxesAreOutOfHostUsersReach) {
   const std::string planter = NewSandbox("planter");
   const std::string victim = NewSandbox("victim");
@@ -274,7 +274,9 @@ TEST_F(ApiAbuseTest, SetuidFilesOfSandboxesAreOutOfHostUsersReach) {
   EXPECT_NE(st.st_mode & S_ISUID, 0u) << "control: the plant is setuid on the host";
   KeyValues as_root = ParseKeyValues(RunOnHost({planted, "whoami", secret}));
   EXPECT_EQ(Get(as_root, "euid"), "1610612736") << "control";
-  EXPECT_EQ(Get(as_root, "open[" + secret + "]"), "0") << "control: that uid reads the victim's";
+  // Every sandbox's directory is 0700 and root's: even that uid cannot reach another sandbox's
+  // files (before the fix it opened the victim's: "0").
+  EXPECT_EQ(Get(as_root, "open[" + secret + "]"), "EACCES") << "the plant reached another sandbox";
   EXPECT_EQ(RunAsNobody({planted, "whoami", secret}), "exec=EACCES\n")
       << "a host user ran the sandbox's setuid plant";
 
