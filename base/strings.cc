@@ -1,5 +1,9 @@
 #include "base/strings.h"
 
+#include <time.h>
+
+#include <cstdio>
+
 namespace nsbox {
 
 std::vector<std::string_view> Split(std::string_view s, char sep) {
@@ -21,6 +25,17 @@ std::string Join(const std::vector<std::string>& v, std::string_view sep) {
     out += s;
   }
   return out;
+}
+
+std::string NowRfc3339() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm {};
+  ::gmtime_r(&ts.tv_sec, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+  return buf;
 }
 
 }  // namespace nsbox

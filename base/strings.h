@@ -13,4 +13,7 @@ std::vector<std::string_view> Split(std::string_view s, char sep);
 // The strings of `v` with `sep` between them ("" for none).
 std::string Join(const std::vector<std::string>& v, std::string_view sep);
 
+// Now, as api.md writes times: RFC 3339 UTC with milliseconds, 2026-11-30T09:00:00.000Z.
+std::string NowRfc3339();
+
 }  // namespace nsbox

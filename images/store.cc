@@ -19,6 +19,7 @@
 #include "base/cleanup.h"
 #include "base/files.h"
 #include "base/log.h"
+#include "base/strings.h"
 #include "images/image.h"
 #include "images/import.h"
 
@@ -53,18 +54,6 @@ constexpr uint64_t kProgressStep = uint64_t{4} << 20;
 constexpr std::string_view kImportPrefix = ".import-";
 constexpr std::string_view kTrashPrefix = ".trash-";
 constexpr size_t kIdDigits = 32;
-
-// RFC 3339 UTC with milliseconds, as api.md writes times: 2026-11-30T09:00:00.000Z.
-std::string NowRfc3339() {
-  struct timespec ts {};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm {};
-  ::gmtime_r(&ts.tv_sec, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-  return buf;
-}
 
 bool IsRfc3339Millis(std::string_view t) {
   // YYYY-MM-DDTHH:MM:SS.mmmZ

@@ -17,6 +17,7 @@
 
 #include "base/files.h"
 #include "base/log.h"
+#include "base/strings.h"
 #include "exec/runner.h"
 #include "images/image.h"
 #include "isolate/cgroup.h"
@@ -73,17 +74,6 @@ std::string HostnameFor(std::string_view id, std::string_view hash) {
          ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-');
   }
   return ok ? std::string(id) : "sb-" + std::string(hash.substr(0, 12));
-}
-
-std::string NowRfc3339() {
-  struct timespec ts;
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  ::gmtime_r(&ts.tv_sec, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-  return buf;
 }
 
 std::string EncodeConfig(const SandboxConfig& c) {

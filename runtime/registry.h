@@ -68,8 +68,6 @@ std::string HostnameFor(std::string_view id, std::string_view hash);
 // config.json, both ways. Decode checks every field (the file may have been edited by hand).
 std::string EncodeConfig(const SandboxConfig& config);
 Result<SandboxConfig> DecodeConfig(std::string_view json);
-// Now, as api.md writes times: RFC 3339 UTC with milliseconds.
-std::string NowRfc3339();
 
 // A command running in a sandbox, for GET .../execs and DELETE .../execs/{execId}.
 struct ExecInfo {
