@@ -367,6 +367,12 @@ class Daemon {
   asio::awaitable<bool> MethodNotAllowed(Ctx& c, std::string_view allow);
 
   asio::awaitable<bool> SendContinue(Ctx& c);
+  // An answer streamed as NDJSON (api.md: Accept: application/x-ndjson): the head of a chunked
+  // 200, one event per line, the last chunk. Each returns false once the client is gone; the
+  // last whether the connection may serve another request.
+  asio::awaitable<bool> StartNdjson(Ctx& c);
+  asio::awaitable<bool> SendNdjsonLine(Ctx& c, const json::object& event);
+  asio::awaitable<bool> EndNdjson(Ctx& c);
   // The request's body, to its end, written into `fd` a piece at a time as it arrives (never
   // held whole). Stops at the first write error (its errno) or when the connection fails (why).
   struct BodyCopy {
@@ -782,6 +788,34 @@ asio::awaitable<bool> Daemon::SendContinue(Ctx& c) {
   auto [ec, n] = co_await asio::async_write(c.socket, asio::buffer(kContinue), kTuple);
   (void)n;
   co_return !ec;
+}
+
+asio::awaitable<bool> Daemon::StartNdjson(Ctx& c) {
+  http::response<http::empty_body> res{http::status::ok, 11};
+  res.set(http::field::server, std::string("nsboxd/") + kVersion);
+  res.set(http::field::content_type, "application/x-ndjson");
+  res.chunked(true);
+  res.keep_alive(c.parser.get().keep_alive());
+  http::response_serializer<http::empty_body> sr{res};
+  auto [ec, n] = co_await http::async_write_header(c.socket, sr, kTuple);
+  (void)n;
+  c.status = 200;
+  co_return !ec;
+}
+
+asio::awaitable<bool> Daemon::SendNdjsonLine(Ctx& c, const json::object& event) {
+  std::string line = json::serialize(event);
+  line += '\n';
+  metrics_.BytesOut(line.size());
+  auto [ec, n] = co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(line)), kTuple);
+  (void)n;
+  co_return !ec;
+}
+
+asio::awaitable<bool> Daemon::EndNdjson(Ctx& c) {
+  auto [ec, n] = co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
+  (void)n;
+  co_return !ec && c.parser.get().keep_alive() && !shutting_down_;
 }
 
 asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string_view what) {
@@ -1211,29 +1245,16 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
 
   bool alive = true;  // the connection can still be written to
   if (stream) {
-    http::response<http::empty_body> res{http::status::ok, 11};
-    res.set(http::field::server, std::string("nsboxd/") + kVersion);
-    res.set(http::field::content_type, "application/x-ndjson");
-    res.chunked(true);
-    res.keep_alive(c.parser.get().keep_alive());
-    http::response_serializer<http::empty_body> sr{res};
-    auto [ec, n] = co_await http::async_write_header(c.socket, sr, kTuple);
-    (void)n;
-    c.status = 200;
-    if (ec) {
+    const bool head_sent = co_await StartNdjson(c);
+    if (!head_sent) {
       alive = false;
       on_hangup();
     }
   }
   auto send_line = [&](json::object event) -> asio::awaitable<void> {
     if (!alive || watch->hung_up) co_return;
-    std::string line = json::serialize(event);
-    line += '\n';
-    metrics_.BytesOut(line.size());
-    auto [ec, n] =
-        co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(line)), kTuple);
-    (void)n;
-    if (ec) {
+    const bool sent = co_await SendNdjsonLine(c, event);
+    if (!sent) {
       alive = false;
       on_hangup();
     }
@@ -1328,9 +1349,7 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
     fill(o2);
     co_await send_line(std::move(o2));
     if (!alive) co_return false;
-    auto [ec, n] = co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
-    (void)n;
-    co_return !ec && c.parser.get().keep_alive() && !shutting_down_;
+    co_return co_await EndNdjson(c);
   }
   json::object o2;
   if (base64) {
@@ -1632,16 +1651,7 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
     }
   }
 
-  http::response<http::empty_body> res{http::status::ok, 11};
-  res.set(http::field::server, std::string("nsboxd/") + kVersion);
-  res.set(http::field::content_type, "application/x-ndjson");
-  res.chunked(true);
-  res.keep_alive(c.parser.get().keep_alive());
-  http::response_serializer<http::empty_body> sr{res};
-  auto [ec, n] = co_await http::async_write_header(c.socket, sr, kTuple);
-  (void)n;
-  c.status = 200;
-  bool alive = !ec;  // the import goes on when the client has gone
+  bool alive = co_await StartNdjson(c);  // the import goes on when the client has gone
   for (;;) {
     for (auto& event : co_await queue->Next()) {
       json::object o;
@@ -1665,20 +1675,10 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
         o["error"] = std::move(e);
         o["status"] = error.status;
       }
-      if (alive) {
-        std::string line = json::serialize(o);
-        line += '\n';
-        metrics_.BytesOut(line.size());
-        auto [wec, wn] =
-            co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(line)), kTuple);
-        (void)wn;
-        alive = !wec;
-      }
+      if (alive) alive = co_await SendNdjsonLine(c, o);
       if (event.done) {
         if (!alive) co_return false;
-        auto [lec, ln] = co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
-        (void)ln;
-        co_return !lec && c.parser.get().keep_alive() && !shutting_down_;
+        co_return co_await EndNdjson(c);
       }
     }
   }
