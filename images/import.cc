@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "base/files.h"
+#include "base/strings.h"
 #include "base/syscalls.h"
 #include "base/unique_fd.h"
 
@@ -288,17 +289,12 @@ Result<ArchiveReader> OpenArchive(RangeReader* reader, ArchiveFormat format,
 // member; "a/../b" is "b" (a name resolved lexically inside the archive, never on disk).
 std::string MemberKey(std::string_view name) {
   std::vector<std::string_view> parts;
-  size_t start = 0;
-  while (start <= name.size()) {
-    size_t end = name.find('/', start);
-    if (end == std::string_view::npos) end = name.size();
-    std::string_view part = name.substr(start, end - start);
+  for (std::string_view part : Split(name, '/')) {
     if (part == "..") {
       if (!parts.empty()) parts.pop_back();
     } else if (!part.empty() && part != ".") {
       parts.push_back(part);
     }
-    start = end + 1;
   }
   std::string out;
   for (std::string_view p : parts) {
@@ -907,17 +903,12 @@ std::string Child(const std::string& dir, std::string_view name) {
 // tool writes it, and refusing is simpler to trust than resolving.
 Result<std::vector<std::string>> SplitEntryPath(std::string_view path, std::string_view what) {
   std::vector<std::string> parts;
-  size_t start = 0;
-  while (start <= path.size()) {
-    size_t end = path.find('/', start);
-    if (end == std::string_view::npos) end = path.size();
-    std::string_view part = path.substr(start, end - start);
+  for (std::string_view part : Split(path, '/')) {
     if (part == "..") {
       return BadInput(std::string(what) + ": the path has a '..' component, which could lead " +
                       "outside the image");
     }
     if (!part.empty() && part != ".") parts.emplace_back(part);
-    start = end + 1;
   }
   if (parts.size() > kMaxPathComponents) {
     return BadInput(std::string(what) + ": more than " + std::to_string(kMaxPathComponents) +
