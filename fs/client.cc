@@ -461,4 +461,43 @@ FsOutcome<Unit> InitClient::Ping() {
 
 FsOutcome<Unit> InitClient::StopAll() { return ExpectOk(Call(Type::kStopAll, "")); }
 
+void InitClient::SendInput(const proto::ExecInput& input,
+                           std::function<void(FsOutcome<Unit>)> done) {
+  auto callback = std::make_shared<std::function<void(FsOutcome<Unit>)>>(std::move(done));
+  const uint64_t tag = Register([callback](const proto::FrameReader::FrameView& frame, UniqueFd) {
+    RawReply reply{frame.header.type, std::string(frame.payload)};
+    if (reply.type == Type::kOk) {
+      (*callback)(Unit{});
+    } else {
+      (*callback)(ReplyError(reply, "ok"));
+    }
+    return true;
+  });
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {
+      handlers_.erase(tag);
+      (*callback)(TransportError("the control channel is closed"));
+      return;
+    }
+  }
+  if (auto st = Send(Type::kExecInput, tag, proto::Encode(input)); !st.ok()) {
+    bool registered = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      registered = handlers_.erase(tag) > 0;
+    }
+    // Not registered any more: FailAll has answered it already.
+    if (registered) (*callback)(TransportError(st.error().message()));
+  }
+}
+
+FsOutcome<Unit> InitClient::Input(const proto::ExecInput& input) {
+  return ExpectOk(Call(Type::kExecInput, proto::Encode(input)));
+}
+
+FsOutcome<Unit> InitClient::Resize(const proto::ExecResize& resize) {
+  return ExpectOk(Call(Type::kExecResize, proto::Encode(resize)));
+}
+
 }  // namespace nsbox::fs

@@ -56,6 +56,15 @@ class InitClient {
   FsOutcome<proto::ExecExit> Exec(const proto::ExecRequest& request, ExecCallbacks callbacks = {});
   // Ends a running exec (reason exec::EndReason kCancelled or kStopped); its exit follows.
   void KillExec(uint64_t tag, uint8_t reason);
+  // Feeds a running exec's stdin (or terminal): `done` runs (on the reader thread, or at once
+  // when the channel is closed) once nsbox-init has written the bytes, which is the caller's
+  // flow control: send the next chunk after it. Errors: EPIPE (stdin closed, or the command's
+  // end reported), ESRCH (unknown exec). input.data is at most proto::kMaxInputChunk.
+  void SendInput(const proto::ExecInput& input, std::function<void(FsOutcome<Unit>)> done);
+  // Blocking form of SendInput.
+  FsOutcome<Unit> Input(const proto::ExecInput& input);
+  // A new window size for a terminal exec (SIGWINCH inside). Errors: ENOTTY, ESRCH, EINVAL.
+  FsOutcome<Unit> Resize(const proto::ExecResize& resize);
 
   FsOutcome<std::string> ReadFile(const std::string& path);
   // readFile for streaming: a small file's bytes inline, or an O_RDONLY fd of a large one

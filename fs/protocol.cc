@@ -36,6 +36,18 @@ bool GetStrings(Reader& r, std::vector<std::string>* v, uint32_t max_each) {
   return true;
 }
 
+bool GetTtySize(Reader& r, TtySize* size) {
+  uint32_t rows = 0;
+  uint32_t cols = 0;
+  if (!r.U32(&rows) || !r.U32(&cols) || rows == 0 || cols == 0 || rows > kMaxTtyDimension ||
+      cols > kMaxTtyDimension) {
+    return false;
+  }
+  size->rows = static_cast<uint16_t>(rows);
+  size->cols = static_cast<uint16_t>(cols);
+  return true;
+}
+
 }  // namespace
 
 std::string_view TypeName(Type type) {
@@ -46,6 +58,10 @@ std::string_view TypeName(Type type) {
       return "exec";
     case Type::kExecKill:
       return "exec-kill";
+    case Type::kExecInput:
+      return "exec-input";
+    case Type::kExecResize:
+      return "exec-resize";
     case Type::kReadFile:
       return "read-file";
     case Type::kWriteBegin:
@@ -101,6 +117,8 @@ bool IsRequest(Type type) {
     case Type::kHello:
     case Type::kExec:
     case Type::kExecKill:
+    case Type::kExecInput:
+    case Type::kExecResize:
     case Type::kReadFile:
     case Type::kWriteBegin:
     case Type::kWriteCommit:
@@ -272,6 +290,12 @@ std::string Encode(const ExecRequest& m) {
   w.U64(m.timeout_ms);
   w.U64(m.output_limit);
   PutStrings(w, m.argv);
+  w.U8(m.stdin_stream ? 1 : 0);
+  w.U8(m.tty.has_value() ? 1 : 0);
+  if (m.tty) {
+    w.U32(m.tty->rows);
+    w.U32(m.tty->cols);
+  }
   return w.Take();
 }
 
@@ -288,8 +312,44 @@ bool Decode(std::string_view payload, ExecRequest* m) {
     if (!r.Bytes(&data, kMaxPayload)) return false;
     m->stdin_data = std::move(data);
   }
-  return r.U64(&m->timeout_ms) && r.U64(&m->output_limit) && GetStrings(r, &m->argv, kMaxPayload) &&
-         r.Done();
+  bool has_tty = false;
+  if (!r.U64(&m->timeout_ms) || !r.U64(&m->output_limit) || !GetStrings(r, &m->argv, kMaxPayload) ||
+      !r.Bool(&m->stdin_stream) || !r.Bool(&has_tty)) {
+    return false;
+  }
+  m->tty.reset();
+  if (has_tty) {
+    TtySize size;
+    if (!GetTtySize(r, &size)) return false;
+    m->tty = size;
+  }
+  return r.Done();
+}
+
+std::string Encode(const ExecInput& m) {
+  Writer w;
+  w.U64(m.exec_tag);
+  w.Bytes(m.data);
+  w.U8(m.close ? 1 : 0);
+  return w.Take();
+}
+
+bool Decode(std::string_view payload, ExecInput* m) {
+  Reader r(payload);
+  return r.U64(&m->exec_tag) && r.Bytes(&m->data, kMaxInputChunk) && r.Bool(&m->close) && r.Done();
+}
+
+std::string Encode(const ExecResize& m) {
+  Writer w;
+  w.U64(m.exec_tag);
+  w.U32(m.size.rows);
+  w.U32(m.size.cols);
+  return w.Take();
+}
+
+bool Decode(std::string_view payload, ExecResize* m) {
+  Reader r(payload);
+  return r.U64(&m->exec_tag) && GetTtySize(r, &m->size) && r.Done();
 }
 
 std::string Encode(const ExecKill& m) {
@@ -336,13 +396,39 @@ std::string Encode(const ExecExit& m) {
   w.U8(m.truncated);
   w.U8(m.cancelled);
   w.U64(m.duration_ms);
+  const std::optional<uint64_t>* fields[] = {&m.usage.cpu_user_us,       &m.usage.cpu_system_us,
+                                             &m.usage.memory_peak_bytes, &m.usage.pids_peak,
+                                             &m.usage.io_read_bytes,     &m.usage.io_write_bytes};
+  uint8_t mask = 0;
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    if (fields[i]->has_value()) mask |= static_cast<uint8_t>(1u << i);
+  }
+  w.U8(mask);
+  for (const auto* f : fields) {
+    if (f->has_value()) w.U64(**f);
+  }
   return w.Take();
 }
 
 bool Decode(std::string_view payload, ExecExit* m) {
   Reader r(payload);
-  return r.I32(&m->exit_code) && r.I32(&m->signal) && r.U8(&m->reason) && r.Bool(&m->timed_out) &&
-         r.Bool(&m->truncated) && r.Bool(&m->cancelled) && r.U64(&m->duration_ms) && r.Done();
+  uint8_t mask = 0;
+  if (!r.I32(&m->exit_code) || !r.I32(&m->signal) || !r.U8(&m->reason) || !r.Bool(&m->timed_out) ||
+      !r.Bool(&m->truncated) || !r.Bool(&m->cancelled) || !r.U64(&m->duration_ms) || !r.U8(&mask) ||
+      mask >= (1u << 6)) {
+    return false;
+  }
+  std::optional<uint64_t>* fields[] = {&m->usage.cpu_user_us,       &m->usage.cpu_system_us,
+                                       &m->usage.memory_peak_bytes, &m->usage.pids_peak,
+                                       &m->usage.io_read_bytes,     &m->usage.io_write_bytes};
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    fields[i]->reset();
+    if ((mask & (1u << i)) == 0) continue;
+    uint64_t v = 0;
+    if (!r.U64(&v)) return false;
+    *fields[i] = v;
+  }
+  return r.Done();
 }
 
 std::string Encode(const PathRequest& m) {

@@ -31,12 +31,16 @@ inline constexpr uint32_t kMaxOutputChunk = 256u << 10;   // exec output per fra
 inline constexpr uint64_t kInlineFileLimit = 256u << 10;  // readFile inline up to this
 inline constexpr uint32_t kMaxPathBytes = 64u << 10;      // decoding bound, not PATH_MAX
 inline constexpr uint32_t kMaxListEntries = 1u << 20;
+inline constexpr uint32_t kMaxInputChunk = 256u << 10;  // exec input per kExecInput frame
+inline constexpr uint16_t kMaxTtyDimension = 4096;      // rows and cols of a terminal, 1..this
 
 enum class Type : uint16_t {
   // Requests: host -> init.
   kHello = 1,         // Hello: the jail's configuration, first frame, once
   kExec = 2,          // ExecRequest
   kExecKill = 3,      // ExecKill: ends a running exec (its tag)
+  kExecInput = 4,     // ExecInput (own tag) -> kOk once written | kError (EPIPE: stdin closed)
+  kExecResize = 5,    // ExecResize (own tag) -> kOk | kError (ENOTTY: not a terminal exec)
   kReadFile = 10,     // PathRequest -> kFileData | kFileFd | kError
   kWriteBegin = 11,   // PathRequest -> kWriteReady (+fd) | kError
   kWriteCommit = 12,  // (empty; the kWriteBegin's tag) -> kOk | kError
@@ -135,6 +139,13 @@ struct Hello {
   std::string shell;            // "/bin/bash" or "/bin/sh"
 };
 
+// The size of a terminal, in character cells; each 1..kMaxTtyDimension.
+struct TtySize {
+  uint16_t rows = 24;
+  uint16_t cols = 80;
+  bool operator==(const TtySize&) const = default;
+};
+
 struct ExecRequest {
   std::string command;           // run as `shell -c command` (unless argv is given)
   std::string cwd;               // absolute
@@ -146,6 +157,31 @@ struct ExecRequest {
   // argv[0] is searched in the PATH of `env` as execvp does when it has no '/'. For
   // `nsbox exec ID -- CMD ARGS...`.
   std::vector<std::string> argv;
+  // stdin stays open after stdin_data (if any) and is fed by kExecInput frames until one of
+  // them closes it. Without it, stdin is stdin_data then EOF, or /dev/null.
+  bool stdin_stream = false;
+  // Run on a pseudo-terminal of this size (a private devpts inside the jail): the command is a
+  // session leader with it as its controlling terminal; stdin, stdout and stderr are all the
+  // terminal, so the output arrives as stream 1 only. Input is always streamed then.
+  std::optional<TtySize> tty;
+};
+
+// Bytes for the stdin (or the terminal) of a running exec, sent with a tag of its own and
+// answered kOk once the bytes are written (that answer is the sender's flow control), or kError:
+// EPIPE when stdin was closed or the command's end was reported, ESRCH for an unknown exec.
+// `close`: after `data`, close stdin (on a terminal: send the EOF character, VEOF).
+struct ExecInput {
+  uint64_t exec_tag = 0;
+  std::string data;  // at most kMaxInputChunk
+  bool close = false;
+};
+
+// A new window size for a terminal exec (TIOCSWINSZ: the foreground process group gets
+// SIGWINCH). Answered kOk, or kError: ENOTTY for an exec without a terminal, ESRCH unknown,
+// EINVAL a size out of range.
+struct ExecResize {
+  uint64_t exec_tag = 0;
+  TtySize size;
 };
 
 struct ExecKill {
@@ -161,6 +197,18 @@ struct ExecOutput {
   std::string data;
 };
 
+// What a command consumed, from its own cgroup(s) where the host has the controller; nullopt
+// where it does not (never a made-up zero).
+struct ExecUsage {
+  std::optional<uint64_t> cpu_user_us;
+  std::optional<uint64_t> cpu_system_us;
+  std::optional<uint64_t> memory_peak_bytes;
+  std::optional<uint64_t> pids_peak;
+  std::optional<uint64_t> io_read_bytes;
+  std::optional<uint64_t> io_write_bytes;
+  bool operator==(const ExecUsage&) const = default;
+};
+
 struct ExecExit {
   int32_t exit_code = 0;
   int32_t signal = 0;
@@ -169,6 +217,7 @@ struct ExecExit {
   bool truncated = false;
   bool cancelled = false;
   uint64_t duration_ms = 0;
+  ExecUsage usage;
 };
 
 struct PathRequest {
@@ -218,6 +267,8 @@ struct ReaddirReply {
 std::string Encode(const Hello& m);
 std::string Encode(const ExecRequest& m);
 std::string Encode(const ExecKill& m);
+std::string Encode(const ExecInput& m);
+std::string Encode(const ExecResize& m);
 std::string Encode(const ExecStarted& m);
 std::string Encode(const ExecOutput& m);
 std::string Encode(const ExecExit& m);
@@ -235,6 +286,8 @@ std::string EncodeBool(bool v);
 bool Decode(std::string_view payload, Hello* m);
 bool Decode(std::string_view payload, ExecRequest* m);
 bool Decode(std::string_view payload, ExecKill* m);
+bool Decode(std::string_view payload, ExecInput* m);
+bool Decode(std::string_view payload, ExecResize* m);
 bool Decode(std::string_view payload, ExecStarted* m);
 bool Decode(std::string_view payload, ExecOutput* m);
 bool Decode(std::string_view payload, ExecExit* m);

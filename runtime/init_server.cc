@@ -371,9 +371,9 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
   events.on_exit = [this, tag, pid](const exec::CommandResult& r) {
     command_pids_.erase(*pid);
     execs_.erase(tag);
-    proto::ExecExit exit{r.exit_code,  r.signal,    static_cast<uint8_t>(r.reason),
-                         r.timed_out,  r.truncated, r.cancelled,
-                         r.duration_ms};
+    proto::ExecExit exit{r.exit_code,   r.signal,    static_cast<uint8_t>(r.reason),
+                         r.timed_out,   r.truncated, r.cancelled,
+                         r.duration_ms, {}};
     Send(Type::kExecExit, tag, proto::Encode(exit));
     if (execs_.empty()) {
       for (uint64_t t : stop_all_tags_) Send(Type::kOk, t, "");

@@ -35,9 +35,61 @@ TEST(Protocol, ExecRequestRoundTrips) {
   EXPECT_EQ(out.timeout_ms, 30000u);
   EXPECT_EQ(out.output_limit, 123u);
   EXPECT_EQ(out.argv, in.argv);
+  EXPECT_FALSE(out.stdin_stream);
+  EXPECT_FALSE(out.tty.has_value());
   in.stdin_data.reset();
+  in.stdin_stream = true;
+  in.tty = TtySize{40, 120};
   ASSERT_TRUE(Decode(Encode(in), &out));
   EXPECT_FALSE(out.stdin_data.has_value());
+  EXPECT_TRUE(out.stdin_stream);
+  ASSERT_TRUE(out.tty.has_value());
+  EXPECT_EQ(*out.tty, (TtySize{40, 120}));
+}
+
+TEST(Protocol, TerminalSizesOutOfRangeAreRefused) {
+  for (TtySize size : {TtySize{0, 80}, TtySize{24, 0}, TtySize{4097, 80}, TtySize{24, 60000}}) {
+    ExecResize resize{7, size};
+    ExecResize out;
+    EXPECT_FALSE(Decode(Encode(resize), &out)) << size.rows << "x" << size.cols;
+    ExecRequest req{"true", "/", {}, std::nullopt, 0, 1, {}, false, size};
+    ExecRequest req_out;
+    EXPECT_FALSE(Decode(Encode(req), &req_out)) << size.rows << "x" << size.cols;
+  }
+  ExecResize resize{7, TtySize{4096, 1}};
+  ExecResize out;
+  ASSERT_TRUE(Decode(Encode(resize), &out));
+  EXPECT_EQ(out.exec_tag, 7u);
+  EXPECT_EQ(out.size, (TtySize{4096, 1}));
+}
+
+TEST(Protocol, ExecInputRoundTripsAndIsBounded) {
+  ExecInput in{42, std::string("a\0b", 3), true};
+  ExecInput out;
+  ASSERT_TRUE(Decode(Encode(in), &out));
+  EXPECT_EQ(out.exec_tag, 42u);
+  EXPECT_EQ(out.data, in.data);
+  EXPECT_TRUE(out.close);
+  in.data.assign(kMaxInputChunk, 'x');
+  ASSERT_TRUE(Decode(Encode(in), &out));
+  in.data.push_back('x');
+  EXPECT_FALSE(Decode(Encode(in), &out));
+}
+
+TEST(Protocol, ExecExitCarriesOnlyTheUsageItHas) {
+  ExecExit e;
+  e.usage.cpu_user_us = 1000000;
+  e.usage.memory_peak_bytes = 200ull << 20;
+  e.usage.io_write_bytes = 0;
+  ExecExit out;
+  ASSERT_TRUE(Decode(Encode(e), &out));
+  EXPECT_EQ(out.usage, e.usage);
+  EXPECT_FALSE(out.usage.cpu_system_us.has_value());
+  EXPECT_FALSE(out.usage.pids_peak.has_value());
+  ASSERT_TRUE(out.usage.io_write_bytes.has_value());  // a measured zero stays a zero
+  std::string bad = Encode(ExecExit{});
+  bad.back() = static_cast<char>(1u << 6);  // a mask bit beyond the six fields
+  EXPECT_FALSE(Decode(bad, &out));
 }
 
 TEST(Protocol, EveryMessageRoundTrips) {
@@ -54,7 +106,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(h2.rlimits[0].hard, 65536u);
   EXPECT_EQ(h2.shell, "/bin/bash");
 
-  ExecExit e{-1, 9, 6, true, false, true, 812};
+  ExecExit e{-1, 9, 6, true, false, true, 812, {}};
   ExecExit e2;
   ASSERT_TRUE(Decode(Encode(e), &e2));
   EXPECT_EQ(e2.exit_code, -1);
@@ -92,7 +144,7 @@ TEST(Protocol, EveryMessageRoundTrips) {
 }
 
 TEST(Protocol, RefusesTruncatedTrailingAndOutOfRangePayloads) {
-  std::string ok = Encode(ExecRequest{"true", "/", {}, std::nullopt, 0, 1, {}});
+  std::string ok = Encode(ExecRequest{"true", "/", {}, std::nullopt, 0, 1, {}, false, std::nullopt});
   ExecRequest out;
   for (size_t n = 0; n < ok.size(); ++n) {
     EXPECT_FALSE(Decode(ok.substr(0, n), &out)) << n;
