@@ -144,7 +144,8 @@ TEST(Protocol, EveryMessageRoundTrips) {
 }
 
 TEST(Protocol, RefusesTruncatedTrailingAndOutOfRangePayloads) {
-  std::string ok = Encode(ExecRequest{"true", "/", {}, std::nullopt, 0, 1, {}, false, std::nullopt});
+  std::string ok =
+      Encode(ExecRequest{"true", "/", {}, std::nullopt, 0, 1, {}, false, std::nullopt});
   ExecRequest out;
   for (size_t n = 0; n < ok.size(); ++n) {
     EXPECT_FALSE(Decode(ok.substr(0, n), &out)) << n;
