@@ -3,6 +3,8 @@
 // Runs commands inside the jail for nsbox-init: pipes read through the reactor, each command in
 // its own process group and, where there is a delegated cgroup v2 directory, its own child
 // cgroup entered at clone time, so that a kill reaches exactly its processes (api.md, exec).
+// stdin is stdin_data then EOF, /dev/null, or a stream fed by Input; or the command runs on a
+// pseudo-terminal of its own (CommandSpec::tty). docs/init.md, "stdin streams and terminals".
 
 #include <sys/types.h>
 
