@@ -279,6 +279,64 @@ TEST_P(RunnerTest, StdinNotReadIsNoError) {
   EXPECT_EQ(o.result.exit_code, 0);
 }
 
+// Input: answered in order once written, refused with an errno when it cannot be.
+TEST_P(RunnerTest, StreamedStdinAnswersInOrder) {
+  CommandSpec spec = Bash("cat; echo '<eof>'");
+  spec.stdin_data = "first,";
+  spec.stdin_stream = true;
+  Outcome o;
+  uint64_t id = StartInto(spec, &o);
+  std::vector<std::pair<int, std::string>> answers;
+  auto answer = [&answers](int err, std::string_view why) {
+    answers.emplace_back(err, std::string(why));
+  };
+  runner_->Input(id, "a", false, answer);
+  runner_->Input(id, "", false, answer);  // an empty frame is answered too
+  runner_->Input(id, "b", true, answer);
+  runner_->Input(id, "c", false, answer);  // after a close: refused at once
+  ASSERT_EQ(answers.size(), 1u);
+  EXPECT_EQ(answers[0].first, EPIPE);
+  EXPECT_EQ(answers[0].second, "stdin was closed by an earlier input");
+  ASSERT_TRUE(Loop([&] { return o.exits > 0; }));
+  ASSERT_EQ(answers.size(), 4u);
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(answers[i].first, 0) << i << answers[i].second;
+  EXPECT_EQ(o.out, "first,ab<eof>\n");
+  answers.clear();
+  runner_->Input(id, "late", false, answer);
+  runner_->Input(id + 1000, "nobody", false, answer);
+  Outcome plain;
+  uint64_t plain_id = StartInto(Bash("sleep 0.2"), &plain);
+  runner_->Input(plain_id, "x", false, answer);
+  ASSERT_EQ(answers.size(), 3u);
+  // The runner forgets a command once it is answered and its pipes and cgroup are gone:
+  // nsbox-init remembers ended execs itself and answers EPIPE for them.
+  EXPECT_EQ(answers[0].first, ESRCH);
+  EXPECT_EQ(answers[1].first, ESRCH);
+  EXPECT_EQ(answers[2].first, EINVAL);
+  EXPECT_EQ(runner_->Resize(plain_id, {10, 10}).error().code(), ENOTTY);
+  ASSERT_TRUE(Loop([&] { return plain.exits > 0; }));
+  EXPECT_EQ(runner_->Resize(plain_id, {10, 10}).error().code(), ESRCH);
+}
+
+// A pty of the host's devpts here (nsbox-init uses the jail's): the controlling terminal, one
+// stream, its size, VEOF on close.
+TEST_P(RunnerTest, TerminalCommand) {
+  CommandSpec spec = Bash("stty size; tty -s && echo tty; echo err >&2; cat; stty size");
+  spec.tty = TerminalSize{40, 120};
+  Outcome o;
+  uint64_t id = StartInto(spec, &o);
+  ASSERT_TRUE(Loop([&] { return o.out.find("err\r\n") != std::string::npos || o.exits > 0; }))
+      << o.out;
+  ASSERT_TRUE(runner_->Resize(id, {50, 100}).ok());
+  int answered = -1;
+  runner_->Input(id, "typed\n", true, [&answered](int err, std::string_view) { answered = err; });
+  ASSERT_TRUE(Loop([&] { return o.exits > 0; }));
+  EXPECT_EQ(answered, 0);
+  EXPECT_EQ(o.out, "40 120\r\ntty\r\nerr\r\ntyped\r\ntyped\r\n50 100\r\n");
+  EXPECT_EQ(o.err, "");
+  EXPECT_EQ(o.result.exit_code, 0);
+}
+
 TEST_P(RunnerTest, NoStdinReadsDevNull) {
   Outcome o = Run(Bash("cat; echo rc=$?; readlink /proc/self/fd/0"));
   EXPECT_EQ(o.out, "rc=0\n/dev/null\n");
