@@ -75,6 +75,14 @@ class InitStdinTtyTest : public InitTest {
     return a.out;
   }
 
+  // Processes inside the jail named `comm` (via /proc of the jail, from another exec).
+  std::string JailPids(const std::string& comm) {
+    return Sh(
+        "for p in /proc/[0-9]*; do "
+        "[ \"$(cat $p/comm 2>/dev/null)\" = '" +
+        comm + "' ] && echo ${p#/proc/}; done; true");
+  }
+
   static std::string WithoutCr(std::string s) {
     s.erase(std::remove(s.begin(), s.end(), '\r'), s.end());
     return s;
@@ -280,13 +288,19 @@ TEST_F(InitStdinTtyTest, InteractiveBash) {
   const size_t prompts = Count(Out(*a), "prompt> ");
   ASSERT_TRUE(Succeeds(Input(a->tag, "sleep 100\n")));
   ASSERT_TRUE(WaitForCount(*a, "sleep 100\r\n", 1));
-  std::this_thread::sleep_for(milliseconds(300));  // sleep is running
+  // Wait until sleep is running (the foreground job), so that ^C reaches it, not bash.
+  auto deadline = Clock::now() + milliseconds(10000);
+  while (JailPids("sleep").empty() && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_FALSE(JailPids("sleep").empty()) << Out(*a);
   auto interrupted = Clock::now();
   ASSERT_TRUE(Succeeds(Input(a->tag, "\x03")));
   ASSERT_TRUE(WaitForCount(*a, "prompt> ", prompts + 1, milliseconds(20000))) << Out(*a);
   EXPECT_LT(Since(interrupted).count(), 20000);
   ASSERT_TRUE(Succeeds(Input(a->tag, "echo alive:$?\n")));
   ASSERT_TRUE(a->WaitForOutput("alive:130")) << Out(*a);
+  EXPECT_EQ(JailPids("sleep"), "") << "^C ended sleep";
   {
     std::lock_guard<std::mutex> lock(a->mu);
     EXPECT_FALSE(a->done);
