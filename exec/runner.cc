@@ -140,8 +140,9 @@ Status OpenTerminal(TerminalSize size, UniqueFd* master, UniqueFd* slave) {
   if (m < 0) return Error::Sys("open", "/dev/ptmx", errno);
   master->reset(m);
   int unlock = 0;
-  if (::ioctl(m, TIOCSPTLCK, &unlock) < 0)
+  if (::ioctl(m, TIOCSPTLCK, &unlock) < 0) {
     return Error::Sys("ioctl(TIOCSPTLCK)", "/dev/ptmx", errno);
+  }
   struct winsize ws {};
   ws.ws_row = size.rows;
   ws.ws_col = size.cols;
