@@ -499,7 +499,8 @@ ApiOutcome<uint64_t> AttachOffset(std::string_view query, const ExecSession& s) 
 
 ApiError ExecNotFound(const std::string& exec_id, const std::string& id) {
   return ApiError::Of(404, "exec_not_found",
-                      "no exec '" + exec_id + "' in sandbox '" + id +
+                      "no exec '" + utf8::DecodeLossy(exec_id.substr(0, 64)) + "' in sandbox '" +
+                          utf8::DecodeLossy(id) +
                           "' (it never ran, or it ended longer ago than the retention time)");
 }
 
@@ -724,7 +725,6 @@ class Daemon {
   std::atomic<int> running_execs_{0};  // requests and sockets that started an exec, still on
   const ExecLogLimits log_limits_;
   const std::chrono::seconds retention_;
-  uint64_t retained_sessions_ = 0;  // ended, kept for re-attach
   bool shutting_down_ = false;
 };
 
@@ -1531,12 +1531,12 @@ asio::awaitable<void> Daemon::PumpExec(std::shared_ptr<SandboxEntry> entry,
             entry->config().id, s->id(), reason, x.exit_code, x.duration_ms, s->end());
   s->Ended(x, reason);
   // Kept for re-attach for the retention time (or until the sandbox is deleted: Drop cancels).
-  ++retained_sessions_;
+  metrics_.ExecSessionsRetained(+1);
   if (!s->dropped()) {
     s->expiry().expires_after(retention_);
     (void)co_await s->expiry().async_wait(kTuple);
   }
-  --retained_sessions_;
+  metrics_.ExecSessionsRetained(-1);
   entry->RemoveSession(s.get(), s->id());
   s->Drop();
 }
@@ -1825,7 +1825,8 @@ asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> en
         ApiError::Of(409, "exec_ended", "exec '" + s->id() + "' has ended; its stdin is gone");
     co_return co_await ReplyError(c, reply_error);
   }
-  if (!co_await SendContinue(c)) co_return false;
+  const bool go_on = co_await SendContinue(c);
+  if (!go_on) co_return false;
   std::vector<char> buf(fs::proto::kMaxInputChunk);
   auto& p = c.parser;
   uint64_t total = 0;
