@@ -39,7 +39,7 @@ namespace nsbox::runtime {
 struct ExecLogLimits {
   uint64_t ring_bytes = 2u << 20;    // nsbox serve --output-ring
   uint64_t spill_bytes = 64u << 20;  // nsbox serve --output-spill
-  static constexpr size_t kMaxSpillRuns = 1u << 20;
+  static constexpr size_t kMaxSpillRuns = 1u << 18;
 };
 
 class ExecSession {
