@@ -9,6 +9,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/websocket.hpp>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -705,6 +706,30 @@ TEST_F(AttachTest, WebSocketTerminalAndHangUpKillsUnlessDetached) {
   auto ev2 = r2.ReadAll(milliseconds(20000));
   ASSERT_FALSE(ev2.empty()) << r2.error();
   EXPECT_EQ(Str(ev2.back(), "reason"), "exited") << json::serialize(ev2.back());
+}
+
+TEST_F(AttachTest, WebSocketOverTcpNeedsTheToken) {
+  const std::string token = "s3cret-token-0123456789abcdef";
+  const std::string token_file = daemon().dir() + "/token";
+  FILE* f = std::fopen(token_file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(token.c_str(), f);
+  std::fclose(f);
+  const uint16_t port = FreeTcpPort();
+  RestartWith({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", token_file});
+  const Headers upgrade = {{"Connection", "Upgrade"},
+                           {"Upgrade", "websocket"},
+                           {"Sec-WebSocket-Version", "13"},
+                           {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}};
+  Client none(Endpoint::Tcp("127.0.0.1", port));
+  Response refused = none.Request("GET", SbPath(id_, "/exec"), "", upgrade);
+  EXPECT_EQ(refused.status, 401) << refused.Describe();
+  EXPECT_EQ(refused.ErrorCode(), "unauthorized");
+  Client with(Endpoint::Tcp("127.0.0.1", port), token);
+  Response accepted = with.Request("GET", SbPath(id_, "/exec"), "", upgrade, milliseconds(5000));
+  EXPECT_EQ(accepted.status, 101) << accepted.Describe();
+  EXPECT_EQ(accepted.Header("sec-websocket-accept"), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=")
+      << accepted.Describe();
 }
 
 TEST_F(AttachTest, WebSocketMessageOverOneMebibyteCloses1009) {
