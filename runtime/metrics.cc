@@ -140,6 +140,12 @@ void Metrics::ExecStarted() {
   ++execs_running_;
 }
 
+void Metrics::ExecSessionsRetained(int delta) {
+  std::lock_guard lock(mu_);
+  if (delta > 0) ++exec_sessions_retained_;
+  if (delta < 0 && exec_sessions_retained_ > 0) --exec_sessions_retained_;
+}
+
 void Metrics::ExecFinished(std::string_view reason, double seconds) {
   std::lock_guard lock(mu_);
   // Never below zero, even if a caller reports an exec it did not report as started.
@@ -232,6 +238,10 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& sandboxes_by_
 
   AppendFamilyHeader(out, "nsbox_execs_running", "gauge", "Commands running now.");
   AppendSample(out, "nsbox_execs_running", "", execs_running_);
+
+  AppendFamilyHeader(out, "nsbox_exec_sessions_retained", "gauge",
+                     "Ended commands whose output is kept for re-attach.");
+  AppendSample(out, "nsbox_exec_sessions_retained", "", exec_sessions_retained_);
 
   AppendFamilyHeader(out, "nsbox_execs_finished_total", "counter",
                      "Commands that ended, by how they ended (the exec answer's reason).");

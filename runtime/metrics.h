@@ -38,6 +38,8 @@ class Metrics {
   // reason: "exited", "signaled", "timeout", "cancelled", "output_limit", "oom", "stopped".
   // seconds: the command's wall-clock duration (negative or NaN counts as 0).
   void ExecFinished(std::string_view reason, double seconds);
+  // An ended exec kept for re-attach (docs/exec.md) gained (+1) or dropped (-1).
+  void ExecSessionsRetained(int delta);
   // verb: "readFile", "writeFile", "stat", "readdir", "exists", "mkdir", "rm".
   void FileVerb(std::string_view verb, double seconds);
   void BytesIn(uint64_t n);   // request bodies / uploads received from clients
@@ -72,6 +74,7 @@ class Metrics {
   mutable std::mutex mu_;
   uint64_t execs_started_ = 0;
   uint64_t execs_running_ = 0;
+  uint64_t exec_sessions_retained_ = 0;
   Counters execs_finished_;  // by reason
   Histogram exec_duration_;
   std::map<std::string, Histogram, std::less<>> file_verb_duration_;  // by verb

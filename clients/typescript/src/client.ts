@@ -60,7 +60,24 @@ export interface ExecOptions {
   stdin?: string;
   /** `base64`: output as `stdoutBase64`/`stderrBase64` (or `dataBase64` events), byte for byte. */
   encoding?: 'utf8' | 'base64';
-  /** Aborting ends the request, which kills the command's whole process tree in the sandbox. */
+  /** Aborting ends the request, which kills the command's whole process tree in the sandbox (unless `detach`). */
+  signal?: AbortSignal;
+  /** The command keeps running when this request hangs up; re-attach with `attachOutput` (docs/exec.md). */
+  detach?: boolean;
+  /** Standard input stays open after `stdin` and is fed with `sendStdin`. */
+  stdinStream?: boolean;
+  /** Run on a terminal of this size (`true`: 24x80); input is streamed, all output is stdout. */
+  tty?: boolean | { rows: number; cols: number };
+}
+
+/** Options of `attachOutput` (`GET .../execs/{execId}/output`). */
+export interface AttachOptions {
+  /** The byte offset to replay from (stdout and stderr counted together); default 0. */
+  offset?: number;
+  /** Keep the stream open for live output until the exit event. */
+  follow?: boolean;
+  encoding?: 'utf8' | 'base64';
+  /** Aborting ends this reader only: a re-attach never kills the command. */
   signal?: AbortSignal;
 }
 
@@ -82,8 +99,8 @@ export interface ExecResult {
 
 export type ExecEvent =
   | { type: 'start'; execId: string; pid: number }
-  | { type: 'stdout'; data?: string; dataBase64?: string }
-  | { type: 'stderr'; data?: string; dataBase64?: string }
+  | { type: 'stdout'; offset: number; data?: string; dataBase64?: string }
+  | { type: 'stderr'; offset: number; data?: string; dataBase64?: string }
   | {
       type: 'exit';
       exitCode: number;
@@ -252,7 +269,7 @@ export class NsboxClient {
         done = true;
         cleanup();
         if (signal?.aborted) return reject(abortError(signal));
-        if (retry && req.reusedSocket && err.code === 'ECONNRESET' && !opts.path.endsWith('/exec') && !(body instanceof Readable) && !isAsyncIterable(body)) {
+        if (retry && req.reusedSocket && err.code === 'ECONNRESET' && !opts.path.endsWith('/exec') && !opts.path.includes('/stdin') && !(body instanceof Readable) && !isAsyncIterable(body)) {
           // A kept-alive connection the daemon had closed: send again on a fresh one (never an exec,
           // which might have started).
           this.#send(opts, false).then(resolve, reject);
@@ -414,6 +431,30 @@ export class NsboxClient {
       body: Buffer.from(JSON.stringify(execBody(command, options)), 'utf8'),
       signal: options.signal,
     });
+    yield* this.#events(res, true);
+  }
+
+  /**
+   * `GET .../execs/{execId}/output`: re-attach to a running or recently ended exec. The kept
+   * output from `offset` on, then (with `follow`) the live output, and the exit event (also when
+   * the exec had already ended; without `follow` only if it has). Errors: `exec_not_found` (404),
+   * `offset_not_retained` (410, the message names the oldest kept offset).
+   */
+  async *attachOutput(id: string, execId: string, options: AttachOptions = {}): AsyncGenerator<ExecEvent, void, undefined> {
+    const query = new URLSearchParams();
+    if (options.offset !== undefined) query.set('offset', String(options.offset));
+    if (options.follow) query.set('follow', '1');
+    if (options.encoding !== undefined) query.set('encoding', options.encoding);
+    const q = query.toString();
+    const res = await this.#send({
+      method: 'GET',
+      path: `${sandboxUrl(id)}/execs/${encodeURIComponent(execId)}/output${q ? `?${q}` : ''}`,
+      signal: options.signal,
+    });
+    yield* this.#events(res, options.follow === true);
+  }
+
+  async *#events(res: http.IncomingMessage, needExit: boolean): AsyncGenerator<ExecEvent, void, undefined> {
     if ((res.statusCode ?? 0) >= 400) throw await this.#errorFrom(res);
     let finished = false;
     try {
@@ -441,13 +482,38 @@ export class NsboxClient {
         if (event.type === 'exit') finished = true;
         yield event;
       }
-      if (!finished) {
+      if (!finished && needExit) {
         throw new NsboxError('connection_lost', `nsbox: the exec stream from ${this.endpoint} ended without an exit event`);
       }
     } finally {
-      // Leaving before the exit event: hang up, which kills the command in the sandbox.
+      // Leaving before the end: hang up (which kills the command only for the request that started it).
       if (!res.complete) res.destroy();
     }
+  }
+
+  /**
+   * `POST .../execs/{execId}/stdin[?close=1]`: writes `data` to the stdin of an exec started with
+   * `stdinStream` or `tty`; `close` then closes it (EOF). Errors: `stdin_not_streamed`,
+   * `stdin_closed`, `exec_ended` (409), `exec_not_found` (404).
+   */
+  async sendStdin(id: string, execId: string, data: FileContent, options: { close?: boolean; signal?: AbortSignal } = {}): Promise<void> {
+    await this.#request({
+      method: 'POST',
+      path: `${sandboxUrl(id)}/execs/${encodeURIComponent(execId)}/stdin${options.close ? '?close=1' : ''}`,
+      headers: { 'Content-Type': 'application/octet-stream' },
+      body: data,
+      signal: options.signal,
+    });
+  }
+
+  /** `POST .../execs/{execId}/resize`: a terminal exec's new size (`not_a_terminal` otherwise). */
+  async resizeExec(id: string, execId: string, rows: number, cols: number): Promise<void> {
+    await this.#request({
+      method: 'POST',
+      path: `${sandboxUrl(id)}/execs/${encodeURIComponent(execId)}/resize`,
+      headers: { 'Content-Type': 'application/json' },
+      body: Buffer.from(JSON.stringify({ rows, cols }), 'utf8'),
+    });
   }
 
   /** `DELETE .../execs/{execId}`: kills a running command (its stream ends with `cancelled: true`). */
@@ -455,9 +521,9 @@ export class NsboxClient {
     await this.#request({ method: 'DELETE', path: `${sandboxUrl(id)}/execs/${encodeURIComponent(execId)}` });
   }
 
-  /** `GET .../execs`: the commands running now. */
-  async listExecs(id: string): Promise<RunningExec[]> {
-    const answer = await this.#json<{ execs: RunningExec[] } | RunningExec[]>('GET', `${sandboxUrl(id)}/execs`);
+  /** `GET .../execs`: the commands running now; with `all`, also the ended ones kept for re-attach. */
+  async listExecs(id: string, options: { all?: boolean } = {}): Promise<RunningExec[]> {
+    const answer = await this.#json<{ execs: RunningExec[] } | RunningExec[]>('GET', `${sandboxUrl(id)}/execs${options.all ? '?all=1' : ''}`);
     return Array.isArray(answer) ? answer : answer.execs;
   }
 
@@ -555,5 +621,8 @@ function execBody(command: string, options: ExecOptions): Record<string, unknown
   if (options.timeoutMs !== undefined) body.timeoutMs = options.timeoutMs;
   if (options.stdin !== undefined) body.stdin = options.stdin;
   if (options.encoding !== undefined) body.encoding = options.encoding;
+  if (options.detach !== undefined) body.detach = options.detach;
+  if (options.stdinStream !== undefined) body.stdinStream = options.stdinStream;
+  if (options.tty !== undefined) body.tty = options.tty;
   return body;
 }

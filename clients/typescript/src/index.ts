@@ -7,6 +7,7 @@ export type {
   SandboxPutResult,
   SandboxPath,
   ExecOptions,
+  AttachOptions,
   ExecReason,
   ExecResult,
   ExecEvent,

@@ -138,6 +138,57 @@ test('listExecs and cancelExec: the stream ends cancelled', async () => {
   assert.equal(last.reason, 'cancelled');
 });
 
+test('detach and attachOutput: re-attach by offset after the starter left', async () => {
+  let execId;
+  let next = 0;
+  let out = '';
+  for await (const ev of c.execStream(ID, 'for i in 1 2 3 4 5; do echo line$i; sleep 0.2; done', { detach: true })) {
+    if (ev.type === 'start') execId = ev.execId;
+    if (ev.type === 'stdout') {
+      assert.equal(ev.offset, next);
+      out += ev.data;
+      next += Buffer.byteLength(ev.data);
+      break; // hangs up: detached, so the command goes on
+    }
+  }
+  const running = await c.listExecs(ID);
+  assert.ok(running.some((x) => x.execId === execId), JSON.stringify(running));
+  let exit;
+  for await (const ev of c.attachOutput(ID, execId, { offset: next, follow: true })) {
+    if (ev.type === 'stdout') {
+      assert.equal(ev.offset, next);
+      out += ev.data;
+      next += Buffer.byteLength(ev.data);
+    }
+    if (ev.type === 'exit') exit = ev;
+  }
+  assert.equal(out, 'line1\nline2\nline3\nline4\nline5\n');
+  assert.equal(exit.exitCode, 0);
+  const all = await c.listExecs(ID, { all: true });
+  assert.equal(all.find((x) => x.execId === execId)?.state, 'exited');
+  await rejects(c.attachOutput(ID, execId, { offset: 9999 }).next(), 'invalid_request');
+  await rejects(c.attachOutput(ID, 'e-000000000000').next(), 'exec_not_found');
+});
+
+test('sendStdin: a streamed stdin in pieces, then closed', async () => {
+  const it = c.execStream(ID, 'cat', { stdinStream: true });
+  const first = await it.next();
+  assert.equal(first.value.type, 'start');
+  const execId = first.value.execId;
+  await c.sendStdin(ID, execId, 'one ');
+  await c.sendStdin(ID, execId, Buffer.from('two '));
+  await c.sendStdin(ID, execId, 'three', { close: true });
+  let out = '';
+  let exit;
+  for await (const ev of it) {
+    if (ev.type === 'stdout') out += ev.data;
+    if (ev.type === 'exit') exit = ev;
+  }
+  assert.equal(out, 'one two three');
+  assert.equal(exit.exitCode, 0);
+  await rejects(c.sendStdin(ID, execId, 'late'), 'exec_ended');
+});
+
 test('execStream abort signal: AbortError', async () => {
   const ac = new AbortController();
   setTimeout(() => ac.abort(), 300);

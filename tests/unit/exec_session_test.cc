@@ -1,0 +1,157 @@
+// runtime/exec_session: the output log of an exec (docs/exec.md): offsets over both streams, the
+// memory ring, the spill file beyond it and its cap, the stream of every byte kept exactly.
+
+#include "runtime/exec_session.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace nsbox::runtime {
+namespace {
+
+class ExecSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/nsbox-exec-session-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::unique_ptr<ExecSession> Make(uint64_t ring, uint64_t spill) {
+    ExecLogLimits limits;
+    limits.ring_bytes = ring;
+    limits.spill_bytes = spill;
+    return std::make_unique<ExecSession>(io_.get_executor(), "e-test", "cmd", spill_path(), limits);
+  }
+  std::string spill_path() const { return dir_ + "/execs/e-test.log"; }
+
+  // Everything from `offset`, read `max` bytes at a time: the bytes, and each byte's stream.
+  static void ReadAll(const ExecSession& s, uint64_t offset, size_t max, std::string* bytes,
+                      std::string* streams) {
+    for (;;) {
+      auto pieces = s.Read(offset, max);
+      if (pieces.empty()) return;
+      size_t total = 0;
+      for (const auto& p : pieces) {
+        EXPECT_EQ(p.offset, offset);
+        EXPECT_FALSE(p.data.empty());
+        *bytes += p.data;
+        streams->append(p.data.size(), static_cast<char>('0' + p.stream));
+        offset += p.data.size();
+        total += p.data.size();
+      }
+      EXPECT_LE(total, max);
+    }
+  }
+
+  boost::asio::io_context io_;
+  std::string dir_;
+};
+
+TEST_F(ExecSessionTest, SmallOutputStaysInMemory) {
+  auto s = Make(4096, 1 << 20);
+  s->Append(1, "hello ");
+  s->Append(2, "warn\n");
+  s->Append(1, "world\n");
+  EXPECT_EQ(s->end(), 17u);
+  EXPECT_EQ(s->oldest(), 0u);
+  std::string bytes, streams;
+  ReadAll(*s, 0, 1 << 20, &bytes, &streams);
+  EXPECT_EQ(bytes, "hello warn\nworld\n");
+  EXPECT_EQ(streams, "11111122222111111");
+  bytes.clear();
+  streams.clear();
+  ReadAll(*s, 8, 3, &bytes, &streams);  // mid-chunk, in small reads
+  EXPECT_EQ(bytes, "rn\nworld\n");
+  EXPECT_FALSE(std::filesystem::exists(spill_path())) << "no spill file for a small output";
+}
+
+TEST_F(ExecSessionTest, RingSpillAndCapKeepTheNewestBytesExactly) {
+  for (uint64_t spill : {uint64_t{0}, uint64_t{10000}, uint64_t{1} << 20}) {
+    SCOPED_TRACE("spill " + std::to_string(spill));
+    std::filesystem::remove_all(dir_ + "/execs");
+    auto s = Make(4096, spill);
+    std::mt19937 rng(static_cast<unsigned>(spill));
+    std::string all, all_streams;
+    for (int i = 0; i < 2000; ++i) {
+      const int stream = (rng() % 3 == 0) ? 2 : 1;
+      std::string data(1 + rng() % 200, '\0');
+      for (char& c : data) c = static_cast<char>(rng());
+      s->Append(stream, data);
+      all += data;
+      all_streams.append(data.size(), static_cast<char>('0' + stream));
+    }
+    EXPECT_EQ(s->end(), all.size());
+    const uint64_t kept = s->end() - s->oldest();
+    EXPECT_LE(kept, 4096 + spill + (64u << 10));
+    if (spill == (uint64_t{1} << 20)) {
+      EXPECT_EQ(s->oldest(), 0u) << "everything fits";
+    }
+    if (spill == 0) {
+      EXPECT_LE(kept, 4096u + (64u << 10));
+    } else {
+      EXPECT_GE(kept, std::min<uint64_t>(all.size(), spill));
+      struct stat st {};
+      ASSERT_EQ(::stat(spill_path().c_str(), &st), 0);
+      EXPECT_EQ(st.st_mode & 0777, 0600u);
+    }
+    std::string bytes, streams;
+    ReadAll(*s, s->oldest(), 777, &bytes, &streams);
+    EXPECT_TRUE(bytes == all.substr(s->oldest())) << "the kept bytes differ";
+    EXPECT_TRUE(streams == all_streams.substr(s->oldest())) << "a byte's stream differs";
+    // An offset before the oldest kept one reads from the oldest.
+    auto first = s->Read(0, 10);
+    ASSERT_FALSE(first.empty());
+    EXPECT_EQ(first[0].offset, s->oldest());
+    s->Drop();
+    EXPECT_TRUE(s->dropped());
+    EXPECT_TRUE(s->Read(s->oldest(), 10).empty());
+    EXPECT_FALSE(std::filesystem::exists(spill_path())) << "Drop removes the spill file";
+  }
+}
+
+TEST_F(ExecSessionTest, StreamSwitchesInTheSpillAreBounded) {
+  // One-byte writes alternating between the streams: beyond the bound of switches kept, the
+  // oldest spilled bytes go, and what is kept is still exact.
+  auto s = Make(4096, 64u << 20);
+  const size_t n = ExecLogLimits::kMaxSpillRuns + 50000;
+  for (size_t i = 0; i < n; ++i) s->Append(i % 2 == 0 ? 1 : 2, i % 2 == 0 ? "a" : "b");
+  EXPECT_EQ(s->end(), n);
+  EXPECT_GT(s->oldest(), 0u);
+  EXPECT_LE(s->end() - s->oldest(), ExecLogLimits::kMaxSpillRuns + 4096 + 1);
+  std::string bytes, streams;
+  ReadAll(*s, s->oldest(), 1 << 20, &bytes, &streams);
+  ASSERT_EQ(bytes.size(), s->end() - s->oldest());
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const size_t at = s->oldest() + i;
+    ASSERT_EQ(bytes[i], at % 2 == 0 ? 'a' : 'b') << at;
+    ASSERT_EQ(streams[i], at % 2 == 0 ? '1' : '2') << at;
+  }
+}
+
+TEST_F(ExecSessionTest, StartAndEnd) {
+  auto s = Make(4096, 0);
+  EXPECT_FALSE(s->started());
+  s->Started(42);
+  EXPECT_TRUE(s->started());
+  EXPECT_EQ(s->pid(), 42u);
+  fs::proto::ExecExit x;
+  x.exit_code = 3;
+  s->Ended(x, "exited");
+  EXPECT_TRUE(s->ended());
+  EXPECT_EQ(s->exit().exit_code, 3);
+  EXPECT_EQ(s->reason(), "exited");
+}
+
+}  // namespace
+}  // namespace nsbox::runtime
