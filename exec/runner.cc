@@ -27,6 +27,19 @@
 //   the exited children that are not the runner's (runner.h has no query for that yet).
 // - SIGPIPE: set to SIG_IGN by the constructor where it was SIG_DFL, so that feeding stdin to a
 //   command that closed it fails with EPIPE instead of killing nsbox-init.
+//
+// stdin: a queue of chunks (stdin_data first, then each Input), written in order through the
+// reactor; an Input is answered once its last byte is written, which is the sender's flow
+// control. Only the chunk at the front is ever being written; the queue is bounded by
+// kMaxPendingInput bytes and kMaxPendingInputs chunks. Without stdin_stream the stdin_data chunk
+// closes the pipe once written.
+//
+// Terminals (spec.tty): a pty pair from /dev/ptmx; the slave is the child's 0, 1 and 2 and its
+// controlling terminal (SpawnRequest::controlling_tty), and nsbox-init closes its copy at once
+// after the spawn, so no other command can inherit it. The master (non-blocking, close-on-exec)
+// is read as stream 1, exactly as a stdout pipe: a read of the master fails with EIO once no
+// process holds the slave, which is its EOF. Two dups of it: one written for the input (closed
+// once a close was written: VEOF, not a hang-up), one kept for TIOCSWINSZ until the answer.
 
 #include "exec/runner.h"
 
@@ -34,14 +47,17 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -116,6 +132,42 @@ Status MakePipe(UniqueFd* read_end, UniqueFd* write_end) {
   return Ok();
 }
 
+// A pty pair of the given size: the master non-blocking and close-on-exec, the slave (opened
+// from the master: TIOCGPTPEER, so no path lookup in /dev/pts can hand back another terminal)
+// close-on-exec and blocking, as a command expects its terminal.
+Status OpenTerminal(TerminalSize size, UniqueFd* master, UniqueFd* slave) {
+  int m = ::open("/dev/ptmx", O_RDWR | O_NOCTTY | O_CLOEXEC | O_NONBLOCK);
+  if (m < 0) return Error::Sys("open", "/dev/ptmx", errno);
+  master->reset(m);
+  int unlock = 0;
+  if (::ioctl(m, TIOCSPTLCK, &unlock) < 0)
+    return Error::Sys("ioctl(TIOCSPTLCK)", "/dev/ptmx", errno);
+  struct winsize ws {};
+  ws.ws_row = size.rows;
+  ws.ws_col = size.cols;
+  if (::ioctl(m, TIOCSWINSZ, &ws) < 0) return Error::Sys("ioctl(TIOCSWINSZ)", "/dev/ptmx", errno);
+  int s = ::ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+  if (s < 0) return Error::Sys("ioctl(TIOCGPTPEER)", "/dev/ptmx", errno);
+  slave->reset(s);
+  return Ok();
+}
+
+Result<UniqueFd> DupCloexec(int fd, const char* what) {
+  int d = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (d < 0) return Error::Sys("fcntl(F_DUPFD_CLOEXEC)", what, errno);
+  return UniqueFd(d);
+}
+
+// The terminal's end-of-file character (c_cc[VEOF] of the slave's termios, which tcgetattr on
+// the master reads); ^D when it cannot be read or is disabled.
+char EofCharacter(int master) {
+  struct termios t {};
+  if (::tcgetattr(master, &t) == 0 && t.c_cc[VEOF] != _POSIX_VDISABLE) {
+    return static_cast<char>(t.c_cc[VEOF]);
+  }
+  return '\x04';
+}
+
 Status SetNonBlocking(int fd) {
   int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
@@ -151,9 +203,20 @@ struct Runner::Impl {
     UniqueFd cgroup;
     std::string cgroup_name;
     Stream out, err;
+    // stdin: the pipe's write end, or a dup of the terminal's master.
     UniqueFd in;
-    std::string stdin_data;
-    size_t stdin_done = 0;
+    struct InputChunk {
+      std::string data;
+      size_t done = 0;           // bytes written so far
+      bool close = false;        // close stdin once written
+      Runner::InputDone answer;  // null for stdin_data
+    };
+    std::deque<InputChunk> input;  // the front is being written
+    size_t input_pending = 0;      // bytes of the queued Input chunks
+    bool stdin_stream = false;     // Input is accepted
+    bool input_closed = false;     // no more Input: a close was queued, or stdin is gone
+    std::string input_closed_why;
+    UniqueFd tty;  // terminal execs: a dup of the master, for TIOCSWINSZ and VEOF
     OpId write_op = 0, poll_op = 0, timeout_op = 0, grace_op = 0, drain_op = 0, check_op = 0;
     uint64_t limit = 0;
     uint64_t delivered = 0;
@@ -176,8 +239,12 @@ struct Runner::Impl {
   void ArmRead(const CommandPtr& cmd, int stream);
   void OnRead(const CommandPtr& cmd, int stream, ssize_t n);
   void Deliver(const CommandPtr& cmd, int stream, size_t n);
+  void PumpInput(const CommandPtr& cmd);
   void ArmWrite(const CommandPtr& cmd);
   void OnWrite(const CommandPtr& cmd, ssize_t n);
+  void FailInput(const CommandPtr& cmd, int err, const std::string& why);
+  void Input(uint64_t id, std::string data, bool close, InputDone done);
+  Status Resize(uint64_t id, TerminalSize size);
   void ArmPoll(const CommandPtr& cmd);
   void OnMainExit(const CommandPtr& cmd, int res);
   void MaybeFinish(const CommandPtr& cmd);
@@ -253,25 +320,37 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     cmd->cgroup = std::move(fd).value();
   }
 
-  UniqueFd out_w, err_w, in_r;
-  NSBOX_TRY_CTX(MakePipe(&cmd->out.fd, &out_w), "start command: stdout pipe");
-  NSBOX_TRY_CTX(MakePipe(&cmd->err.fd, &err_w), "start command: stderr pipe");
-  NSBOX_TRY_CTX(SetNonBlocking(cmd->out.fd.get()), "start command: stdout pipe");
-  NSBOX_TRY_CTX(SetNonBlocking(cmd->err.fd.get()), "start command: stderr pipe");
+  UniqueFd out_w, err_w, in_r, tty_slave;
+  if (spec.tty.has_value()) {
+    NSBOX_TRY_CTX(OpenTerminal(*spec.tty, &cmd->out.fd, &tty_slave), "start command: terminal");
+    NSBOX_ASSIGN_OR_RETURN(cmd->in, DupCloexec(cmd->out.fd.get(), "the terminal's master"));
+    NSBOX_ASSIGN_OR_RETURN(cmd->tty, DupCloexec(cmd->out.fd.get(), "the terminal's master"));
+    cmd->err.eof = true;  // one stream: the terminal
+  } else {
+    NSBOX_TRY_CTX(MakePipe(&cmd->out.fd, &out_w), "start command: stdout pipe");
+    NSBOX_TRY_CTX(MakePipe(&cmd->err.fd, &err_w), "start command: stderr pipe");
+    NSBOX_TRY_CTX(SetNonBlocking(cmd->out.fd.get()), "start command: stdout pipe");
+    NSBOX_TRY_CTX(SetNonBlocking(cmd->err.fd.get()), "start command: stderr pipe");
+  }
   // Pipe pages count against the sandbox user's fs.pipe-user-pages-soft (64 MiB by default;
   // without CAP_SYS_RESOURCE in the initial namespace, as in a jail). Past it the kernel refuses
   // to enlarge pipes and gives every new pipe, also the commands' own `a | b`, 2 pages. So only
   // the first few concurrent commands get 1 MiB pipes, which keeps the runner's share at half
   // the default budget. Best effort: EPERM leaves the default size, which only costs speed.
-  if (running < kEnlargedPipeCommands) {
+  if (running < kEnlargedPipeCommands && !spec.tty.has_value()) {
     for (int fd : {cmd->out.fd.get(), cmd->err.fd.get()}) {
       (void)::fcntl(fd, F_SETPIPE_SZ, pipe_size);
     }
   }
-  if (spec.stdin_data.has_value()) {
+  cmd->stdin_stream = spec.stdin_stream || spec.tty.has_value();
+  if (!spec.tty.has_value() && (spec.stdin_data.has_value() || spec.stdin_stream)) {
     NSBOX_TRY_CTX(MakePipe(&in_r, &cmd->in), "start command: stdin pipe");
     NSBOX_TRY_CTX(SetNonBlocking(cmd->in.get()), "start command: stdin pipe");
-    cmd->stdin_data = *spec.stdin_data;
+  }
+  if (spec.stdin_data.has_value() && !spec.stdin_data->empty()) {
+    cmd->input.push_back({*spec.stdin_data, 0, !cmd->stdin_stream, nullptr});
+  } else if (!cmd->stdin_stream && cmd->in.valid()) {
+    cmd->input.push_back({std::string(), 0, true, nullptr});  // nothing to feed: EOF at once
   }
 
   std::vector<const char*> argv;
@@ -287,9 +366,14 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   request.argv = argv.data();
   request.envp = envp.data();
   request.cwd = spec.cwd.empty() ? "/" : spec.cwd.c_str();
-  request.stdin_fd = in_r.valid() ? in_r.get() : dev_null.get();
-  request.stdout_fd = out_w.get();
-  request.stderr_fd = err_w.get();
+  if (tty_slave.valid()) {
+    request.stdin_fd = request.stdout_fd = request.stderr_fd = tty_slave.get();
+    request.controlling_tty = true;
+  } else {
+    request.stdin_fd = in_r.valid() ? in_r.get() : dev_null.get();
+    request.stdout_fd = out_w.get();
+    request.stderr_fd = err_w.get();
+  }
   request.cgroup_fd = cmd->cgroup.get();
   request.hooks = hooks;
   cmd->started = Clock::now();
@@ -300,6 +384,7 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   out_w.reset();
   err_w.reset();
   in_r.reset();
+  tty_slave.reset();  // never inherited by another command: only this child holds the slave
 
   cmd->pid = spawned->pid;
   cmd->pidfd = std::move(spawned->pidfd);
@@ -307,7 +392,7 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   cmd->timeout = spec.timeout;
   cmd->events = std::move(events);
   cmd->out.buf.reset(new char[kReadBufferSize]);
-  cmd->err.buf.reset(new char[kReadBufferSize]);
+  if (!cmd->err.eof) cmd->err.buf.reset(new char[kReadBufferSize]);
   if (spawned->failed_step == SpawnStep::kChdir) {
     // As bash says it; the child has exited with 1 (api.md: "cannot be started").
     cmd->start_failure = "nsbox: cd: " + spec.cwd + ": " + strerrordesc_np(spawned->err) + "\n";
@@ -319,15 +404,9 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   ++running;
   if (cmd->events.on_start) cmd->events.on_start(cmd->pid);
   ArmRead(cmd, 1);
-  ArmRead(cmd, 2);
+  if (!cmd->err.eof) ArmRead(cmd, 2);
   ArmPoll(cmd);
-  if (cmd->in.valid()) {
-    if (cmd->stdin_data.empty()) {
-      cmd->in.reset();  // nothing to feed: EOF at once
-    } else {
-      ArmWrite(cmd);
-    }
-  }
+  PumpInput(cmd);
   if (cmd->timeout.count() > 0 && !cmd->main_exited) {
     ArmTimer(cmd, cmd->timeout, &Command::timeout_op, [](const CommandPtr& c) {
       if (!c->main_exited) c->impl->BeginKill(c, EndReason::kTimeout);
@@ -412,24 +491,53 @@ void Runner::Impl::Deliver(const CommandPtr& cmd, int stream, size_t n) {
   }
 }
 
-void Runner::Impl::ArmWrite(const CommandPtr& cmd) {
-  const char* data = cmd->stdin_data.data() + cmd->stdin_done;
-  size_t left = cmd->stdin_data.size() - cmd->stdin_done;
-  cmd->write_op = reactor.Write(cmd->in.get(), data, left, [cmd](ssize_t n) {
-    cmd->write_op = 0;
-    if (cmd->impl == nullptr) return;
-    cmd->impl->OnWrite(cmd, n);
-  });
-}
-
-void Runner::Impl::OnWrite(const CommandPtr& cmd, ssize_t n) {
-  if (n > 0) {
-    cmd->stdin_done += static_cast<size_t>(n);
-    if (cmd->stdin_done < cmd->stdin_data.size() && !cmd->reported) {
+void Runner::Impl::PumpInput(const CommandPtr& cmd) {
+  while (cmd->write_op == 0 && !cmd->input.empty()) {
+    if (cmd->reported) {
+      FailInput(cmd, EPIPE, "the command has ended");
+      return;
+    }
+    Command::InputChunk& front = cmd->input.front();
+    if (front.done < front.data.size()) {
+      if (!cmd->in.valid()) {
+        FailInput(cmd, EPIPE, "the command's stdin is closed");
+        return;
+      }
       ArmWrite(cmd);
       return;
     }
-  } else if ((n == -EAGAIN || n == -EINTR) && !cmd->reported) {
+    Command::InputChunk chunk = std::move(front);
+    cmd->input.pop_front();
+    if (chunk.answer) cmd->input_pending -= chunk.data.size();
+    if (chunk.close) {
+      // A pipe: the command reads EOF. A terminal: the VEOF character was the chunk's last
+      // byte, and this closes only the dup written to (the master stays, for the output).
+      cmd->in.reset();
+      cmd->input_closed = true;
+    }
+    if (chunk.answer) chunk.answer(0, "");
+  }
+}
+
+void Runner::Impl::ArmWrite(const CommandPtr& cmd) {
+  // The front chunk stays in place (a deque never moves its elements on push_back) until the
+  // write's callback has run: the kernel may read the buffer until then.
+  const Command::InputChunk& front = cmd->input.front();
+  cmd->write_op = reactor.Write(cmd->in.get(), front.data.data() + front.done,
+                                front.data.size() - front.done, [cmd](ssize_t n) {
+                                  cmd->write_op = 0;
+                                  if (cmd->impl == nullptr) return;
+                                  cmd->impl->OnWrite(cmd, n);
+                                });
+}
+
+void Runner::Impl::OnWrite(const CommandPtr& cmd, ssize_t n) {
+  if (n > 0 && !cmd->input.empty()) {
+    cmd->input.front().done += static_cast<size_t>(n);
+    PumpInput(cmd);
+    return;
+  }
+  if ((n == -EAGAIN || n == -EINTR) && !cmd->reported) {
     // The pipe was full after all, or the reactor had no submission slot: wait for room.
     cmd->write_op = reactor.PollOut(cmd->in.get(), [cmd](int res) {
       cmd->write_op = 0;
@@ -438,14 +546,91 @@ void Runner::Impl::OnWrite(const CommandPtr& cmd, ssize_t n) {
         cmd->impl->OnWrite(cmd, -ECANCELED);
         return;
       }
-      cmd->impl->ArmWrite(cmd);
+      cmd->impl->PumpInput(cmd);
     });
     return;
   }
-  // All written, EPIPE (the command does not read its stdin: not an error), or cancelled: close,
-  // so the command sees EOF.
+  // EPIPE (the command closed its stdin, or never reads it: not an error of the command),
+  // another error, or cancelled at the end: stdin is closed and what is queued is refused.
+  std::string why;
+  if (n == -ECANCELED || cmd->reported) {
+    why = "the command has ended";
+  } else if (n == -EPIPE) {
+    why = "the command closed its stdin";
+  } else if (n == -EIO && cmd->tty.valid()) {
+    why = "the terminal is closed: no process of the command holds it";
+  } else {
+    why = "write to the command's stdin: " + ErrnoText(n < 0 ? static_cast<int>(-n) : EIO);
+  }
+  FailInput(cmd, EPIPE, why);
+}
+
+void Runner::Impl::FailInput(const CommandPtr& cmd, int err, const std::string& why) {
+  // Never with a write in flight: its buffer is a chunk of the queue.
   cmd->in.reset();
-  cmd->stdin_data = std::string();
+  cmd->input_closed = true;
+  if (cmd->input_closed_why.empty()) cmd->input_closed_why = why;
+  std::deque<Command::InputChunk> chunks;
+  chunks.swap(cmd->input);
+  cmd->input_pending = 0;
+  for (auto& chunk : chunks) {
+    if (chunk.answer) chunk.answer(err, why);
+  }
+}
+
+void Runner::Impl::Input(uint64_t id, std::string data, bool close, InputDone done) {
+  auto it = commands.find(id);
+  if (it == commands.end()) {
+    done(ESRCH, "no command " + std::to_string(id));
+    return;
+  }
+  CommandPtr cmd = it->second;  // held: an answer may retire it
+  if (cmd->reported) {
+    done(EPIPE, "the command has ended");
+    return;
+  }
+  if (!cmd->stdin_stream) {
+    done(EINVAL, "the command's stdin is not a stream (it was started without stdin_stream)");
+    return;
+  }
+  if (cmd->input_closed) {
+    done(EPIPE,
+         cmd->input_closed_why.empty() ? "the command's stdin is closed" : cmd->input_closed_why);
+    return;
+  }
+  if (cmd->input.size() >= kMaxPendingInputs ||
+      cmd->input_pending + data.size() + (close ? 1 : 0) > kMaxPendingInput) {
+    done(EAGAIN, "too much input waiting to be written (" + std::to_string(cmd->input.size()) +
+                     " inputs, " + std::to_string(cmd->input_pending) + " bytes; at most " +
+                     std::to_string(kMaxPendingInputs) + " and " +
+                     std::to_string(kMaxPendingInput) +
+                     "): send the next input after the answer to the previous one");
+    return;
+  }
+  if (close && cmd->tty.valid()) data.push_back(EofCharacter(cmd->tty.get()));
+  cmd->input_pending += data.size();
+  cmd->input.push_back({std::move(data), 0, close, std::move(done)});
+  if (close) {
+    cmd->input_closed = true;
+    cmd->input_closed_why = "stdin was closed by an earlier input";
+  }
+  PumpInput(cmd);
+}
+
+Status Runner::Impl::Resize(uint64_t id, TerminalSize size) {
+  auto it = commands.find(id);
+  if (it == commands.end() || it->second->reported) {
+    return Error(ESRCH, "no running command " + std::to_string(id));
+  }
+  Command& cmd = *it->second;
+  if (!cmd.tty.valid()) return Error(ENOTTY, "the command has no terminal");
+  struct winsize ws {};
+  ws.ws_row = size.rows;
+  ws.ws_col = size.cols;
+  if (::ioctl(cmd.tty.get(), TIOCSWINSZ, &ws) < 0) {
+    return Error::Sys("ioctl(TIOCSWINSZ)", "the terminal's master", errno);
+  }
+  return Ok();
 }
 
 void Runner::Impl::ArmPoll(const CommandPtr& cmd) {
@@ -548,10 +733,11 @@ void Runner::Impl::Finish(const CommandPtr& cmd) {
     if (*op != 0) reactor.Cancel(*op);
   }
   if (cmd->write_op != 0) {
-    reactor.Cancel(cmd->write_op);  // its callback closes stdin
+    reactor.Cancel(cmd->write_op);  // its callback closes stdin and refuses what is queued
   } else {
-    cmd->in.reset();
+    FailInput(cmd, EPIPE, "the command has ended");
   }
+  cmd->tty.reset();
   CommandResult result = ComputeResult(*cmd);
   // Nothing more is delivered after on_exit: release what the callbacks hold.
   CommandEvents events = std::move(cmd->events);
@@ -777,5 +963,11 @@ void Runner::Kill(uint64_t id, EndReason reason) {
 void Runner::KillAll(EndReason reason) { impl_->KillAll(reason); }
 
 size_t Runner::running() const { return impl_->running; }
+
+void Runner::Input(uint64_t id, std::string data, bool close, InputDone done) {
+  impl_->Input(id, std::move(data), close, std::move(done));
+}
+
+Status Runner::Resize(uint64_t id, TerminalSize size) { return impl_->Resize(id, size); }
 
 }  // namespace nsbox::exec

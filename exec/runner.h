@@ -3,6 +3,8 @@
 // Runs commands inside the jail for nsbox-init: pipes read through the reactor, each command in
 // its own process group and, where there is a delegated cgroup v2 directory, its own child
 // cgroup entered at clone time, so that a kill reaches exactly its processes (api.md, exec).
+// stdin is stdin_data then EOF, /dev/null, or a stream fed by Input; or the command runs on a
+// pseudo-terminal of its own (CommandSpec::tty). docs/init.md, "stdin streams and terminals".
 
 #include <sys/types.h>
 
@@ -32,13 +34,26 @@ enum class EndReason : uint8_t {
 };
 std::string_view EndReasonName(EndReason reason);  // "exited", "signaled", "timeout", ...
 
+// A terminal's size in character cells (TIOCSWINSZ).
+struct TerminalSize {
+  uint16_t rows = 24;
+  uint16_t cols = 80;
+};
+
 struct CommandSpec {
   std::vector<std::string> argv;  // argv[0] is the path executed: "/bin/bash", "-c", command
   std::vector<std::string> env;   // "K=V", final
   std::string cwd;                // absolute, inside the jail
-  std::optional<std::string> stdin_data;  // fed then closed; nullopt: /dev/null
-  std::chrono::milliseconds timeout{0};   // 0: none
-  uint64_t output_limit = 64ull << 20;    // stdout and stderr together
+  // Fed first. Then, without stdin_stream, stdin is closed (nullopt and no stream: /dev/null).
+  std::optional<std::string> stdin_data;
+  // stdin stays open after stdin_data and is fed by Runner::Input until an Input closes it.
+  bool stdin_stream = false;
+  // Run on a new pseudo-terminal of this size, opened from /dev/ptmx (in a jail: its private
+  // devpts): the command is the session leader with the terminal as its controlling terminal
+  // and as its fds 0, 1 and 2. Output arrives as stream 1 only; input is always streamed.
+  std::optional<TerminalSize> tty;
+  std::chrono::milliseconds timeout{0};  // 0: none
+  uint64_t output_limit = 64ull << 20;   // stdout and stderr together
 };
 
 struct CommandResult {
@@ -88,6 +103,24 @@ class Runner {
   void Kill(uint64_t id, EndReason reason);
   void KillAll(EndReason reason);
   size_t running() const;
+
+  // The answer to an Input: err 0 once every byte was written to the command's stdin (or
+  // terminal), else an errno and a sentence saying why. Runs from RunOnce, or inside Input when
+  // the input is refused at once.
+  using InputDone = std::function<void(int err, std::string_view message)>;
+  // Queues bytes for a running command's stdin; they are written through the reactor, never
+  // blocking. `close`: afterwards, close the stdin pipe (on a terminal: write the terminal's
+  // VEOF character, ^D by default; the terminal itself stays). Errors: ESRCH unknown id; EPIPE
+  // stdin already closed (an earlier close, or the command closed its end) or the command's
+  // end was reported; EINVAL the command was started without stdin_stream (or tty); EAGAIN more
+  // than kMaxPendingInput bytes or kMaxPendingInputs inputs are already waiting to be written.
+  void Input(uint64_t id, std::string data, bool close, InputDone done);
+  static constexpr size_t kMaxPendingInput = 4u << 20;
+  static constexpr size_t kMaxPendingInputs = 64;
+  // A new window size for a terminal command (TIOCSWINSZ on the master: the kernel sends
+  // SIGWINCH to its foreground process group). Errors: ESRCH unknown or finished id, ENOTTY a
+  // command without a terminal.
+  Status Resize(uint64_t id, TerminalSize size);
 
  private:
   struct Impl;

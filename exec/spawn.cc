@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -115,7 +116,8 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
   }
 
   // Its own session and process group: a group kill reaches everything it starts, and no
-  // terminal is its controlling terminal (CVE-2017-5226: TIOCSTI).
+  // terminal is its controlling terminal (CVE-2017-5226: TIOCSTI), but the fresh pty of a
+  // terminal exec, below.
   // SAFETY: setsid only changes the calling process's session.
   if (::syscall(SYS_setsid) < 0) ChildFail(report, SpawnStep::kSetsid, errno, kExitNotStarted);
 
@@ -127,6 +129,12 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
   if (::syscall(SYS_dup3, in, 0, 0) < 0 || ::syscall(SYS_dup3, out, 1, 0) < 0 ||
       ::syscall(SYS_dup3, err, 2, 0) < 0) {
     ChildFail(report, SpawnStep::kStdio, errno, kExitNotStarted);
+  }
+  // A terminal exec: its terminal, and no other, as the controlling terminal of the session
+  // setsid just made (a fresh pty, never one of the host's).
+  // SAFETY: TIOCSCTTY with arg 0 on the child's own fd 0; it never steals a terminal.
+  if (req.controlling_tty && ::syscall(SYS_ioctl, 0, TIOCSCTTY, 0) < 0) {
+    ChildFail(report, SpawnStep::kTerminal, errno, kExitNotStarted);
   }
 
   // Nothing of nsbox reaches the command: every fd but stdio goes (CVE-2024-21626 leaked a host
@@ -267,6 +275,8 @@ std::string_view SpawnStepName(SpawnStep step) {
       return "setsid";
     case SpawnStep::kStdio:
       return "set up stdio";
+    case SpawnStep::kTerminal:
+      return "ioctl(TIOCSCTTY)";
     case SpawnStep::kChdir:
       return "chdir";
     case SpawnStep::kCloseFds:

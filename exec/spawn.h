@@ -26,6 +26,7 @@ enum class SpawnStep : uint8_t {
   kCgroup,    // writing "0" to cgroup.procs (the clone() fallback)
   kSetsid,    // its own session and process group
   kStdio,     // dup3 of stdin/stdout/stderr
+  kTerminal,  // ioctl(0, TIOCSCTTY): the terminal on stdin as the controlling terminal
   kChdir,     // the command's cwd
   kCloseFds,  // close_range(3, ~0U)
   kPreExec,   // ChildHooks::pre_exec (no_new_privs, capabilities, seccomp)
@@ -67,6 +68,9 @@ struct SpawnRequest {
   int stdin_fd = -1;
   int stdout_fd = -1;
   int stderr_fd = -1;
+  // stdin is a terminal (a pty slave) that becomes the controlling terminal of the child's new
+  // session (TIOCSCTTY), which makes the command its session leader's foreground group.
+  bool controlling_tty = false;
   int cgroup_fd = -1;  // the command's own cgroup v2 directory, or -1
   ChildHooks hooks;
 };

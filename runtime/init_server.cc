@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -301,6 +302,12 @@ void InitServer::OnFrame(proto::FrameReader::Frame frame) {
       if (it != execs_.end()) runner_->Kill(it->second, static_cast<exec::EndReason>(kill.reason));
       return;
     }
+    case Type::kExecInput:
+      HandleExecInput(tag, frame.payload);
+      return;
+    case Type::kExecResize:
+      HandleExecResize(tag, frame.payload);
+      return;
     case Type::kStopAll:
       if (execs_.empty()) {
         Send(Type::kOk, tag, "");
@@ -348,6 +355,14 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
   spec.env = std::move(req.env);
   spec.cwd = std::move(req.cwd);
   spec.stdin_data = std::move(req.stdin_data);
+  spec.stdin_stream = req.stdin_stream;
+  if (req.tty.has_value()) {
+    spec.tty = exec::TerminalSize{req.tty->rows, req.tty->cols};
+    // What a terminal program needs to know to draw: a default the request can override.
+    bool has_term = false;
+    for (const auto& e : spec.env) has_term = has_term || e.rfind("TERM=", 0) == 0;
+    if (!has_term) spec.env.push_back("TERM=xterm-256color");
+  }
   spec.timeout = std::chrono::milliseconds(req.timeout_ms);
   spec.output_limit = req.output_limit;
 
@@ -371,6 +386,7 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
   events.on_exit = [this, tag, pid](const exec::CommandResult& r) {
     command_pids_.erase(*pid);
     execs_.erase(tag);
+    RememberEnded(tag);
     proto::ExecExit exit{r.exit_code,   r.signal,    static_cast<uint8_t>(r.reason),
                          r.timed_out,   r.truncated, r.cancelled,
                          r.duration_ms, {}};
@@ -380,6 +396,7 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
       stop_all_tags_.clear();
     }
   };
+  ForgetEnded(tag);
   auto id = runner_->Start(spec, std::move(events));
   if (!id.ok()) {
     SendProtocolError(tag, id.error().code(), id.error().message());
@@ -387,6 +404,70 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
   }
   // on_exit may already have run (a spawn failure completes at once); keep the map true.
   if (*pid == 0 || command_pids_.count(*pid) != 0) execs_[tag] = *id;
+}
+
+void InitServer::RememberEnded(uint64_t tag) {
+  if (ended_.insert(tag).second) ended_order_.push_back(tag);
+  while (ended_order_.size() > kRememberedEnded) {
+    ended_.erase(ended_order_.front());
+    ended_order_.pop_front();
+  }
+}
+
+void InitServer::ForgetEnded(uint64_t tag) {
+  if (ended_.erase(tag) == 0) return;
+  ended_order_.erase(std::find(ended_order_.begin(), ended_order_.end(), tag));
+}
+
+void InitServer::HandleExecInput(uint64_t tag, std::string_view payload) {
+  proto::ExecInput input;
+  if (!proto::Decode(payload, &input)) {
+    SendProtocolError(tag, EINVAL, "malformed exec-input request");
+    return;
+  }
+  auto it = execs_.find(input.exec_tag);
+  if (it == execs_.end()) {
+    if (ended_.count(input.exec_tag) != 0) {
+      SendProtocolError(
+          tag, EPIPE, "exec " + std::to_string(input.exec_tag) + " has ended: its stdin is closed");
+    } else {
+      SendProtocolError(tag, ESRCH, "no running exec with tag " + std::to_string(input.exec_tag));
+    }
+    return;
+  }
+  // Answered once the bytes are written (the sender's flow control), or refused.
+  runner_->Input(it->second, std::move(input.data), input.close,
+                 [this, tag, exec_tag = input.exec_tag](int err, std::string_view why) {
+                   if (err == 0) {
+                     Send(Type::kOk, tag, "");
+                   } else {
+                     SendProtocolError(
+                         tag, err, "exec " + std::to_string(exec_tag) + ": " + std::string(why));
+                   }
+                 });
+}
+
+void InitServer::HandleExecResize(uint64_t tag, std::string_view payload) {
+  proto::ExecResize resize;
+  if (!proto::Decode(payload, &resize)) {
+    // Also a size out of range: each of rows and cols must be 1..kMaxTtyDimension.
+    SendProtocolError(tag, EINVAL,
+                      "malformed exec-resize request (rows and cols must each be 1 to " +
+                          std::to_string(proto::kMaxTtyDimension) + ")");
+    return;
+  }
+  auto it = execs_.find(resize.exec_tag);
+  if (it == execs_.end()) {
+    SendProtocolError(tag, ESRCH, "no running exec with tag " + std::to_string(resize.exec_tag));
+    return;
+  }
+  auto done = runner_->Resize(it->second, {resize.size.rows, resize.size.cols});
+  if (!done.ok()) {
+    SendProtocolError(tag, done.error().code(),
+                      "exec " + std::to_string(resize.exec_tag) + ": " + done.error().message());
+    return;
+  }
+  Send(Type::kOk, tag, "");
 }
 
 void InitServer::HandleFileVerb(const proto::FrameReader::Frame& frame) {

@@ -51,6 +51,11 @@ class InitServer {
   void ReadControl();
   void OnFrame(fs::proto::FrameReader::Frame frame);
   void HandleExec(uint64_t tag, std::string_view payload);
+  void HandleExecInput(uint64_t tag, std::string_view payload);
+  void HandleExecResize(uint64_t tag, std::string_view payload);
+  // Tags of execs whose end was reported: input for them is EPIPE, not ESRCH (bounded FIFO).
+  void RememberEnded(uint64_t tag);
+  void ForgetEnded(uint64_t tag);
   void HandleFileVerb(const fs::proto::FrameReader::Frame& frame);
   void ReapOrphans();
 
@@ -86,6 +91,9 @@ class InitServer {
 
   std::map<uint64_t, uint64_t> execs_;  // tag -> runner id
   std::set<pid_t> command_pids_;        // main processes of running commands (not orphans)
+  static constexpr size_t kRememberedEnded = 1024;
+  std::set<uint64_t> ended_;
+  std::deque<uint64_t> ended_order_;
   std::vector<uint64_t> stop_all_tags_;
   std::map<uint64_t, fs::PendingWrite> writes_;  // tag -> an open writeFile
   UniqueFd sigchld_;

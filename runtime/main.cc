@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "base/log.h"
 #include "isolate/jail.h"
@@ -12,6 +13,7 @@
 #include "runtime/doctor.h"
 #include "runtime/run.h"
 #include "runtime/serve.h"
+#include "runtime/units.h"
 #include "runtime/version.h"
 
 namespace {
@@ -69,6 +71,14 @@ int main(int argc, char** argv) {
                         "also listen on TCP HOST:PORT (requires --token-file)");
   serve_cmd->add_option("--token-file", serve.token_file,
                         "file holding the bearer token TCP clients must send");
+  std::string output_ring;
+  std::string output_spill;
+  serve_cmd->add_option("--output-ring", output_ring,
+                        "memory kept of each exec's output for re-attach (default 2M)");
+  serve_cmd->add_option("--output-spill", output_spill,
+                        "older output of an exec kept on disk beyond the ring (default 64M)");
+  serve_cmd->add_option("--exec-retention", serve.exec_retention_seconds,
+                        "seconds an ended exec stays for re-attach (default 600)");
 
   // create, ls, exec, cp, stop, rm: clients of nsboxd, and --socket / --url / --token.
   nsbox::runtime::ClientCommands client_commands(app);
@@ -91,6 +101,23 @@ int main(int argc, char** argv) {
   if (*run_cmd) return nsbox::runtime::Run(run);
   if (*serve_cmd) {
     if (serve.socket.empty()) serve.socket = client_commands.GlobalSocket();
+    for (auto [flag, text, out] :
+         {std::tuple{"--output-ring", &output_ring, &serve.output_ring},
+          std::tuple{"--output-spill", &output_spill, &serve.output_spill}}) {
+      if (text->empty()) continue;
+      auto bytes = nsbox::runtime::ParseBytes(flag, *text);
+      if (!bytes.ok()) {
+        std::fprintf(stderr, "nsbox serve: %s\n", bytes.error().message().c_str());
+        return nsbox::isolate::kExitSetupFailed;
+      }
+      *out = *bytes;
+    }
+    if (serve.output_ring < 4096 || serve.exec_retention_seconds > 7 * 24 * 3600) {
+      std::fprintf(stderr,
+                   "nsbox serve: --output-ring must be at least 4096 bytes and "
+                   "--exec-retention at most 604800 seconds\n");
+      return nsbox::isolate::kExitSetupFailed;
+    }
     return nsbox::runtime::Serve(serve);
   }
   if (*doctor_cmd) return nsbox::runtime::RunDoctor(doctor_json, stdout);

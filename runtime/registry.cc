@@ -22,6 +22,7 @@
 #include "images/image.h"
 #include "isolate/cgroup.h"
 #include "isolate/idmap.h"
+#include "runtime/exec_session.h"
 #include "runtime/utf8.h"
 
 namespace nsbox::runtime {
@@ -183,53 +184,52 @@ std::shared_ptr<Sandbox> SandboxEntry::running_box() const {
   return box_;
 }
 
-std::string SandboxEntry::AddExec(std::shared_ptr<Sandbox> box, uint64_t tag, std::string command) {
+std::string SandboxEntry::NewExecId() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string exec_id;
   do {
     exec_id = "e-" + RandomHex(12);
-  } while (execs_.count(exec_id) != 0);
-  RunningExec& e = execs_[exec_id];
-  e.info.exec_id = exec_id;
-  e.info.command = std::move(command);
-  e.info.started_at = NowRfc3339();
-  e.box = box;
-  e.tag = tag;
+  } while (sessions_.count(exec_id) != 0);
   return exec_id;
 }
 
-void SandboxEntry::SetExecPid(const std::string& exec_id, uint32_t pid) {
+void SandboxEntry::AddSession(std::shared_ptr<ExecSession> session) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = execs_.find(exec_id); it != execs_.end()) it->second.info.pid = pid;
+  const std::string id = session->id();
+  sessions_[id] = std::move(session);
+  session_order_.push_back(id);
 }
 
-void SandboxEntry::RemoveExec(const std::string& exec_id) {
+std::shared_ptr<ExecSession> SandboxEntry::FindSession(const std::string& exec_id) const {
   std::lock_guard<std::mutex> lock(mu_);
-  execs_.erase(exec_id);
+  auto it = sessions_.find(exec_id);
+  return it == sessions_.end() ? nullptr : it->second;
 }
 
-std::vector<ExecInfo> SandboxEntry::Execs() const {
+void SandboxEntry::RemoveSession(const ExecSession* session, const std::string& exec_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<ExecInfo> out;
-  for (const auto& [id, e] : execs_) out.push_back(e.info);
-  std::sort(out.begin(), out.end(),
-            [](const ExecInfo& a, const ExecInfo& b) { return a.started_at < b.started_at; });
+  auto it = sessions_.find(exec_id);
+  if (it == sessions_.end() || it->second.get() != session) return;
+  sessions_.erase(it);
+  std::erase(session_order_, exec_id);
+}
+
+std::vector<std::shared_ptr<ExecSession>> SandboxEntry::Sessions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<ExecSession>> out;
+  for (const std::string& id : session_order_) {
+    if (auto it = sessions_.find(id); it != sessions_.end()) out.push_back(it->second);
+  }
   return out;
 }
 
-bool SandboxEntry::CancelExec(const std::string& exec_id) {
-  std::shared_ptr<Sandbox> box;
-  uint64_t tag = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = execs_.find(exec_id);
-    if (it == execs_.end()) return false;
-    box = it->second.box.lock();
-    tag = it->second.tag;
-  }
-  if (box == nullptr) return false;
-  box->client().KillExec(tag, static_cast<uint8_t>(exec::EndReason::kCancelled));
-  return true;
+std::vector<std::shared_ptr<ExecSession>> SandboxEntry::TakeSessions() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<ExecSession>> out;
+  for (auto& [id, s] : sessions_) out.push_back(std::move(s));
+  sessions_.clear();
+  session_order_.clear();
+  return out;
 }
 
 // ---- Registry ----

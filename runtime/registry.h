@@ -69,14 +69,7 @@ std::string HostnameFor(std::string_view id, std::string_view hash);
 std::string EncodeConfig(const SandboxConfig& config);
 Result<SandboxConfig> DecodeConfig(std::string_view json);
 
-// A command running in a sandbox, for GET .../execs and DELETE .../execs/{execId}.
-struct ExecInfo {
-  std::string exec_id;
-  std::string command;
-  uint32_t pid = 0;
-  std::string started_at;
-};
-
+class ExecSession;  // runtime/exec_session.h
 class Registry;
 
 // One sandbox id. Shared by the registry and the requests that use it.
@@ -91,22 +84,23 @@ class SandboxEntry {
   // Its nsbox-init while it runs and answers, else null (Registry::Running starts it).
   std::shared_ptr<Sandbox> running_box() const;
 
-  // Registers a running exec (its InitClient tag in the sandbox `box`); returns its exec id.
-  std::string AddExec(std::shared_ptr<Sandbox> box, uint64_t tag, std::string command);
-  void SetExecPid(const std::string& exec_id, uint32_t pid);
-  void RemoveExec(const std::string& exec_id);
-  std::vector<ExecInfo> Execs() const;
-  // Kills a running exec (its answer says "cancelled"); false when there is no such exec.
-  bool CancelExec(const std::string& exec_id);
+  // The exec sessions (docs/exec.md): running execs and ended ones kept for re-attach until
+  // their retention ends. The sessions themselves are used on the daemon's event loop only.
+  // A fresh exec id ("e-" and 12 hex digits) that no session of this sandbox has.
+  std::string NewExecId() const;
+  void AddSession(std::shared_ptr<ExecSession> session);
+  std::shared_ptr<ExecSession> FindSession(const std::string& exec_id) const;
+  // Removes `session` if it is still the one registered under its id.
+  void RemoveSession(const ExecSession* session, const std::string& exec_id);
+  // In the order they were started.
+  std::vector<std::shared_ptr<ExecSession>> Sessions() const;
+  // Every session, taken out (the sandbox was deleted, or the daemon stops).
+  std::vector<std::shared_ptr<ExecSession>> TakeSessions();
+  // <dir>/execs: the spill files of the sessions' output.
+  std::string execs_dir() const { return dir_ + "/execs"; }
 
  private:
   friend class Registry;
-  struct RunningExec {
-    ExecInfo info;
-    std::weak_ptr<Sandbox> box;
-    uint64_t tag = 0;
-  };
-
   const SandboxConfig config_;
   const std::string hash_;
   const std::string dir_;
@@ -115,7 +109,8 @@ class SandboxEntry {
   mutable std::mutex mu_;
   std::shared_ptr<Sandbox> box_;  // while nsbox-init runs
   bool deleted_ = false;
-  std::map<std::string, RunningExec> execs_;
+  std::map<std::string, std::shared_ptr<ExecSession>> sessions_;
+  std::vector<std::string> session_order_;  // ids, oldest first
 };
 
 struct RegistryOptions {

@@ -23,6 +23,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 #include <boost/json.hpp>
 #include <chrono>
 #include <cstdio>
@@ -46,6 +47,7 @@
 #include "policy/environment.h"
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
+#include "runtime/exec_session.h"
 #include "runtime/metrics.h"
 #include "runtime/paths.h"
 #include "runtime/registry.h"
@@ -60,6 +62,7 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace websocket = beast::websocket;
 namespace json = boost::json;
 using Socket = asio::generic::stream_protocol::socket;
 using Acceptor = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
@@ -321,13 +324,276 @@ class LoopQueue : public std::enable_shared_from_this<LoopQueue<Event>> {
   asio::steady_timer wake_;
 };
 using ExecQueue = LoopQueue<ExecEvent>;
+using WebSocket = websocket::stream<Socket&>;
+
+// ---- exec requests, events and the exec list ----
+
+// What an exec request asks for (the body of POST .../exec, or the first message of the
+// WebSocket that starts one).
+struct ExecSpec {
+  std::string command;
+  std::optional<std::string> cwd;
+  std::optional<std::string> stdin_text;
+  uint64_t timeout_ms = 0;
+  bool base64 = false;
+  bool detach = false;
+  bool stdin_stream = false;
+  std::optional<fs::proto::TtySize> tty;
+  std::vector<std::pair<std::string, std::optional<std::string>>> overrides;
+};
+
+// One side of a terminal size: a whole number from 1 to 4096; the message names the value.
+ApiOutcome<uint16_t> TtyDimension(const json::object& o, const char* key, std::string_view where) {
+  const json::value* v = o.if_contains(key);
+  if (v == nullptr) {
+    return ApiError::Invalid(std::string(where) + "needs \"rows\" and \"cols\"");
+  }
+  boost::system::error_code ec;
+  const uint64_t n = v->is_number() ? v->to_number<uint64_t>(ec) : 0;
+  if (!v->is_number() || ec || n < 1 || n > fs::proto::kMaxTtyDimension) {
+    std::string shown = json::serialize(*v);
+    if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
+    return ApiError::Invalid(std::string(where) + "\"" + key +
+                             "\" must be a whole number from 1 to 4096, not " + shown);
+  }
+  return static_cast<uint16_t>(n);
+}
+
+ApiOutcome<fs::proto::TtySize> TtySizeOf(const json::object& o, std::string_view where) {
+  auto rows = TtyDimension(o, "rows", where);
+  if (!rows.ok()) return rows.error();
+  auto cols = TtyDimension(o, "cols", where);
+  if (!cols.ok()) return cols.error();
+  return fs::proto::TtySize{rows.value(), cols.value()};
+}
+
+ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry& entry) {
+  Fields f(o);
+  ExecSpec spec;
+  auto command = f.String("command");
+  if (!command.ok()) return command.error();
+  if (!command.value()) return ApiError::Invalid("\"command\" is required");
+  if (command.value()->find('\0') != std::string::npos) {
+    return ApiError::Invalid("\"command\" contains a NUL byte");
+  }
+  spec.command = *command.value();
+  auto cwd = f.String("cwd");
+  if (!cwd.ok()) return cwd.error();
+  if (cwd.value() && cwd.value()->find('\0') != std::string::npos) {
+    return ApiError::Invalid("\"cwd\" contains a NUL byte");
+  }
+  spec.cwd = cwd.value();
+  auto stdin_text = f.String("stdin");
+  if (!stdin_text.ok()) return stdin_text.error();
+  spec.stdin_text = stdin_text.value();
+  auto timeout = f.Count("timeoutMs", 0, uint64_t{1} << 40);
+  if (!timeout.ok()) return timeout.error();
+  spec.timeout_ms = timeout.value().value_or(0);
+  auto encoding = f.String("encoding");
+  if (!encoding.ok()) return encoding.error();
+  if (encoding.value()) {
+    if (*encoding.value() == "base64") {
+      spec.base64 = true;
+    } else if (*encoding.value() != "utf8" && *encoding.value() != "utf-8") {
+      return ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\"");
+    }
+  }
+  auto detach = f.Bool("detach");
+  if (!detach.ok()) return detach.error();
+  spec.detach = detach.value();
+  auto stdin_stream = f.Bool("stdinStream");
+  if (!stdin_stream.ok()) return stdin_stream.error();
+  spec.stdin_stream = stdin_stream.value();
+  if (const json::value* tty = o.if_contains("tty"); tty != nullptr && !tty->is_null()) {
+    if (tty->is_bool()) {
+      if (tty->get_bool()) spec.tty = fs::proto::TtySize{24, 80};
+    } else if (tty->is_object()) {
+      auto size = TtySizeOf(tty->get_object(), "\"tty\": ");
+      if (!size.ok()) return size.error();
+      spec.tty = size.value();
+    } else {
+      return ApiError::Invalid("\"tty\" must be true, false or {\"rows\": R, \"cols\": C}");
+    }
+  }
+  for (const auto& [k, v] : entry.config().env) spec.overrides.emplace_back(k, v);
+  if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
+    if (!env->is_object()) return ApiError::Invalid("\"env\" must be an object");
+    for (const auto& [k, v] : env->get_object()) {
+      if (v.is_null()) {
+        if (std::string_view(k).find('\0') != std::string_view::npos) continue;
+        spec.overrides.emplace_back(std::string(k), std::nullopt);
+        continue;
+      }
+      if (!v.is_string()) {
+        return ApiError::Invalid("\"env\": the value of " + std::string(k) +
+                                 " must be a string or null");
+      }
+      auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()));
+      if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
+        return ApiError::Invalid("\"env\": " + (parsed.ok()
+                                                    ? std::string("a value contains a NUL byte")
+                                                    : parsed.error().message()));
+      }
+      spec.overrides.emplace_back(std::string(k), std::string(v.get_string()));
+    }
+  }
+  return spec;
+}
+
+// The fields of an exec's end, shared by the buffered answer, the NDJSON and WebSocket `exit`
+// events and GET .../execs: the one place that builds them.
+void FillExit(json::object& o, const fs::proto::ExecExit& x, const std::string& reason) {
+  o["exitCode"] = x.exit_code;
+  o["reason"] = reason;
+  if (x.signal != 0) {
+    o["signal"] = SignalName(x.signal);
+  } else {
+    o["signal"] = nullptr;
+  }
+  o["timedOut"] = x.timed_out;
+  o["truncated"] = x.truncated;
+  o["cancelled"] = x.cancelled;
+  o["durationMs"] = x.duration_ms;
+}
+
+// A query parameter, percent-decoded; nullopt when absent (or malformed).
+std::optional<std::string> QueryValue(std::string_view query, std::string_view name) {
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    size_t eq = pair.find('=');
+    if (pair.substr(0, eq) != name) continue;
+    return PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
+  }
+  return std::nullopt;
+}
+
+// `offset` of a re-attach: default 0; it must be a number within what the session keeps.
+ApiOutcome<uint64_t> AttachOffset(std::string_view query, const ExecSession& s) {
+  auto text = QueryValue(query, "offset");
+  uint64_t offset = 0;
+  if (text) {
+    const bool digits =
+        !text->empty() && text->size() <= 19 &&
+        std::all_of(text->begin(), text->end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    if (!digits) {
+      return ApiError::Invalid("\"offset\" must be a whole number of bytes, not \"" +
+                               utf8::DecodeLossy(text->substr(0, 40)) + "\"");
+    }
+    offset = std::stoull(*text);
+  }
+  if (offset < s.oldest()) {
+    return ApiError::Of(410, "offset_not_retained",
+                        "offset " + std::to_string(offset) +
+                            " is no longer kept; the oldest kept offset is " +
+                            std::to_string(s.oldest()));
+  }
+  if (offset > s.end()) {
+    return ApiError::Invalid("offset " + std::to_string(offset) +
+                             " is beyond the end of the output, which is at offset " +
+                             std::to_string(s.end()));
+  }
+  return offset;
+}
+
+ApiError ExecNotFound(const std::string& exec_id, const std::string& id) {
+  return ApiError::Of(404, "exec_not_found",
+                      "no exec '" + exec_id + "' in sandbox '" + id +
+                          "' (it never ran, or it ended longer ago than the retention time)");
+}
+
+// Turns the log into NDJSON output events: offsets of the raw bytes; text decoded as UTF-8
+// without splitting a character (bytes held back at a piece's end go with the next event of
+// their stream, whose offset is that of its first held byte), or base64 of the exact bytes.
+class EventEncoder {
+ public:
+  explicit EventEncoder(bool base64) : base64_(base64) {}
+
+  // nullopt when everything was held back.
+  std::optional<json::object> Encode(const ExecSession::Piece& p) {
+    const int i = p.stream == 2 ? 1 : 0;
+    json::object o;
+    o["type"] = i == 0 ? "stdout" : "stderr";
+    if (base64_) {
+      o["offset"] = p.offset;
+      o["dataBase64"] = Base64Encode(p.data);
+      return o;
+    }
+    Held& h = held_[i];
+    const uint64_t first = h.bytes.empty() ? p.offset : h.offset;
+    std::string all = h.bytes + p.data;
+    const size_t tail = utf8::IncompleteTailLength(all);
+    if (tail > 0 && tail <= p.data.size()) h.offset = p.offset + p.data.size() - tail;
+    if (tail == 0) h.offset = 0;
+    h.bytes = all.substr(all.size() - tail);
+    all.resize(all.size() - tail);
+    if (all.empty()) return std::nullopt;
+    o["offset"] = first;
+    o["data"] = utf8::DecodeLossy(all);
+    return o;
+  }
+  // At the end of the output: what is still held (as U+FFFD), one event per stream.
+  std::vector<json::object> Finish() {
+    std::vector<json::object> out;
+    for (int i = 0; i < 2; ++i) {
+      if (held_[i].bytes.empty()) continue;
+      json::object o;
+      o["type"] = i == 0 ? "stdout" : "stderr";
+      o["offset"] = held_[i].offset;
+      o["data"] = utf8::DecodeLossy(held_[i].bytes);
+      held_[i] = Held{};
+      out.push_back(std::move(o));
+    }
+    return out;
+  }
+
+ private:
+  struct Held {
+    std::string bytes;
+    uint64_t offset = 0;
+  };
+  bool base64_;
+  Held held_[2];
+};
+
+json::object ExecJson(const ExecSession& s) {
+  json::object o;
+  o["execId"] = s.id();
+  o["command"] = utf8::DecodeLossy(s.command());
+  o["pid"] = s.pid();
+  o["startedAt"] = s.started_at();
+  o["state"] = s.ended() ? "exited" : "running";
+  o["detach"] = s.detach;
+  o["stdinStream"] = s.stdin_stream || s.tty.has_value();
+  if (s.tty) {
+    o["tty"] = json::object{{"rows", s.tty->rows}, {"cols", s.tty->cols}};
+  } else {
+    o["tty"] = nullptr;
+  }
+  o["outputEnd"] = s.end();
+  o["oldestOffset"] = s.oldest();
+  if (s.ended()) {
+    json::object x;
+    FillExit(x, s.exit(), s.reason());
+    o["exit"] = std::move(x);
+  } else {
+    o["exit"] = nullptr;
+  }
+  return o;
+}
 
 // ---- the daemon ----
 
 class Daemon {
  public:
-  Daemon(asio::io_context& io, Registry& registry, std::string token)
-      : io_(io), registry_(registry), token_(std::move(token)) {}
+  Daemon(asio::io_context& io, Registry& registry, std::string token, ExecLogLimits log_limits,
+         std::chrono::seconds retention)
+      : io_(io),
+        registry_(registry),
+        token_(std::move(token)),
+        log_limits_(log_limits),
+        retention_(retention) {}
 
   asio::awaitable<void> AcceptLoop(Acceptor& acceptor, bool tcp);
   void Shutdown(std::vector<Acceptor*> acceptors);
@@ -396,7 +662,49 @@ class Daemon {
   asio::awaitable<bool> PutSandbox(Ctx& c, const std::string& id);
   asio::awaitable<bool> StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> entry);
   asio::awaitable<bool> DeleteSandbox(Ctx& c, const std::string& id);
+  // Exec sessions (docs/exec.md). StartSession starts the command and the session's pump
+  // (PumpExec: the control channel's events into the session's log, then the retention time).
   asio::awaitable<bool> Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry);
+  std::shared_ptr<ExecSession> StartSession(std::shared_ptr<SandboxEntry> entry,
+                                            std::shared_ptr<Sandbox> box, ExecSpec spec);
+  asio::awaitable<void> PumpExec(std::shared_ptr<SandboxEntry> entry,
+                                 std::shared_ptr<ExecSession> s, std::shared_ptr<ExecQueue> queue,
+                                 Clock::time_point started);
+  // The end of a request that watches its client while an exec runs.
+  struct HangupWatch {
+    bool finished = false;
+    bool hung_up = false;
+  };
+  void WatchHangup(Ctx& c, std::shared_ptr<HangupWatch> watch, std::function<void()> on_hangup);
+  // The starter of `s` went away: kill it unless it is detached.
+  void KillOnHangup(SandboxEntry& entry, ExecSession& s);
+  // The log of `s` from `offset` as NDJSON events (start, stdout/stderr, exit); with `follow`
+  // until the exit, else what there is now. False once the client is gone.
+  asio::awaitable<bool> SendLog(Ctx& c, std::shared_ptr<ExecSession> s, uint64_t offset,
+                                bool follow, bool base64, std::shared_ptr<HangupWatch> watch);
+  asio::awaitable<bool> ExecOutput(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                   const std::string& exec_id, std::string_view query);
+  asio::awaitable<bool> ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                  const std::string& exec_id, std::string_view query);
+  asio::awaitable<bool> ExecResize(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                   const std::string& exec_id);
+  asio::awaitable<fs::FsOutcome<fs::Unit>> SendInput(std::shared_ptr<Sandbox> box,
+                                                     fs::proto::ExecInput input);
+  asio::awaitable<std::optional<ApiError>> ResizeTty(std::shared_ptr<ExecSession> s,
+                                                     fs::proto::TtySize size);
+  // The WebSocket: `s` null starts an exec (its first message is the body), else attaches.
+  struct WsState {
+    explicit WsState(asio::any_io_executor ex) : wake(ex) {}
+    std::deque<std::string> control;  // text messages for the client
+    bool reader_done = false;
+    asio::steady_timer wake;
+  };
+  asio::awaitable<bool> ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                   std::shared_ptr<ExecSession> s, uint64_t offset);
+  asio::awaitable<void> WsReader(WebSocket& ws, std::shared_ptr<WsState> st,
+                                 std::shared_ptr<ExecSession> s,
+                                 std::shared_ptr<SandboxEntry> entry, bool starter);
+  void WsPush(WsState& st, ExecSession* s, std::string message);
   asio::awaitable<bool> GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                 std::string_view query);
   asio::awaitable<bool> PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
@@ -413,7 +721,10 @@ class Daemon {
   const std::string token_;  // empty: no TCP listener
   asio::thread_pool pool_{kWorkerThreads};
   Metrics metrics_;
-  std::atomic<int> running_execs_{0};
+  std::atomic<int> running_execs_{0};  // requests and sockets that started an exec, still on
+  const ExecLogLimits log_limits_;
+  const std::chrono::seconds retention_;
+  uint64_t retained_sessions_ = 0;  // ended, kept for re-attach
   bool shutting_down_ = false;
 };
 
@@ -607,6 +918,7 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   const bool uses_body =
       method == http::verb::put ||
       (method == http::verb::post && n >= 4 && (segs[3] == "exec" || segs[3] == "fs")) ||
+      (method == http::verb::post && n == 6 && segs[3] == "execs") ||
       (method == http::verb::post && n == 3 && segs[1] == "images");
   if (!uses_body && !c.body_done) {
     auto drained = co_await ReadBody(c);
@@ -652,12 +964,18 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   std::string_view allow;
   if (n == 3) {
     allow = "GET, PUT, DELETE";
-  } else if (n == 4 && (segs[3] == "stop" || segs[3] == "exec")) {
+  } else if (n == 4 && segs[3] == "stop") {
     allow = "POST";
+  } else if (n == 4 && segs[3] == "exec") {
+    allow = "POST, GET";  // GET: the WebSocket (Upgrade: websocket)
   } else if (n == 4 && segs[3] == "execs") {
     allow = "GET";
   } else if (n == 5 && segs[3] == "execs") {
     allow = "DELETE";
+  } else if (n == 6 && segs[3] == "execs" && (segs[5] == "output" || segs[5] == "attach")) {
+    allow = "GET";
+  } else if (n == 6 && segs[3] == "execs" && (segs[5] == "stdin" || segs[5] == "resize")) {
+    allow = "POST";
   } else if (n == 4 && segs[3] == "files") {
     allow = "GET, PUT";
   } else if (n == 5 && segs[3] == "fs" &&
@@ -692,34 +1010,72 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     co_return co_await ReplyJson(c, 200, reply_json);
   }
   if (segs[3] == "stop") co_return co_await StopSandbox(c, entry);
+  const bool upgrade = websocket::is_upgrade(c.parser.get());
+  if (segs[3] == "exec" && method == http::verb::get) {
+    if (!upgrade) {
+      // Plain HTTP starts an exec with POST; GET is only the WebSocket's upgrade.
+      const ApiError reply_error = ApiError::Of(
+          405, "method_not_allowed",
+          "method GET is not allowed here; use POST (GET only with Upgrade: websocket)");
+      co_return co_await ReplyError(c, reply_error, "POST");
+    }
+    co_return co_await ExecSocket(c, entry, nullptr, 0);
+  }
   if (segs[3] == "exec") co_return co_await Exec(c, entry);
   if (segs[3] == "execs" && n == 4) {
     json::array list;
-    for (const ExecInfo& e : entry->Execs()) {
-      json::object o;
-      o["execId"] = e.exec_id;
-      o["command"] = utf8::DecodeLossy(e.command);
-      o["pid"] = e.pid;
-      o["startedAt"] = e.started_at;
-      list.push_back(std::move(o));
+    // api.md: the commands running now; with all=1 also the ended ones kept for re-attach.
+    const bool all = QueryFlag(query, "all");
+    for (const auto& s : entry->Sessions()) {
+      if (!s->dropped() && (all || !s->ended())) list.push_back(ExecJson(*s));
     }
     json::object o;
     o["execs"] = std::move(list);
     co_return co_await ReplyJson(c, 200, o);
   }
-  if (segs[3] == "execs") {
-    if (!entry->CancelExec(segs[4])) {
+  if (segs[3] == "execs" && n == 5) {
+    std::shared_ptr<ExecSession> s = entry->FindSession(segs[4]);
+    std::shared_ptr<Sandbox> box = s != nullptr && !s->ended() ? s->box.lock() : nullptr;
+    if (box == nullptr) {
       {
         const ApiError reply_error = ApiError::Of(
             404, "not_found", "no running exec '" + segs[4] + "' in sandbox '" + id + "'");
         co_return co_await ReplyError(c, reply_error);
       }
     }
+    box->client().KillExec(s->tag, static_cast<uint8_t>(exec::EndReason::kCancelled));
     metrics_.Kill("cancelled");
     log::info("sandbox={} exec={} cancelled by DELETE", id, segs[4]);
     json::object o;
     o["execId"] = segs[4];
     co_return co_await ReplyJson(c, 202, o);
+  }
+  if (segs[3] == "execs" && segs[5] == "output") {
+    co_return co_await ExecOutput(c, entry, segs[4], query);
+  }
+  if (segs[3] == "execs" && segs[5] == "stdin") {
+    co_return co_await ExecStdin(c, entry, segs[4], query);
+  }
+  if (segs[3] == "execs" && segs[5] == "resize") co_return co_await ExecResize(c, entry, segs[4]);
+  if (segs[3] == "execs") {  // attach
+    std::shared_ptr<ExecSession> s = entry->FindSession(segs[4]);
+    if (s == nullptr || s->dropped()) {
+      const ApiError reply_error = ExecNotFound(segs[4], id);
+      co_return co_await ReplyError(c, reply_error);
+    }
+    auto offset = AttachOffset(query, *s);
+    if (!offset.ok()) {
+      const ApiError reply_error = offset.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    if (!upgrade) {
+      const ApiError reply_error =
+          ApiError::Of(426, "upgrade_required",
+                       ".../attach is a WebSocket and needs Upgrade: websocket; "
+                       "GET .../output re-attaches over plain HTTP");
+      co_return co_await ReplyError(c, reply_error);
+    }
+    co_return co_await ExecSocket(c, entry, s, offset.value());
   }
   if (segs[3] == "files" && method == http::verb::get) co_return co_await GetFile(c, entry, query);
   if (segs[3] == "files") co_return co_await PutFile(c, entry, query);
@@ -1075,128 +1431,42 @@ asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> 
 }
 
 asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
+  std::shared_ptr<SandboxEntry> entry = registry_.Find(id);
   auto work4 = [this, id] { return registry_.Delete(id); };
   auto deleted = co_await Blocking(std::move(work4));
   if (!deleted.ok()) {
     const ApiError reply_error = deleted.error();
     co_return co_await ReplyError(c, reply_error);
   }
+  // Its exec sessions and their spill files go with it (the pumps see the execs end, "stopped").
+  if (entry != nullptr) {
+    for (const auto& s : entry->TakeSessions()) s->Drop();
+  }
   co_return co_await ReplyNoContent(c);
 }
 
 // ---- exec ----
 
-asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
-  auto body = co_await ReadJson(c, /*optional=*/false);
-  if (!body.ok()) {
-    const ApiError reply_error = body.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
-  const json::object& o = body.value();
-  Fields f(o);
-  auto command = f.String("command");
-  if (!command.ok()) {
-    const ApiError reply_error = command.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
-  if (!command.value()) {
-    const ApiError reply_error = ApiError::Invalid("\"command\" is required");
-    co_return co_await ReplyError(c, reply_error);
-  }
-  if (command.value()->find('\0') != std::string::npos) {
-    {
-      const ApiError reply_error = ApiError::Invalid("\"command\" contains a NUL byte");
-      co_return co_await ReplyError(c, reply_error);
-    }
-  }
-  auto cwd = f.String("cwd");
-  if (!cwd.ok()) {
-    const ApiError reply_error = cwd.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
-  if (cwd.value() && cwd.value()->find('\0') != std::string::npos) {
-    {
-      const ApiError reply_error = ApiError::Invalid("\"cwd\" contains a NUL byte");
-      co_return co_await ReplyError(c, reply_error);
-    }
-  }
-  auto stdin_text = f.String("stdin");
-  if (!stdin_text.ok()) {
-    const ApiError reply_error = stdin_text.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
-  auto timeout = f.Count("timeoutMs", 0, uint64_t{1} << 40);
-  if (!timeout.ok()) {
-    const ApiError reply_error = timeout.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
-  auto encoding = f.String("encoding");
-  if (!encoding.ok()) {
-    const ApiError reply_error = encoding.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
-  bool base64 = false;
-  if (encoding.value()) {
-    if (*encoding.value() == "base64") {
-      base64 = true;
-    } else if (*encoding.value() != "utf8" && *encoding.value() != "utf-8") {
-      {
-        const ApiError reply_error =
-            ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\"");
-        co_return co_await ReplyError(c, reply_error);
-      }
-    }
-  }
-  std::vector<std::pair<std::string, std::optional<std::string>>> overrides;
-  for (const auto& [k, v] : entry->config().env) overrides.emplace_back(k, v);
-  if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
-    if (!env->is_object()) {
-      {
-        const ApiError reply_error = ApiError::Invalid("\"env\" must be an object");
-        co_return co_await ReplyError(c, reply_error);
-      }
-    }
-    for (const auto& [k, v] : env->get_object()) {
-      if (v.is_null()) {
-        if (std::string_view(k).find('\0') != std::string_view::npos) continue;
-        overrides.emplace_back(std::string(k), std::nullopt);
-        continue;
-      }
-      if (!v.is_string()) {
-        {
-          const ApiError reply_error = ApiError::Invalid("\"env\": the value of " + std::string(k) +
-                                                         " must be a string or null");
-          co_return co_await ReplyError(c, reply_error);
-        }
-      }
-      auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()));
-      if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
-        {
-          const ApiError reply_error = ApiError::Invalid(
-              "\"env\": " + (parsed.ok() ? std::string("a value contains a NUL byte")
-                                         : parsed.error().message()));
-          co_return co_await ReplyError(c, reply_error);
-        }
-      }
-      overrides.emplace_back(std::string(k), std::string(v.get_string()));
-    }
-  }
-  const bool stream =
-      c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
-  auto running = co_await EnsureRunning(entry);
-  if (!running.ok()) {
-    const ApiError reply_error = running.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
-  std::shared_ptr<Sandbox> box = running.value();
-
+std::shared_ptr<ExecSession> Daemon::StartSession(std::shared_ptr<SandboxEntry> entry,
+                                                  std::shared_ptr<Sandbox> box, ExecSpec spec) {
   fs::proto::ExecRequest request;
-  request.command = *command.value();
-  request.cwd = fs::ResolvePath(entry->config().cwd, cwd.value().value_or(""));
+  request.command = spec.command;
+  request.cwd = fs::ResolvePath(entry->config().cwd, spec.cwd.value_or(""));
   request.env = policy::BuildEnvironment(
-      {HostnameFor(entry->config().id, entry->hash()), box->shell(), std::move(overrides)});
-  if (stdin_text.value()) request.stdin_data = *stdin_text.value();
-  request.timeout_ms = timeout.value().value_or(0);
+      {HostnameFor(entry->config().id, entry->hash()), box->shell(), std::move(spec.overrides)});
+  if (spec.stdin_text) request.stdin_data = *spec.stdin_text;
+  request.timeout_ms = spec.timeout_ms;
+  request.stdin_stream = spec.stdin_stream;
+  request.tty = spec.tty;
+
+  const std::string exec_id = entry->NewExecId();
+  auto session =
+      std::make_shared<ExecSession>(io_.get_executor(), exec_id, request.command,
+                                    entry->execs_dir() + "/" + exec_id + ".log", log_limits_);
+  session->detach = spec.detach;
+  session->stdin_stream = spec.stdin_stream || spec.tty.has_value();
+  session->tty = spec.tty;
+  session->box = box;
 
   auto queue = std::make_shared<ExecQueue>(io_.get_executor());
   fs::InitClient::ExecCallbacks callbacks;
@@ -1206,108 +1476,46 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
   callbacks.on_output = [queue](int out_stream, std::string_view data) {
     queue->Push({ExecEvent::kOutput, 0, out_stream, std::string(data), std::nullopt});
   };
-  const auto started = Clock::now();
-  const uint64_t tag = box->client().StartExec(
+  session->tag = box->client().StartExec(
       request, std::move(callbacks), [queue](fs::FsOutcome<fs::proto::ExecExit> exit) {
         queue->Push({ExecEvent::kExit, 0, 0, {}, std::move(exit)});
       });
-  const std::string exec_id = entry->AddExec(box, tag, request.command);
+  entry->AddSession(session);
   metrics_.ExecStarted();
-  ++running_execs_;
-  log::info("sandbox={} exec={} started: {}", entry->config().id, exec_id,
-            request.command.substr(0, 200));
+  log::info("sandbox={} exec={} started{}{}{}: {}", entry->config().id, exec_id,
+            spec.detach ? " detached" : "", session->stdin_stream ? " with streamed stdin" : "",
+            spec.tty ? " on a terminal" : "", request.command.substr(0, 200));
+  asio::co_spawn(io_, PumpExec(entry, session, queue, Clock::now()), asio::detached);
+  return session;
+}
 
-  // A client that hangs up before the answer cancels the command (api.md
-  // "Cancellation"): watch the socket for the end of the stream while the
-  // command runs.
-  struct Watch {
-    bool finished = false;
-    bool hung_up = false;
-  };
-  auto watch = std::make_shared<Watch>();
-  const int fd = c.socket.native_handle();
-  auto on_hangup = [this, watch, box, tag, entry, exec_id] {
-    if (watch->hung_up || watch->finished) return;
-    watch->hung_up = true;
-    metrics_.Kill("cancelled");
-    log::info("sandbox={} exec={} the client hung up: killing the command", entry->config().id,
-              exec_id);
-    box->client().KillExec(tag, static_cast<uint8_t>(exec::EndReason::kCancelled));
-  };
-  c.socket.async_wait(Socket::wait_read, [watch, fd, on_hangup](boost::system::error_code ec) {
-    if (watch->finished || ec == asio::error::operation_aborted) return;
-    char byte;
-    ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    // 0: the client closed its end. Bytes: a pipelined request, which is
-    // not a hang-up.
-    if (ec || n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) on_hangup();
-  });
-
-  bool alive = true;  // the connection can still be written to
-  if (stream) {
-    const bool head_sent = co_await StartNdjson(c);
-    if (!head_sent) {
-      alive = false;
-      on_hangup();
-    }
-  }
-  auto send_line = [&](json::object event) -> asio::awaitable<void> {
-    if (!alive || watch->hung_up) co_return;
-    const bool sent = co_await SendNdjsonLine(c, event);
-    if (!sent) {
-      alive = false;
-      on_hangup();
-    }
-  };
-
-  std::string output[2];
-  utf8::StreamDecoder decoders[2];
+asio::awaitable<void> Daemon::PumpExec(std::shared_ptr<SandboxEntry> entry,
+                                       std::shared_ptr<ExecSession> s,
+                                       std::shared_ptr<ExecQueue> queue,
+                                       Clock::time_point started) {
+  const auto ex = co_await asio::this_coro::executor;
   std::optional<fs::FsOutcome<fs::proto::ExecExit>> exit;
   while (!exit) {
     auto events = co_await queue->Next();
     for (ExecEvent& e : events) {
       if (e.kind == ExecEvent::kStarted) {
-        entry->SetExecPid(exec_id, e.pid);
-        json::object o2;
-        o2["type"] = "start";
-        o2["execId"] = exec_id;
-        o2["pid"] = e.pid;
-        if (stream) co_await send_line(std::move(o2));
+        s->Started(e.pid);
       } else if (e.kind == ExecEvent::kOutput) {
-        const int i = e.stream == 2 ? 1 : 0;
-        if (!stream) {
-          output[i] += e.data;
-          continue;
-        }
-        json::object o2;
-        o2["type"] = i == 0 ? "stdout" : "stderr";
-        if (base64) {
-          o2["dataBase64"] = Base64Encode(e.data);
-        } else {
-          std::string text = decoders[i].Feed(e.data);
-          if (text.empty()) continue;
-          o2["data"] = std::move(text);
-        }
-        co_await send_line(std::move(o2));
+        s->Append(e.stream == 2 ? 2 : 1, e.data);
+        // Let the readers that were woken run before the next piece: a reader that keeps up
+        // (the buffered answer, a fast client) then never falls behind the log's window.
+        co_await asio::post(ex, asio::use_awaitable);
       } else {
         exit = std::move(e.exit);
       }
     }
   }
-  watch->finished = true;
-  {
-    boost::system::error_code ignored;
-    c.socket.cancel(ignored);
-  }
-  entry->RemoveExec(exec_id);
-  --running_execs_;
-
   fs::proto::ExecExit x;
   if (exit->ok()) {
     x = exit->value();
   } else {
-    // nsbox-init went away under the command (the sandbox was stopped, or
-    // died): the command went with its PID namespace.
+    // nsbox-init went away under the command (the sandbox was stopped, or died): the command
+    // went with its PID namespace.
     x.exit_code = 128 + SIGKILL;
     x.signal = SIGKILL;
     x.reason = static_cast<uint8_t>(exec::EndReason::kStopped);
@@ -1315,52 +1523,650 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
   const std::string reason(exec::EndReasonName(static_cast<exec::EndReason>(x.reason)));
   metrics_.ExecFinished(reason, SecondsSince(started));
   if (x.reason == static_cast<uint8_t>(exec::EndReason::kTimeout)) metrics_.Kill("timeout");
-  if (x.reason == static_cast<uint8_t>(exec::EndReason::kOutputLimit))
+  if (x.reason == static_cast<uint8_t>(exec::EndReason::kOutputLimit)) {
     metrics_.Kill("output_limit");
+  }
   if (x.reason == static_cast<uint8_t>(exec::EndReason::kStopped)) metrics_.Kill("stopped");
-  log::info("sandbox={} exec={} ended: {} exit code {} in {} ms", entry->config().id, exec_id,
-            reason, x.exit_code, x.duration_ms);
+  log::info("sandbox={} exec={} ended: {} exit code {} in {} ms; {} bytes of output",
+            entry->config().id, s->id(), reason, x.exit_code, x.duration_ms, s->end());
+  s->Ended(x, reason);
+  // Kept for re-attach for the retention time (or until the sandbox is deleted: Drop cancels).
+  ++retained_sessions_;
+  if (!s->dropped()) {
+    s->expiry().expires_after(retention_);
+    (void)co_await s->expiry().async_wait(kTuple);
+  }
+  --retained_sessions_;
+  entry->RemoveSession(s.get(), s->id());
+  s->Drop();
+}
 
-  auto fill = [&](json::object& o2) {
-    o2["exitCode"] = x.exit_code;
-    o2["reason"] = reason;
-    if (x.signal != 0) {
-      o2["signal"] = SignalName(x.signal);
-    } else {
-      o2["signal"] = nullptr;
+void Daemon::KillOnHangup(SandboxEntry& entry, ExecSession& s) {
+  if (s.ended()) return;
+  if (s.detach) {
+    log::info("sandbox={} exec={} its starter hung up; detached, it keeps running",
+              entry.config().id, s.id());
+    return;
+  }
+  std::shared_ptr<Sandbox> box = s.box.lock();
+  if (box == nullptr) return;
+  metrics_.Kill("cancelled");
+  log::info("sandbox={} exec={} the client hung up: killing the command", entry.config().id,
+            s.id());
+  box->client().KillExec(s.tag, static_cast<uint8_t>(exec::EndReason::kCancelled));
+}
+
+void Daemon::WatchHangup(Ctx& c, std::shared_ptr<HangupWatch> watch,
+                         std::function<void()> on_hangup) {
+  const int fd = c.socket.native_handle();
+  c.socket.async_wait(Socket::wait_read, [watch, fd, on_hangup](boost::system::error_code ec) {
+    if (watch->finished || ec == asio::error::operation_aborted) return;
+    char byte;
+    ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    // 0: the client closed its end. Bytes: a pipelined request, which is not a hang-up.
+    if (ec || n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) on_hangup();
+  });
+}
+
+asio::awaitable<bool> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSession> s, uint64_t offset,
+                                      bool follow, bool base64,
+                                      std::shared_ptr<HangupWatch> watch) {
+  EventEncoder encoder(base64);
+  bool start_sent = false;
+  for (;;) {
+    if (s->dropped() || watch->hung_up) co_return false;
+    if (!start_sent && s->started()) {
+      json::object o;
+      o["type"] = "start";
+      o["execId"] = s->id();
+      o["pid"] = s->pid();
+      const bool sent = co_await SendNdjsonLine(c, o);
+      if (!sent) co_return false;
+      start_sent = true;
     }
-    o2["timedOut"] = x.timed_out;
-    o2["truncated"] = x.truncated;
-    o2["cancelled"] = x.cancelled;
-    o2["durationMs"] = x.duration_ms;
+    auto pieces = s->Read(offset, kStreamChunk);
+    if (!pieces.empty()) {
+      for (const ExecSession::Piece& p : pieces) {
+        offset = p.offset + p.data.size();
+        auto event = encoder.Encode(p);
+        if (!event) continue;
+        const bool sent = co_await SendNdjsonLine(c, *event);
+        if (!sent) co_return false;
+      }
+      continue;
+    }
+    if (s->ended() || !follow) {
+      for (const json::object& event : encoder.Finish()) {
+        const bool sent = co_await SendNdjsonLine(c, event);
+        if (!sent) co_return false;
+      }
+      if (s->ended()) {
+        json::object o;
+        o["type"] = "exit";
+        FillExit(o, s->exit(), s->reason());
+        const bool sent = co_await SendNdjsonLine(c, o);
+        if (!sent) co_return false;
+      }
+      co_return true;
+    }
+    co_await s->WaitChange();
+  }
+}
+
+asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
+  auto body = co_await ReadJson(c, /*optional=*/false);
+  if (!body.ok()) {
+    const ApiError reply_error = body.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  auto parsed = ParseExecRequest(body.value(), *entry);
+  if (!parsed.ok()) {
+    const ApiError reply_error = parsed.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  const bool stream =
+      c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
+  const bool base64 = parsed.value().base64;
+  auto running = co_await EnsureRunning(entry);
+  if (!running.ok()) {
+    const ApiError reply_error = running.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  std::shared_ptr<ExecSession> s = StartSession(entry, running.value(), std::move(parsed.value()));
+  ++running_execs_;
+
+  // A client that hangs up before the answer cancels the command (api.md "Cancellation"),
+  // unless it was started with "detach": true: watch the socket while the command runs.
+  auto watch = std::make_shared<HangupWatch>();
+  auto on_hangup = [this, watch, s, entry] {
+    if (watch->hung_up || watch->finished) return;
+    watch->hung_up = true;
+    KillOnHangup(*entry, *s);
+    s->Poke();
   };
-  if (watch->hung_up) co_return false;  // nobody to answer
+  WatchHangup(c, watch, on_hangup);
+
+  bool keep = false;
+  bool answered = false;
   if (stream) {
-    for (int i = 0; i < 2 && !base64; ++i) {
-      std::string rest = decoders[i].Finish();
-      if (rest.empty()) continue;
-      json::object o2;
-      o2["type"] = i == 0 ? "stdout" : "stderr";
-      o2["data"] = std::move(rest);
-      co_await send_line(std::move(o2));
+    const bool head_sent = co_await StartNdjson(c);
+    bool done = false;
+    if (head_sent) done = co_await SendLog(c, s, 0, /*follow=*/true, base64, watch);
+    if (!done) {
+      on_hangup();
+    } else {
+      answered = true;
     }
-    json::object o2;
-    o2["type"] = "exit";
-    fill(o2);
-    co_await send_line(std::move(o2));
-    if (!alive) co_return false;
-    co_return co_await EndNdjson(c);
-  }
-  json::object o2;
-  if (base64) {
-    o2["stdoutBase64"] = Base64Encode(output[0]);
-    o2["stderrBase64"] = Base64Encode(output[1]);
   } else {
-    o2["stdout"] = utf8::DecodeLossy(output[0]);
-    o2["stderr"] = utf8::DecodeLossy(output[1]);
+    // The buffered answer: the whole output, read from the log as it comes.
+    std::string output[2];
+    uint64_t offset = 0;
+    for (;;) {
+      if (s->dropped() || watch->hung_up) break;
+      auto pieces = s->Read(offset, kStreamChunk);
+      for (const ExecSession::Piece& p : pieces) {
+        output[p.stream == 2 ? 1 : 0] += p.data;
+        offset = p.offset + p.data.size();
+      }
+      if (!pieces.empty()) continue;
+      if (s->ended()) {
+        answered = true;
+        break;
+      }
+      co_await s->WaitChange();
+    }
+    if (answered) {
+      json::object o;
+      if (base64) {
+        o["stdoutBase64"] = Base64Encode(output[0]);
+        o["stderrBase64"] = Base64Encode(output[1]);
+      } else {
+        o["stdout"] = utf8::DecodeLossy(output[0]);
+        o["stderr"] = utf8::DecodeLossy(output[1]);
+      }
+      FillExit(o, s->exit(), s->reason());
+      watch->finished = true;
+      {
+        boost::system::error_code ignored;
+        c.socket.cancel(ignored);
+      }
+      keep = co_await ReplyJson(c, 200, o);
+    }
   }
-  fill(o2);
-  co_return co_await ReplyJson(c, 200, o2);
+  watch->finished = true;
+  {
+    boost::system::error_code ignored;
+    c.socket.cancel(ignored);
+  }
+  --running_execs_;
+  if (!answered) co_return false;  // nobody to answer
+  if (stream) co_return co_await EndNdjson(c);
+  co_return keep;
+}
+
+// GET /v1/sandboxes/{id}/execs/{execId}/output?offset=N&follow=1&encoding=base64
+asio::awaitable<bool> Daemon::ExecOutput(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                         const std::string& exec_id, std::string_view query) {
+  std::shared_ptr<ExecSession> s = entry->FindSession(exec_id);
+  if (s == nullptr || s->dropped()) {
+    const ApiError reply_error = ExecNotFound(exec_id, entry->config().id);
+    co_return co_await ReplyError(c, reply_error);
+  }
+  auto offset = AttachOffset(query, *s);
+  if (!offset.ok()) {
+    const ApiError reply_error = offset.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  bool base64 = false;
+  if (auto encoding = QueryValue(query, "encoding")) {
+    if (*encoding == "base64") {
+      base64 = true;
+    } else if (*encoding != "utf8" && *encoding != "utf-8") {
+      const ApiError reply_error = ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\"");
+      co_return co_await ReplyError(c, reply_error);
+    }
+  }
+  bool follow = false;
+  if (auto f = QueryValue(query, "follow")) {
+    if (*f == "1" || *f == "true" || f->empty()) {
+      follow = true;
+    } else if (*f != "0" && *f != "false") {
+      const ApiError reply_error = ApiError::Invalid("\"follow\" must be 1 or 0");
+      co_return co_await ReplyError(c, reply_error);
+    }
+  }
+  // A re-attach never kills: its hang-up only ends this reader.
+  auto watch = std::make_shared<HangupWatch>();
+  auto on_hangup = [watch, s] {
+    if (watch->hung_up || watch->finished) return;
+    watch->hung_up = true;
+    s->Poke();
+  };
+  WatchHangup(c, watch, on_hangup);
+  const bool head_sent = co_await StartNdjson(c);
+  bool done = false;
+  if (head_sent) done = co_await SendLog(c, s, offset.value(), follow, base64, watch);
+  watch->finished = true;
+  {
+    boost::system::error_code ignored;
+    c.socket.cancel(ignored);
+  }
+  if (!done) co_return false;
+  co_return co_await EndNdjson(c);
+}
+
+// Hands `input` to nsbox-init and resumes on the loop once it was written (or refused).
+asio::awaitable<fs::FsOutcome<fs::Unit>> Daemon::SendInput(std::shared_ptr<Sandbox> box,
+                                                           fs::proto::ExecInput input) {
+  auto initiation = [this, box, input = std::move(input)](auto handler) mutable {
+    auto ex = asio::get_associated_executor(handler, io_.get_executor());
+    auto h = std::make_shared<decltype(handler)>(std::move(handler));
+    box->client().SendInput(input, [h, ex](fs::FsOutcome<fs::Unit> result) {
+      asio::post(ex,
+                 [h, result = std::move(result)]() mutable { std::move (*h)(std::move(result)); });
+    });
+  };
+  return asio::async_initiate<const asio::use_awaitable_t<>&, void(fs::FsOutcome<fs::Unit>)>(
+      initiation, asio::use_awaitable);
+}
+
+// Why input cannot go to `s` now, or nullopt.
+std::optional<ApiError> InputRefusal(const ExecSession& s) {
+  if (!s.stdin_stream) {
+    return ApiError::Of(409, "stdin_not_streamed",
+                        "exec '" + s.id() +
+                            "' was not started with \"stdinStream\": true or \"tty\"; its stdin "
+                            "cannot be written");
+  }
+  if (s.ended()) {
+    return ApiError::Of(409, "exec_ended", "exec '" + s.id() + "' has ended; its stdin is gone");
+  }
+  if (s.stdin_closed) {
+    return ApiError::Of(409, "stdin_closed", "the stdin of exec '" + s.id() + "' was closed");
+  }
+  return std::nullopt;
+}
+
+ApiError InputError(const ExecSession& s, const fs::FsError& error) {
+  if (error.err == EPIPE || error.err == ESRCH) {
+    if (s.ended() || error.err == ESRCH) {
+      return ApiError::Of(409, "exec_ended", "exec '" + s.id() + "' has ended; its stdin is gone");
+    }
+    return ApiError::Of(409, "stdin_closed",
+                        "the stdin of exec '" + s.id() + "' is closed (" + error.message + ")");
+  }
+  return ApiError::FromFs(error);
+}
+
+// POST /v1/sandboxes/{id}/execs/{execId}/stdin[?close=1]: the raw body, relayed a piece at a time.
+asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                        const std::string& exec_id, std::string_view query) {
+  std::shared_ptr<ExecSession> s = entry->FindSession(exec_id);
+  if (s == nullptr || s->dropped()) {
+    const ApiError reply_error = ExecNotFound(exec_id, entry->config().id);
+    co_return co_await ReplyError(c, reply_error);
+  }
+  bool close = false;
+  if (auto v = QueryValue(query, "close")) {
+    if (*v == "1" || *v == "true" || v->empty()) {
+      close = true;
+    } else if (*v != "0" && *v != "false") {
+      const ApiError reply_error = ApiError::Invalid("\"close\" must be 1 or 0");
+      co_return co_await ReplyError(c, reply_error);
+    }
+  }
+  if (auto refusal = InputRefusal(*s)) {
+    const ApiError reply_error = *refusal;
+    co_return co_await ReplyError(c, reply_error);
+  }
+  std::shared_ptr<Sandbox> box = s->box.lock();
+  if (box == nullptr) {
+    const ApiError reply_error =
+        ApiError::Of(409, "exec_ended", "exec '" + s->id() + "' has ended; its stdin is gone");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  if (!co_await SendContinue(c)) co_return false;
+  std::vector<char> buf(fs::proto::kMaxInputChunk);
+  auto& p = c.parser;
+  uint64_t total = 0;
+  while (!p.is_done()) {
+    p.get().body().data = buf.data();
+    p.get().body().size = buf.size();
+    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
+    (void)n;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) co_return false;  // the client went away mid-body
+    const size_t got = buf.size() - p.get().body().size;
+    if (got == 0) continue;
+    metrics_.BytesIn(got);
+    fs::proto::ExecInput input;
+    input.exec_tag = s->tag;
+    input.data.assign(buf.data(), got);
+    auto written = co_await SendInput(box, std::move(input));
+    if (!written.ok()) {
+      c.must_close = !p.is_done();
+      const ApiError reply_error = InputError(*s, written.error());
+      co_return co_await ReplyError(c, reply_error);
+    }
+    total += got;
+  }
+  c.body_done = true;
+  if (close) {
+    if (auto refusal = InputRefusal(*s)) {
+      const ApiError reply_error = *refusal;
+      co_return co_await ReplyError(c, reply_error);
+    }
+    fs::proto::ExecInput input;
+    input.exec_tag = s->tag;
+    input.close = true;
+    s->stdin_closed = true;
+    auto written = co_await SendInput(box, std::move(input));
+    if (!written.ok()) {
+      const ApiError reply_error = InputError(*s, written.error());
+      co_return co_await ReplyError(c, reply_error);
+    }
+  }
+  log::debug("sandbox={} exec={} stdin: {} bytes{}", entry->config().id, s->id(), total,
+             close ? ", closed" : "");
+  co_return co_await ReplyNoContent(c);
+}
+
+// A terminal exec's new size; the error (or nullopt) as the HTTP and WebSocket answers share it.
+asio::awaitable<std::optional<ApiError>> Daemon::ResizeTty(std::shared_ptr<ExecSession> s,
+                                                           fs::proto::TtySize size) {
+  if (!s->tty) {
+    co_return ApiError::Of(409, "not_a_terminal",
+                           "exec '" + s->id() + "' does not run on a terminal (\"tty\")");
+  }
+  if (s->ended()) {
+    co_return ApiError::Of(409, "exec_ended", "exec '" + s->id() + "' has ended");
+  }
+  std::shared_ptr<Sandbox> box = s->box.lock();
+  if (box == nullptr) co_return ApiError::Of(409, "exec_ended", "exec '" + s->id() + "' has ended");
+  fs::proto::ExecResize resize{s->tag, size};
+  auto work = [box, resize] { return box->client().Resize(resize); };
+  auto done = co_await Blocking(std::move(work));
+  if (!done.ok()) {
+    if (done.error().err == ESRCH) {
+      co_return ApiError::Of(409, "exec_ended", "exec '" + s->id() + "' has ended");
+    }
+    co_return ApiError::FromFs(done.error());
+  }
+  s->tty = size;
+  co_return std::nullopt;
+}
+
+// POST /v1/sandboxes/{id}/execs/{execId}/resize {"rows": R, "cols": C}
+asio::awaitable<bool> Daemon::ExecResize(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                         const std::string& exec_id) {
+  auto body = co_await ReadJson(c, /*optional=*/false);
+  if (!body.ok()) {
+    const ApiError reply_error = body.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  std::shared_ptr<ExecSession> s = entry->FindSession(exec_id);
+  if (s == nullptr || s->dropped()) {
+    const ApiError reply_error = ExecNotFound(exec_id, entry->config().id);
+    co_return co_await ReplyError(c, reply_error);
+  }
+  auto size = TtySizeOf(body.value(), "");
+  if (!size.ok()) {
+    const ApiError reply_error = size.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  auto refused = co_await ResizeTty(s, size.value());
+  if (refused) {
+    const ApiError reply_error = *refused;
+    co_return co_await ReplyError(c, reply_error);
+  }
+  co_return co_await ReplyNoContent(c);
+}
+
+// ---- the WebSocket of an exec (docs/exec.md "WebSocket") ----
+
+std::string ControlError(const ApiError& error) {
+  json::object e;
+  e["code"] = error.code;
+  e["message"] = error.message;
+  json::object o;
+  o["type"] = "error";
+  o["error"] = std::move(e);
+  return json::serialize(o);
+}
+
+void Daemon::WsPush(WsState& st, ExecSession* s, std::string message) {
+  // A client that floods bad control messages gets no more than this many answers queued.
+  if (st.control.size() < 64) st.control.push_back(std::move(message));
+  if (s != nullptr) s->Poke();
+  st.wake.cancel();
+}
+
+asio::awaitable<void> Daemon::WsReader(WebSocket& ws, std::shared_ptr<WsState> st,
+                                       std::shared_ptr<ExecSession> s,
+                                       std::shared_ptr<SandboxEntry> entry, bool starter) {
+  for (;;) {
+    beast::flat_buffer buf;
+    auto [ec, n] = co_await ws.async_read(buf, kTuple);
+    (void)n;
+    if (ec) {
+      if (ec == websocket::error::message_too_big) {
+        log::info("sandbox={} exec={} a WebSocket message over 1 MiB: closed with 1009",
+                  entry->config().id, s->id());
+      }
+      break;
+    }
+    metrics_.BytesIn(buf.size());
+    std::string msg = beast::buffers_to_string(buf.data());
+    if (ws.got_binary()) {
+      if (msg.empty() || msg[0] != 0) {
+        const std::string what =
+            msg.empty() ? std::string("an empty binary message has no channel byte")
+                        : "unknown channel " + std::to_string(static_cast<unsigned char>(msg[0])) +
+                              ": a client's binary messages carry channel 0 (stdin)";
+        WsPush(*st, s.get(), ControlError(ApiError::Invalid(what)));
+        continue;
+      }
+      if (auto refusal = InputRefusal(*s)) {
+        WsPush(*st, s.get(), ControlError(*refusal));
+        continue;
+      }
+      std::shared_ptr<Sandbox> box = s->box.lock();
+      for (size_t at = 1; at < msg.size() && box != nullptr;) {
+        const size_t len = std::min<size_t>(msg.size() - at, fs::proto::kMaxInputChunk);
+        fs::proto::ExecInput input;
+        input.exec_tag = s->tag;
+        input.data = msg.substr(at, len);
+        auto written = co_await SendInput(box, std::move(input));
+        if (!written.ok()) {
+          WsPush(*st, s.get(), ControlError(InputError(*s, written.error())));
+          break;
+        }
+        at += len;
+      }
+      continue;
+    }
+    boost::system::error_code jec;
+    json::value v = json::parse(msg, jec);
+    const json::object* o = !jec && v.is_object() ? &v.get_object() : nullptr;
+    const json::value* type = o != nullptr ? o->if_contains("type") : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      WsPush(*st, s.get(),
+             ControlError(ApiError::Invalid(
+                 "a text message must be a JSON object with a \"type\": \"resize\" or "
+                 "\"stdin-close\"")));
+      continue;
+    }
+    if (type->get_string() == "resize") {
+      auto size = TtySizeOf(*o, "resize: ");
+      if (!size.ok()) {
+        WsPush(*st, s.get(), ControlError(size.error()));
+        continue;
+      }
+      auto refused = co_await ResizeTty(s, size.value());
+      if (refused) WsPush(*st, s.get(), ControlError(*refused));
+    } else if (type->get_string() == "stdin-close") {
+      if (auto refusal = InputRefusal(*s)) {
+        WsPush(*st, s.get(), ControlError(*refusal));
+        continue;
+      }
+      std::shared_ptr<Sandbox> box = s->box.lock();
+      if (box == nullptr) continue;
+      fs::proto::ExecInput input;
+      input.exec_tag = s->tag;
+      input.close = true;
+      s->stdin_closed = true;
+      auto written = co_await SendInput(box, std::move(input));
+      if (!written.ok()) WsPush(*st, s.get(), ControlError(InputError(*s, written.error())));
+    } else {
+      WsPush(*st, s.get(),
+             ControlError(ApiError::Invalid(
+                 "unknown message type \"" +
+                 utf8::DecodeLossy(std::string(type->get_string().subview(0, 40))) +
+                 "\" (resize, stdin-close)")));
+    }
+  }
+  st->reader_done = true;
+  // The socket that started the exec is its starter: its end kills the command unless detached.
+  if (starter) KillOnHangup(*entry, *s);
+  s->Poke();
+  st->wake.cancel();
+}
+
+asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                         std::shared_ptr<ExecSession> s, uint64_t offset) {
+  WebSocket ws(c.socket);
+  ws.read_message_max(kMaxJsonBody);
+  ws.set_option(websocket::stream_base::decorator([](websocket::response_type& res) {
+    res.set(http::field::server, std::string("nsboxd/") + kVersion);
+  }));
+  {
+    auto [ec] = co_await ws.async_accept(c.parser.get(), kTuple);
+    if (ec) co_return false;
+  }
+  c.status = 101;
+  auto st = std::make_shared<WsState>(io_.get_executor());
+  const bool starter = s == nullptr;
+  if (starter) {
+    // The first message: the exec's JSON body, as POST .../exec takes it.
+    beast::flat_buffer buf;
+    auto [ec, n] = co_await ws.async_read(buf, kTuple);
+    (void)n;
+    if (ec) co_return false;
+    std::optional<ApiError> refusal;
+    ApiOutcome<ExecSpec> spec = ApiError::Invalid("the first message must be the exec's JSON body");
+    if (ws.got_text()) {
+      boost::system::error_code jec;
+      json::value v = json::parse(beast::buffers_to_string(buf.data()), jec);
+      if (jec || !v.is_object()) {
+        refusal = ApiError::Invalid("the first message must be a JSON object: the exec's body");
+      } else {
+        spec = ParseExecRequest(v.get_object(), *entry);
+        if (!spec.ok()) refusal = spec.error();
+      }
+    } else {
+      refusal = spec.error();
+    }
+    std::shared_ptr<Sandbox> box;
+    if (!refusal) {
+      auto running = co_await EnsureRunning(entry);
+      if (running.ok()) {
+        box = running.value();
+      } else {
+        refusal = running.error();
+      }
+    }
+    if (refusal) {
+      metrics_.Error(refusal->code);
+      const std::string text = ControlError(*refusal);
+      ws.text(true);
+      (void)co_await ws.async_write(asio::buffer(text), kTuple);
+      const websocket::close_reason why(websocket::close_code::policy_error);
+      (void)co_await ws.async_close(why, kTuple);
+      co_return false;
+    }
+    spec.value().stdin_stream = true;  // a socket's input is always streamed
+    s = StartSession(entry, box, std::move(spec.value()));
+    ++running_execs_;
+  }
+  asio::co_spawn(io_, WsReader(ws, st, s, entry, starter), asio::detached);
+
+  bool start_sent = false;
+  bool failed = false;
+  bool closed = false;
+  for (;;) {
+    while (!st->control.empty() && !failed) {
+      const std::string text = std::move(st->control.front());
+      st->control.pop_front();
+      ws.text(true);
+      auto [ec, n] = co_await ws.async_write(asio::buffer(text), kTuple);
+      (void)n;
+      if (ec) failed = true;
+    }
+    if (failed || st->reader_done || s->dropped()) break;
+    if (!start_sent && s->started()) {
+      json::object o;
+      o["type"] = "start";
+      o["execId"] = s->id();
+      o["pid"] = s->pid();
+      const std::string text = json::serialize(o);
+      ws.text(true);
+      auto [ec, n] = co_await ws.async_write(asio::buffer(text), kTuple);
+      (void)n;
+      if (ec) break;
+      start_sent = true;
+    }
+    auto pieces = s->Read(offset, kStreamChunk);
+    if (!pieces.empty()) {
+      for (const ExecSession::Piece& p : pieces) {
+        std::string frame;
+        frame.reserve(p.data.size() + 1);
+        frame += static_cast<char>(p.stream == 2 ? 2 : 1);
+        frame += p.data;
+        ws.binary(true);
+        auto [ec, n] = co_await ws.async_write(asio::buffer(frame), kTuple);
+        (void)n;
+        if (ec) {
+          failed = true;
+          break;
+        }
+        metrics_.BytesOut(frame.size());
+        offset = p.offset + p.data.size();
+      }
+      if (failed) break;
+      continue;
+    }
+    if (s->ended()) {
+      json::object o;
+      o["type"] = "exit";
+      FillExit(o, s->exit(), s->reason());
+      const std::string text = json::serialize(o);
+      ws.text(true);
+      auto [ec, n] = co_await ws.async_write(asio::buffer(text), kTuple);
+      (void)n;
+      if (ec) break;
+      const websocket::close_reason why(websocket::close_code::normal);
+      (void)co_await ws.async_close(why, kTuple);
+      closed = true;
+      break;
+    }
+    co_await s->WaitChange();
+  }
+  if (!closed && !failed && !st->reader_done) {
+    const websocket::close_reason why(websocket::close_code::going_away);
+    (void)co_await ws.async_close(why, kTuple);
+  }
+  // The reader ends with the close handshake (or the socket's end); it holds `ws`, so wait.
+  for (int i = 0; !st->reader_done; ++i) {
+    if (i == 1) {
+      boost::system::error_code ignored;
+      c.socket.shutdown(asio::socket_base::shutdown_both, ignored);
+      c.socket.cancel(ignored);
+    }
+    st->wake.expires_after(std::chrono::seconds(i == 0 ? 5 : 60));
+    (void)co_await st->wake.async_wait(kTuple);
+  }
+  if (starter) --running_execs_;
+  co_return false;
 }
 
 // ---- files ----
@@ -1925,9 +2731,20 @@ int Serve(const ServeOptions& options) {
     tcp_acceptor = std::move(t).value();
   }
 
+  // Exec sessions live in memory only: what a previous daemon spilled is of no use now.
+  for (const auto& entry : (*registry)->List()) {
+    std::error_code ec;
+    std::filesystem::remove_all(entry->execs_dir(), ec);
+    if (ec)
+      log::warn("sandbox={} remove {}: {}", entry->config().id, entry->execs_dir(), ec.message());
+  }
+  ExecLogLimits log_limits;
+  log_limits.ring_bytes = options.output_ring;
+  log_limits.spill_bytes = options.output_spill;
   int exit_code = 0;
   {
-    Daemon daemon(io, **registry, token);
+    Daemon daemon(io, **registry, token, log_limits,
+                  std::chrono::seconds(options.exec_retention_seconds));
     std::vector<Acceptor*> acceptors{unix_acceptor->get()};
     asio::co_spawn(io, daemon.AcceptLoop(**unix_acceptor, false), asio::detached);
     if (tcp_acceptor) {
@@ -1947,6 +2764,10 @@ int Serve(const ServeOptions& options) {
     } catch (const std::exception& e) {
       log::error("the event loop failed: {}", e.what());
       exit_code = 1;
+    }
+    // The sessions' timers belong to the loop: gone before it, spill files removed.
+    for (const auto& entry : (*registry)->List()) {
+      for (const auto& s : entry->TakeSessions()) s->Drop();
     }
   }
   (*registry)->StopAll();

@@ -696,13 +696,16 @@ int CmdMounts() {
 }
 
 // TIOCSTI on a pty pair of the probe's own (harmless anywhere: the character goes to a terminal
-// nobody reads), and with --stdin on fd 0 (only in a jail).
+// nobody reads), and with --stdin on fd 0 (only in a jail): TIOCSTI and TIOCLINUX.
 int CmdTiocsti(bool on_stdin) {
   const char c = '\n';
   if (on_stdin) {
     if (int rc = RefuseOnHost("tiocsti --stdin")) return rc;
     Print("tiocsti.stdin_isatty", isatty(STDIN_FILENO) ? "1" : "0");
     Print("tiocsti.stdin", Outcome(ioctl(STDIN_FILENO, TIOCSTI, &c)));
+    // TIOCLINUX subcode 6 (TIOCL_GETSHIFTSTATE) only reads; on a pty it is ENOTTY unfiltered.
+    char subcode = 6;
+    Print("tioclinux.stdin", Outcome(ioctl(STDIN_FILENO, TIOCLINUX, &subcode)));
   }
   int master = posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
   if (master < 0) {

@@ -1,0 +1,137 @@
+#pragma once
+
+// One exec as nsboxd keeps it (docs/exec.md): its identity, its output as one ordered log of
+// chunks (stream, bytes) addressed by byte offsets, and its end. It lives on the daemon's event
+// loop and is fed there from the control channel's events, independently of any HTTP request;
+// the request that started it and every re-attach read from it at their own pace, so a client
+// that never reads never holds up the command or the log.
+//
+// The log: the newest bytes in a memory ring (ring_bytes); older ones spilled to a file
+// (spill_path, made 0600 only once the ring overflows) up to spill_bytes; beyond that the
+// oldest spilled bytes are dropped and oldest() moves. The spill file holds the raw bytes at
+// file position == offset (a sparse file once its head is dropped); which stream each byte came
+// from is kept in memory as the offsets where the stream switches, at most kMaxSpillRuns of them
+// (more switches drop the oldest spilled bytes too, so a command alternating one-byte writes
+// between stdout and stderr cannot grow the daemon's memory).
+//
+// Not thread-safe: every call on the event loop's thread.
+
+#include <sys/types.h>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/unique_fd.h"
+#include "fs/protocol.h"
+#include "runtime/sandbox.h"
+
+namespace nsbox::runtime {
+
+struct ExecLogLimits {
+  uint64_t ring_bytes = 2u << 20;    // nsbox serve --output-ring
+  uint64_t spill_bytes = 64u << 20;  // nsbox serve --output-spill
+  static constexpr size_t kMaxSpillRuns = 1u << 20;
+};
+
+class ExecSession {
+ public:
+  // A piece of the log: `data` came from `stream` (1 stdout, 2 stderr) and starts at `offset`.
+  struct Piece {
+    uint64_t offset = 0;
+    int stream = 1;
+    std::string data;
+  };
+
+  ExecSession(boost::asio::any_io_executor ex, std::string exec_id, std::string command,
+              std::string spill_path, ExecLogLimits limits);
+  ~ExecSession();
+  ExecSession(const ExecSession&) = delete;
+  ExecSession& operator=(const ExecSession&) = delete;
+
+  const std::string& id() const { return id_; }
+  const std::string& command() const { return command_; }
+  const std::string& started_at() const { return started_at_; }
+  const std::string& spill_path() const { return spill_path_; }
+
+  // What the exec was started with, and where it runs.
+  bool detach = false;
+  bool stdin_stream = false;
+  std::optional<fs::proto::TtySize> tty;
+  bool stdin_closed = false;  // a POST .../stdin?close=1 (or the socket's stdin-close) went out
+  std::weak_ptr<Sandbox> box;
+  uint64_t tag = 0;
+
+  // From the control channel's events, in their order.
+  void Started(uint32_t pid);
+  void Append(int stream, std::string_view data);
+  void Ended(const fs::proto::ExecExit& exit, std::string reason);
+
+  bool started() const { return started_; }
+  uint32_t pid() const { return pid_; }
+  bool ended() const { return exit_.has_value(); }
+  const fs::proto::ExecExit& exit() const { return *exit_; }
+  const std::string& reason() const { return reason_; }
+
+  // Offsets: [oldest(), end()) is what can still be read.
+  uint64_t end() const { return end_; }
+  uint64_t oldest() const { return oldest_; }
+  uint64_t spilled_bytes() const { return spill_end_ - oldest_; }
+  // Up to `max` bytes from `offset` (clamped to [oldest(), end()]), in order; empty at the end.
+  std::vector<Piece> Read(uint64_t offset, size_t max) const;
+
+  // Resumes after the next change (output, start, end, Poke, Drop); spurious wake-ups happen.
+  boost::asio::awaitable<void> WaitChange();
+  // Wakes every WaitChange (a subscriber's own event: its client hung up, a control message).
+  void Poke();
+
+  // The end of its retention (or the sandbox's deletion): the ring freed, the spill file closed
+  // and removed, every reader woken. Readers then see dropped().
+  void Drop();
+  bool dropped() const { return dropped_; }
+  // The retention timer: waited on by the session's pump, cancelled by Drop.
+  boost::asio::steady_timer& expiry() { return expiry_; }
+
+ private:
+  struct Chunk {
+    uint64_t offset = 0;
+    int stream = 1;
+    std::string data;
+  };
+  void SpillFront();
+  void DropSpilledBefore(uint64_t offset);
+
+  const std::string id_;
+  const std::string command_;
+  const std::string started_at_;
+  const std::string spill_path_;
+  const ExecLogLimits limits_;
+  bool started_ = false;
+  uint32_t pid_ = 0;
+  std::optional<fs::proto::ExecExit> exit_;
+  std::string reason_;
+  bool dropped_ = false;
+
+  std::deque<Chunk> ring_;
+  uint64_t ring_size_ = 0;
+  uint64_t end_ = 0;
+  uint64_t oldest_ = 0;
+  uint64_t spill_end_ = 0;  // the ring starts here; [oldest_, spill_end_) is in the file
+  std::deque<std::pair<uint64_t, int>> runs_;  // (offset, stream) where the spill switches
+  UniqueFd spill_fd_;
+  bool spill_failed_ = false;
+  uint64_t punched_ = 0;
+
+  boost::asio::steady_timer notify_;
+  boost::asio::steady_timer expiry_;
+};
+
+}  // namespace nsbox::runtime
