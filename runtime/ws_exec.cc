@@ -149,8 +149,13 @@ class Session {
       result_.exit_code = code != nullptr && code->is_int64() ? code->get_int64() : 1;
     } else if (type == "error") {
       const json::value* err = event.if_contains("error");
-      std::string text = err != nullptr && err->is_object() ? Text(err->get_object(), "message")
-                                                            : std::string("an error");
+      const json::object no_error;
+      const json::object& e = err != nullptr && err->is_object() ? err->get_object() : no_error;
+      const std::string code = Text(e, "code");
+      // Keys typed while the command ends (the shell's `exit`, then more typing) reach it too
+      // late: expected, and not worth a line on the user's terminal.
+      if (code == "exec_ended" || code == "stdin_closed") return Ok();
+      std::string text = e.empty() ? std::string("an error") : Text(e, "message");
       // Not fatal (a resize the daemon refused, say); shown where it cannot garble the output.
       std::string line = "nsbox: " + text + (options_.tty ? "\r\n" : "\n");
       (void)WriteAll(options_.err_fd, line, "stderr");

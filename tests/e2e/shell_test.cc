@@ -115,6 +115,15 @@ class Tmux {
     }
     return false;
   }
+  // Waits until `text` appears at least `n` times on the screen.
+  bool WaitForCount(std::string_view text, size_t n, milliseconds timeout = milliseconds(20000)) {
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      if (Count(text) >= n) return true;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return false;
+  }
   // How often `text` appears on the screen.
   size_t Count(std::string_view text) {
     std::string screen = Screen();
@@ -238,7 +247,7 @@ TEST_F(ShellTest, ShellInTmuxLikeAPerson) {
   tmux.Line("hello there");
   ASSERT_TRUE(tmux.WaitFor("got:hello there")) << tmux.Screen();
   tmux.Line("exit 7");
-  ASSERT_TRUE(tmux.WaitFor("host$ ")) << tmux.Screen();
+  ASSERT_TRUE(tmux.WaitForCount("host$ ", 2)) << tmux.Screen();
   tmux.Line("echo rc=$?; stty -a | grep -o -- '-\\?icanon' | head -1");
   ASSERT_TRUE(tmux.WaitFor("rc=7")) << tmux.Screen();
   EXPECT_TRUE(tmux.WaitFor("\nicanon")) << "the terminal was not restored:\n" << tmux.Screen();
@@ -255,7 +264,10 @@ TEST_F(ShellTest, CtrlDEndsTheLoginShell) {
   tmux.Line(NsboxCommand("shell " + Quote(id)));
   tmux.Line("echo in-$((2*21)) $(pwd)");
   ASSERT_TRUE(tmux.WaitFor("in-42 /workspace")) << tmux.Screen();
+  ASSERT_EQ(tmux.Count("host$ "), 1u) << tmux.Screen();
   tmux.Key("C-d");
+  // Typed only once the host shell is back: keys typed before would go to the sandbox's.
+  ASSERT_TRUE(tmux.WaitForCount("host$ ", 2)) << tmux.Screen();
   tmux.Line("echo rc=$?");
   ASSERT_TRUE(tmux.WaitFor("rc=0")) << tmux.Screen();
 }
@@ -271,6 +283,7 @@ TEST_F(ShellTest, ExecDashItRunsOneCommandOnATerminal) {
                          " -- sh -c 'stty size; tty -s && echo on-a-tty; exit 3'"));
   ASSERT_TRUE(tmux.WaitFor("on-a-tty")) << tmux.Screen();
   EXPECT_TRUE(tmux.WaitFor("20 90")) << tmux.Screen();
+  ASSERT_TRUE(tmux.WaitForCount("host$ ", 2)) << tmux.Screen();
   tmux.Line("echo rc=$?");
   ASSERT_TRUE(tmux.WaitFor("rc=3")) << tmux.Screen();
 }
