@@ -341,6 +341,17 @@ Status ApiClient::Connect() {
   return Ok();
 }
 
+Result<UniqueFd> ApiClient::ReleaseSocket() {
+  // A fresh connection: one kept alive may hold buffered bytes of an earlier answer.
+  Disconnect();
+  NSBOX_TRY(Connect());
+  boost::system::error_code ec;
+  UniqueFd fd(conn_->socket.release(ec));
+  conn_.reset();
+  if (ec) return FromBoost(ec, "take the connection to nsboxd at " + endpoint_.Describe());
+  return fd;
+}
+
 namespace {
 
 template <typename Body>

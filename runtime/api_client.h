@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "base/unique_fd.h"
 
 namespace nsbox::runtime {
 
@@ -89,6 +90,10 @@ class ApiClient {
   // it to abort a blocking call (the call then fails and the connection is dropped).
   int socket_fd() const;
   void Disconnect();
+  // Connects (as Connect does) and hands the connected socket over: the caller owns it, and
+  // this client no longer uses it (the next request opens another). For the WebSocket upgrade,
+  // which speaks its own protocol on the connection.
+  Result<UniqueFd> ReleaseSocket();
   // True when the last call failed because the daemon could not be reached at all.
   bool connect_failed() const { return connect_failed_; }
 

@@ -25,7 +25,9 @@
 #include "images/store.h"
 #include "runtime/api_client.h"
 #include "runtime/paths.h"
+#include "runtime/terminal.h"
 #include "runtime/units.h"
+#include "runtime/ws_exec.h"
 
 namespace nsbox::runtime {
 
@@ -51,6 +53,7 @@ struct ClientCommands::Options {
   CLI::App* create = nullptr;
   CLI::App* ls = nullptr;
   CLI::App* exec = nullptr;
+  CLI::App* shell = nullptr;
   CLI::App* cp = nullptr;
   CLI::App* stop = nullptr;
   CLI::App* rm = nullptr;
@@ -67,6 +70,8 @@ struct ClientCommands::Options {
   std::string cwd;
   std::optional<std::string> timeout;
   std::vector<std::string> command;
+  bool interactive = false;  // exec -i: stdin streamed to the command
+  bool tty = false;          // exec -t: on a terminal
 
   std::string src;
   std::string dst;
@@ -492,22 +497,76 @@ void CatchInterrupts() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
 }
 
-int Exec(const Options& o, ApiClient& client) {
-  std::string what = "exec " + o.id;
+// The exec body of api.md from the options both `exec` and `shell` take.
+Result<json::object> ExecBody(const Options& o, std::string command) {
   json::object body;
-  body["command"] = ShellCommand(o.command);
-  body["encoding"] = "base64";
+  body["command"] = std::move(command);
   if (!o.cwd.empty()) body["cwd"] = o.cwd;
   if (!o.env.empty()) {
-    auto env = EnvObject(o.env);
-    if (!env.ok()) return Fail("exec", env.error().message(), kExitUsage);
-    body["env"] = std::move(*env);
+    NSBOX_ASSIGN_OR_RETURN(auto env, EnvObject(o.env));
+    body["env"] = std::move(env);
   }
   if (o.timeout) {
-    auto ms = ParseCount("--timeout", *o.timeout, 1, uint64_t{1} << 53);
-    if (!ms.ok()) return Fail("exec", ms.error().message(), kExitUsage);
-    body["timeoutMs"] = *ms;
+    NSBOX_ASSIGN_OR_RETURN(auto ms, ParseCount("--timeout", *o.timeout, 1, uint64_t{1} << 53));
+    body["timeoutMs"] = ms;
   }
+  return body;
+}
+
+// How `nsbox exec` and `nsbox shell` end: the command's exit code, and a line on stderr when
+// nsbox ended it.
+int ExecExitCode(std::string_view what, int64_t exit_code, std::string_view reason) {
+  if (reason == "oom") {
+    Fail(what, "the command ran out of memory (the sandbox's memory limit) and was killed");
+  } else if (reason == "stopped") {
+    Fail(what, "the sandbox was stopped or removed while the command ran");
+  } else if (reason == "cancelled") {
+    Fail(what, "the command was cancelled");
+  }
+  if (exit_code < 0 || exit_code > 255) return kExitApiError;
+  return static_cast<int>(exit_code);
+}
+
+// Over the exec WebSocket: -i streams stdin, -t runs the command on a terminal (`nsbox shell`).
+int InteractiveExec(const Options& o, const ApiClient& client, json::object body, bool tty) {
+  const std::string what = (o.shell != nullptr && o.shell->parsed() ? "shell " : "exec ") + o.id;
+  if (tty) {
+    if (!::isatty(STDIN_FILENO)) {
+      return Fail(what,
+                  "the input is not a terminal: a terminal session needs one (for a pipe or a "
+                  "file, use `nsbox exec -i` without -t)",
+                  kExitUsage);
+    }
+    WindowSize size = TerminalSize(STDIN_FILENO).value_or(WindowSize{24, 80});
+    body["tty"] = json::object{{"rows", size.rows}, {"cols", size.cols}};
+    if (const char* term = std::getenv("TERM"); term != nullptr && *term != '\0') {
+      json::object& env =
+          body["env"].is_object() ? body["env"].get_object() : body["env"].emplace_object();
+      if (!env.contains("TERM")) env["TERM"] = term;
+    }
+  }
+  body["stdinStream"] = true;
+  WsExecOptions options;
+  options.body = std::move(body);
+  options.tty = tty;
+  options.in_fd = o.interactive || tty ? STDIN_FILENO : -1;
+  if (options.in_fd < 0) options.body["stdinStream"] = false;
+  auto result = RunWsExec(client.endpoint(), o.id, options);
+  if (!result.ok()) {
+    return Fail(what, Transport(client, std::move(result).error()).message());
+  }
+  if (result->interrupted && !result->exited) return kExitInterrupted;
+  if (!result->exited) return Fail(what, "the connection ended before the command did");
+  return ExecExitCode(what, result->exit_code, result->reason);
+}
+
+int Exec(const Options& o, ApiClient& client) {
+  std::string what = "exec " + o.id;
+  auto made = ExecBody(o, ShellCommand(o.command));
+  if (!made.ok()) return Fail("exec", made.error().message(), kExitUsage);
+  json::object body = std::move(*made);
+  if (o.interactive || o.tty) return InteractiveExec(o, client, std::move(body), o.tty);
+  body["encoding"] = "base64";
 
   CatchInterrupts();
   if (Status st = client.Connect(); !st.ok()) {
@@ -551,15 +610,18 @@ int Exec(const Options& o, ApiClient& client) {
   answer = Check(client, std::move(answer));
   if (!answer.ok()) return Fail(what, answer.error().message());
   if (!exited) return Fail(what, "the daemon's stream ended before the command did");
-  if (reason == "oom") {
-    Fail(what, "the command ran out of memory (the sandbox's memory limit) and was killed");
-  } else if (reason == "stopped") {
-    Fail(what, "the sandbox was stopped or removed while the command ran");
-  } else if (reason == "cancelled") {
-    Fail(what, "the command was cancelled");
-  }
-  if (exit_code < 0 || exit_code > 255) return kExitApiError;
-  return static_cast<int>(exit_code);
+  return ExecExitCode(what, exit_code, reason);
+}
+
+// A login shell (or the given command) on a terminal in the sandbox.
+int Shell(const Options& o, ApiClient& client) {
+  // bash where the image has it, else sh; -l: a login shell reads the profile, as ssh's does.
+  std::string command =
+      o.command.empty() ? "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi"
+                        : ShellCommand(o.command);
+  auto made = ExecBody(o, std::move(command));
+  if (!made.ok()) return Fail("shell", made.error().message(), kExitUsage);
+  return InteractiveExec(o, client, std::move(*made), /*tty=*/true);
 }
 
 // ---- cp ----
@@ -935,7 +997,7 @@ std::string ShellCommand(const std::vector<std::string>& args) {
 
 ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Options>()) {
   Options& o = *options_;
-  const std::string group = "Daemon connection (for create, ls, exec, cp, stop, rm, image)";
+  const std::string group = "Daemon connection (for create, ls, exec, shell, cp, stop, rm, image)";
   o.socket_opt =
       app.add_option("--socket", o.socket,
                      "nsboxd's Unix socket (env NSBOX_SOCKET; default " + DefaultSocketPath() + ")")
@@ -969,10 +1031,24 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
       ->allow_extra_args(false);
   o.exec->add_option("--timeout", o.timeout,
                      "kill the command after this many milliseconds (exit code 124)");
+  o.exec->add_flag("--interactive,-i", o.interactive,
+                   "stream standard input to the command until EOF (over a WebSocket)");
+  o.exec->add_flag("--tty,-t", o.tty,
+                   "run the command on a terminal; this terminal goes raw and its size follows");
   o.exec
       ->add_option("command", o.command,
                    "one argument: a shell command line, as is; several: the command's argv")
       ->required();
+
+  o.shell = app.add_subcommand(
+      "shell",
+      "An interactive login shell in a sandbox, on a terminal: nsbox shell ID [-- COMMAND...]");
+  o.shell->add_option("id", o.id, "the sandbox's id")->required();
+  o.shell->add_option("--cwd", o.cwd, "working directory, relative to the sandbox's cwd");
+  o.shell->add_option("--env,-e", o.env, "set a variable, NAME=VALUE (repeatable)")
+      ->allow_extra_args(false);
+  o.shell->add_option("command", o.command,
+                      "run this instead of a login shell (bash, else sh), on the terminal");
 
   o.cp = app.add_subcommand(
       "cp", "Copy files between the host and a sandbox: nsbox cp SRC DST, one side ID:PATH");
@@ -1011,8 +1087,8 @@ std::string ClientCommands::GlobalSocket() const { return options_->socket; }
 std::optional<int> ClientCommands::Dispatch() {
   const Options& o = *options_;
   CLI::App* chosen = nullptr;
-  for (CLI::App* cmd : {o.create, o.ls, o.exec, o.cp, o.stop, o.rm, o.image_import, o.image_ls,
-                        o.image_inspect, o.image_rm}) {
+  for (CLI::App* cmd : {o.create, o.ls, o.exec, o.shell, o.cp, o.stop, o.rm, o.image_import,
+                        o.image_ls, o.image_inspect, o.image_rm}) {
     if (cmd->parsed()) chosen = cmd;
   }
   if (chosen == nullptr) return std::nullopt;
@@ -1022,6 +1098,7 @@ std::optional<int> ClientCommands::Dispatch() {
   if (chosen == o.create) return Create(o, client);
   if (chosen == o.ls) return List(o, client);
   if (chosen == o.exec) return Exec(o, client);
+  if (chosen == o.shell) return Shell(o, client);
   if (chosen == o.cp) return Copy(o, client);
   if (chosen == o.stop) return ForEachId(o, client, "stop");
   if (chosen == o.image_import) return ImportImage(o, client);

@@ -8,7 +8,6 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
-#include <termios.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -33,6 +32,7 @@
 #include "policy/limits.h"
 #include "policy/seccomp_profile.h"
 #include "runtime/jail_setup.h"
+#include "runtime/terminal.h"
 
 namespace nsbox::runtime {
 
@@ -77,27 +77,6 @@ void PrintPlan(const PreparedJail& plan, const isolate::CgroupPlan& cgroups) {
   std::printf("\n");
 }
 
-// Puts the caller's terminal in raw mode for --tty and restores it on every way out.
-class RawTerminal {
- public:
-  RawTerminal() {
-    if (::isatty(STDIN_FILENO) && ::tcgetattr(STDIN_FILENO, &saved_) == 0) {
-      struct termios raw = saved_;
-      ::cfmakeraw(&raw);
-      active_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
-    }
-  }
-  ~RawTerminal() {
-    if (active_) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
-  }
-  RawTerminal(const RawTerminal&) = delete;
-  RawTerminal& operator=(const RawTerminal&) = delete;
-
- private:
-  struct termios saved_ {};
-  bool active_ = false;
-};
-
 // Copies what is readable on `from` to `to`; false at EOF or error (EIO: the terminal's last
 // user is gone).
 bool Pump(int from, int to) {
@@ -115,7 +94,7 @@ Result<ExitStatus> Supervise(isolate::Jail& jail, int sigfd, UniqueFd tty_master
   bool stdin_open = tty_master.valid();
   bool master_open = tty_master.valid();
   if (tty_master.valid()) {
-    raw = std::make_unique<RawTerminal>();
+    raw = std::make_unique<RawTerminal>(STDIN_FILENO);
     ::fcntl(tty_master.get(), F_SETFL, ::fcntl(tty_master.get(), F_GETFL) | O_NONBLOCK);
   }
   for (;;) {
