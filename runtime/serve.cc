@@ -1333,6 +1333,27 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
     o2["truncated"] = x.truncated;
     o2["cancelled"] = x.cancelled;
     o2["durationMs"] = x.duration_ms;
+    // What the exec's own cgroups say it used (docs/cgroups.md "Per-exec usage"); null where
+    // this host has no controller for a figure.
+    json::object usage;
+    auto put = [&usage](const char* key, const std::optional<uint64_t>& v) {
+      if (v.has_value()) {
+        usage[key] = *v;
+      } else {
+        usage[key] = nullptr;
+      }
+    };
+    auto ms = [](const std::optional<uint64_t>& us) -> std::optional<uint64_t> {
+      if (!us.has_value()) return std::nullopt;
+      return *us / 1000;
+    };
+    put("cpuUserMs", ms(x.usage.cpu_user_us));
+    put("cpuSystemMs", ms(x.usage.cpu_system_us));
+    put("memoryPeakBytes", x.usage.memory_peak_bytes);
+    put("pidsPeak", x.usage.pids_peak);
+    put("ioReadBytes", x.usage.io_read_bytes);
+    put("ioWriteBytes", x.usage.io_write_bytes);
+    o2["usage"] = std::move(usage);
   };
   if (watch->hung_up) co_return false;  // nobody to answer
   if (stream) {
