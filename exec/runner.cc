@@ -133,6 +133,25 @@ bool SameFile(int a, int b) {
          sa.st_ino == sb.st_ino;
 }
 
+// Pure v2: the memory, pids and io controllers the sandbox's cgroup has, passed on to the exec
+// cgroups, so that memory.peak, pids.peak, io.stat and memory.events exist there. Best effort
+// (nothing to do on a hybrid host, whose v2 directory has no controllers): nsbox-init lives in
+// the leaf "init", so the directory holds no process and may pass controllers down.
+void EnableAccountingControllers(int cgroup_dir) {
+  auto available = ReadFileAt(cgroup_dir, "cgroup.controllers");
+  if (!available.ok()) return;
+  std::string words = " " + *available + " ";
+  for (char& c : words) {
+    if (c == '\n') c = ' ';
+  }
+  for (const char* c : {"memory", "pids", "io"}) {
+    if (words.find(" " + std::string(c) + " ") == std::string::npos) continue;
+    Status st = WriteExistingFileAt(cgroup_dir, "cgroup.subtree_control", std::string("+") + c);
+    if (!st.ok())
+      log::warn("exec usage: enable {} for the exec cgroups: {}", c, st.error().message());
+  }
+}
+
 void SleepMs(long ms) {
   struct timespec ts {
     ms / 1000, (ms % 1000) * 1000000
@@ -198,6 +217,7 @@ struct Runner::Impl {
         v1_dirs.push_back(v1.pids_dir);
       }
     }
+    if (cgroup_dir >= 0) EnableAccountingControllers(cgroup_dir);
   }
 
   Result<uint64_t> Start(const CommandSpec& spec, CommandEvents events);

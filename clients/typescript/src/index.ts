@@ -9,6 +9,7 @@ export type {
   ExecOptions,
   ExecReason,
   ExecResult,
+  ExecUsage,
   ExecEvent,
   RunningExec,
   StatResult,
