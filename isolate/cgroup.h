@@ -76,9 +76,9 @@ struct CgroupWrite {
 // One child cgroup to make: mkdir `parent`/`name`, then `writes` in order.
 struct CgroupDirPlan {
   CgroupVersion version = CgroupVersion::kV2;
-  std::string parent;                    // absolute: the caller's own cgroup directory
-  std::string name;                      // the child, chosen by the caller
-  std::vector<std::string> controllers;  // the limits enforced here: "memory", "pids", "cpu"
+  std::string parent;                      // absolute: the caller's own cgroup directory
+  std::string name;                        // the child, chosen by the caller
+  std::vector<std::string> controllers;    // the limits enforced here: "memory", "pids", "cpu"
   std::vector<CgroupWrite> parent_writes;  // before the mkdir: "+memory +pids" to subtree_control
   std::vector<CgroupWrite> writes;         // in the child, in this order
   // v1 only: controllers this directory is made for without a limit, so that per-exec usage
