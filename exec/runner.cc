@@ -1,10 +1,12 @@
 // The command runner of nsbox-init (api.md, exec). One command's life:
 //
-//   Start   mkdir <cgroup>/exec-<id>; pipes; Spawn (clone3 CLONE_INTO_CGROUP, vfork-like);
+//   Start   mkdir <cgroup>/exec-<id> (and in the v1 memory and pids directories); pipes; Spawn
+//           (clone3 CLONE_INTO_CGROUP, vfork-like; the child joins the v1 ones before execve);
 //           on_start; a Read per output pipe, a PollIn on the pidfd, stdin Writes, the timeout.
 //   output  delivered as it comes through on_output, counted against output_limit.
 //   exit    the pidfd is readable: waitid reaps the main process. The pipes are read until EOF
-//           or for the 100 ms drain window, whichever is first; then on_exit, exactly once.
+//           or for the 100 ms drain window, whichever is first; the usage figures are read from
+//           the command's cgroups; then on_exit, exactly once.
 //   after   the pipes are read and discarded until EOF (background processes never block on a
 //           full pipe); the cgroup is removed once it is empty (checked at once, then by a
 //           sweep every 500 ms while any is left); then the command is forgotten.
@@ -177,6 +179,32 @@ Status SetNonBlocking(int fd) {
   return Ok();
 }
 
+bool SameFile(int a, int b) {
+  struct stat sa {
+  }, sb{};
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// Pure v2: the memory, pids and io controllers the sandbox's cgroup has, passed on to the exec
+// cgroups, so that memory.peak, pids.peak, io.stat and memory.events exist there. Best effort
+// (nothing to do on a hybrid host, whose v2 directory has no controllers): nsbox-init lives in
+// the leaf "init", so the directory holds no process and may pass controllers down.
+void EnableAccountingControllers(int cgroup_dir) {
+  auto available = ReadFileAt(cgroup_dir, "cgroup.controllers");
+  if (!available.ok()) return;
+  std::string words = " " + *available + " ";
+  for (char& c : words) {
+    if (c == '\n') c = ' ';
+  }
+  for (const char* c : {"memory", "pids", "io"}) {
+    if (words.find(" " + std::string(c) + " ") == std::string::npos) continue;
+    Status st = WriteExistingFileAt(cgroup_dir, "cgroup.subtree_control", std::string("+") + c);
+    if (!st.ok())
+      log::warn("exec usage: enable {} for the exec cgroups: {}", c, st.error().message());
+  }
+}
+
 void SleepMs(long ms) {
   struct timespec ts {
     ms / 1000, (ms % 1000) * 1000000
@@ -203,6 +231,10 @@ struct Runner::Impl {
     UniqueFd pidfd;  // closed once the main process is reaped
     UniqueFd cgroup;
     std::string cgroup_name;
+    // The command's v1 cgroups ("exec-<id>" in v1_dirs[i]), each reset once removed.
+    std::vector<UniqueFd> v1_cgroups;
+    std::string v1_name;
+    int memory_v1 = -1, pids_v1 = -1;  // which of v1_cgroups, by index; -1 for none
     Stream out, err;
     // stdin: the pipe's write end, or a dup of the terminal's master.
     UniqueFd in;
@@ -234,7 +266,23 @@ struct Runner::Impl {
   };
   using CommandPtr = std::shared_ptr<Command>;
 
-  Impl(Reactor& r, int dir, ChildHooks h) : reactor(r), cgroup_dir(dir), hooks(h) {}
+  Impl(Reactor& r, int dir, ChildHooks h, RunnerV1Cgroups v1)
+      : reactor(r), cgroup_dir(dir), hooks(h) {
+    // Co-mounted memory and pids are one directory: one child cgroup there serves both.
+    if (v1.memory_dir >= 0) {
+      memory_v1 = static_cast<int>(v1_dirs.size());
+      v1_dirs.push_back(v1.memory_dir);
+    }
+    if (v1.pids_dir >= 0) {
+      pids_v1 = static_cast<int>(v1_dirs.size());
+      if (v1.memory_dir >= 0 && SameFile(v1.memory_dir, v1.pids_dir)) {
+        pids_v1 = memory_v1;
+      } else {
+        v1_dirs.push_back(v1.pids_dir);
+      }
+    }
+    if (cgroup_dir >= 0) EnableAccountingControllers(cgroup_dir);
+  }
 
   Result<uint64_t> Start(const CommandSpec& spec, CommandEvents events);
   void ArmRead(const CommandPtr& cmd, int stream);
@@ -256,6 +304,7 @@ struct Runner::Impl {
   void SendKill(const CommandPtr& cmd);
   void OnKillCheck(const CommandPtr& cmd);
   bool TryRemoveCgroup(Command& cmd);
+  UsageDirs DirsOf(const Command& cmd) const;
   void MaybeRetire(const CommandPtr& cmd);
   void ScheduleSweep();
   void Sweep();
@@ -270,6 +319,8 @@ struct Runner::Impl {
   Reactor& reactor;
   int cgroup_dir;
   ChildHooks hooks;
+  std::vector<int> v1_dirs;          // delegated v1 directories, each once
+  int memory_v1 = -1, pids_v1 = -1;  // their indexes in v1_dirs; -1 for none
   std::unique_ptr<ChildStack> stack;
   UniqueFd dev_null;
   int pipe_size = 0;
@@ -319,6 +370,41 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     auto fd = OpenAt(cgroup_dir, cmd->cgroup_name, O_RDONLY | O_DIRECTORY);
     if (!fd.ok()) return std::move(fd).error().Context("start command");
     cmd->cgroup = std::move(fd).value();
+  }
+  // Its v1 cgroups (memory and pids of a hybrid host), for what it used. A stale one is skipped
+  // the same way, under a name of its own (the v2 one is not renamed).
+  std::vector<UniqueFd> v1_procs;
+  if (!v1_dirs.empty()) {
+    uint64_t n = cmd->id;
+    for (int tries = 0;; ++tries, n = next_id++) {
+      cmd->v1_name = "exec-" + std::to_string(n);
+      size_t made = 0;
+      int err = 0;
+      for (; made < v1_dirs.size(); ++made) {
+        if (::mkdirat(v1_dirs[made], cmd->v1_name.c_str(), 0755) < 0) {
+          err = errno;
+          break;
+        }
+      }
+      if (made == v1_dirs.size()) break;
+      for (size_t i = 0; i < made; ++i) ::unlinkat(v1_dirs[i], cmd->v1_name.c_str(), AT_REMOVEDIR);
+      if (err != EEXIST || tries >= 1000) {
+        return Error::Sys("mkdir", cmd->v1_name, err).Context("start command: cgroup v1");
+      }
+    }
+    for (int dir : v1_dirs) {
+      undo.Push([dir, name = cmd->v1_name] { ::unlinkat(dir, name.c_str(), AT_REMOVEDIR); });
+    }
+    for (int dir : v1_dirs) {
+      auto fd = OpenAt(dir, cmd->v1_name, O_RDONLY | O_DIRECTORY);
+      if (!fd.ok()) return std::move(fd).error().Context("start command: cgroup v1");
+      auto procs = OpenAt(fd->get(), "cgroup.procs", O_WRONLY);
+      if (!procs.ok()) return std::move(procs).error().Context("start command: cgroup v1");
+      cmd->v1_cgroups.push_back(std::move(fd).value());
+      v1_procs.push_back(std::move(procs).value());
+    }
+    cmd->memory_v1 = memory_v1;
+    cmd->pids_v1 = pids_v1;
   }
 
   UniqueFd out_w, err_w, in_r, tty_slave;
@@ -376,6 +462,9 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     request.stderr_fd = err_w.get();
   }
   request.cgroup_fd = cmd->cgroup.get();
+  for (size_t i = 0; i < v1_procs.size() && i < 2; ++i) {
+    request.join_procs_fds[i] = v1_procs[i].get();
+  }
   request.hooks = hooks;
   cmd->started = Clock::now();
   auto spawned = Spawn(request, *stack);
@@ -717,12 +806,9 @@ CommandResult Runner::Impl::ComputeResult(const Command& cmd) const {
     return r;
   }
   r.reason = EndReason::kSignaled;
-  if (cmd.status.signal == SIGKILL && cmd.cgroup.valid()) {
-    // Only where the memory controller is enabled for the exec cgroups; elsewhere there is no
-    // memory.events and an OOM kill reads as SIGKILL.
-    auto events = ReadFileAt(cmd.cgroup.get(), "memory.events");
-    if (events.ok() && ParseOomKills(*events) > 0) r.reason = EndReason::kOom;
-  }
+  // The command's own OOM kills: v2 memory.events where the memory controller is enabled for
+  // the exec cgroups, else the v1 memory.oom_control of its v1 memory cgroup.
+  if (cmd.status.signal == SIGKILL && OomKilledIn(DirsOf(cmd))) r.reason = EndReason::kOom;
   return r;
 }
 
@@ -740,6 +826,7 @@ void Runner::Impl::Finish(const CommandPtr& cmd) {
   }
   cmd->tty.reset();
   CommandResult result = ComputeResult(*cmd);
+  result.usage = ReadUsage(DirsOf(*cmd));
   // Nothing more is delivered after on_exit: release what the callbacks hold.
   CommandEvents events = std::move(cmd->events);
   cmd->events = CommandEvents();
@@ -828,18 +915,45 @@ void Runner::Impl::OnKillCheck(const CommandPtr& cmd) {
   SendKill(cmd);
 }
 
+UsageDirs Runner::Impl::DirsOf(const Command& cmd) const {
+  UsageDirs dirs;
+  dirs.v2 = cmd.cgroup.valid() ? cmd.cgroup.get() : -1;
+  auto v1 = [&cmd](int index) {
+    return index >= 0 && static_cast<size_t>(index) < cmd.v1_cgroups.size() &&
+                   cmd.v1_cgroups[index].valid()
+               ? cmd.v1_cgroups[index].get()
+               : -1;
+  };
+  dirs.memory_v1 = v1(cmd.memory_v1);
+  dirs.pids_v1 = v1(cmd.pids_v1);
+  return dirs;
+}
+
 bool Runner::Impl::TryRemoveCgroup(Command& cmd) {
-  if (!cmd.cgroup.valid()) return true;
   // A cgroup with processes cannot be removed (EBUSY): background processes keep running in it
-  // until they end or the sandbox is stopped.
-  if (::unlinkat(cgroup_dir, cmd.cgroup_name.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT) {
-    if (errno != EBUSY) {
-      log::warn("exec {}: rmdir {}: {}", cmd.id, cmd.cgroup_name, ErrnoText(errno));
+  // until they end or the sandbox is stopped. The v2 one (the kill scope) goes first.
+  if (cmd.cgroup.valid()) {
+    if (::unlinkat(cgroup_dir, cmd.cgroup_name.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT) {
+      if (errno != EBUSY) {
+        log::warn("exec {}: rmdir {}: {}", cmd.id, cmd.cgroup_name, ErrnoText(errno));
+      }
+      return false;
     }
-    return false;
+    cmd.cgroup.reset();
   }
-  cmd.cgroup.reset();
-  return true;
+  bool all = true;
+  for (size_t i = 0; i < cmd.v1_cgroups.size() && i < v1_dirs.size(); ++i) {
+    if (!cmd.v1_cgroups[i].valid()) continue;
+    if (::unlinkat(v1_dirs[i], cmd.v1_name.c_str(), AT_REMOVEDIR) < 0 && errno != ENOENT) {
+      if (errno != EBUSY) {
+        log::warn("exec {}: rmdir v1 {}: {}", cmd.id, cmd.v1_name, ErrnoText(errno));
+      }
+      all = false;
+      continue;
+    }
+    cmd.v1_cgroups[i].reset();
+  }
+  return all;
 }
 
 void Runner::Impl::MaybeRetire(const CommandPtr& cmd) {
@@ -920,7 +1034,7 @@ void Runner::Impl::Shutdown() {
   for (int waited = 0; waited < 1000; ++waited) {
     bool busy = false;
     for (const auto& cmd : all) {
-      if (cmd->cgroup.valid() && !TryRemoveCgroup(*cmd)) busy = true;
+      if (!TryRemoveCgroup(*cmd)) busy = true;
     }
     if (!busy) break;
     if (waited % 100 == 99) {
@@ -931,15 +1045,15 @@ void Runner::Impl::Shutdown() {
     SleepMs(1);
   }
   for (const auto& cmd : all) {
-    if (cmd->cgroup.valid()) {
+    if (!TryRemoveCgroup(*cmd)) {
       log::warn("exec {}: cgroup {} still busy at shutdown", cmd->id, cmd->cgroup_name);
     }
   }
   commands.clear();
 }
 
-Runner::Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks)
-    : impl_(std::make_unique<Impl>(reactor, cgroup_dir, hooks)) {
+Runner::Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks, RunnerV1Cgroups v1)
+    : impl_(std::make_unique<Impl>(reactor, cgroup_dir, hooks, v1)) {
   // Writing stdin to a command that has closed it must fail with EPIPE, not kill nsbox-init
   // with SIGPIPE. Only the default disposition is changed; a handler someone set stays.
   struct sigaction old {};

@@ -19,6 +19,7 @@
 
 #include "base/error.h"
 #include "exec/reactor.h"
+#include "exec/usage.h"
 
 namespace nsbox::exec {
 
@@ -64,6 +65,9 @@ struct CommandResult {
   bool truncated = false;
   bool cancelled = false;
   uint64_t duration_ms = 0;
+  // What the command's cgroups say it used, read when it is answered: what background
+  // processes still running then use afterwards is not in it.
+  CommandUsage usage;
 };
 
 struct CommandEvents {
@@ -83,12 +87,20 @@ struct ChildHooks {
   const void* ctx = nullptr;
 };
 
+// The delegated cgroup v1 directories of a hybrid host (O_DIRECTORY fds, -1 for none; the same
+// fd twice where memory and pids are co-mounted). Every command also gets a child cgroup in each,
+// joined before execve, for its memory and pids figures and its OOM kills.
+struct RunnerV1Cgroups {
+  int memory_dir = -1;
+  int pids_dir = -1;
+};
+
 class Runner {
  public:
   // `cgroup_dir`: an O_DIRECTORY fd of the delegated cgroup v2 directory under which every
   // command gets its own child cgroup, or -1 where there is none (then kills go to the process
   // group and to every process found with the command's session, through pidfds).
-  Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks);
+  Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks, RunnerV1Cgroups v1 = {});
   ~Runner();
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;

@@ -102,6 +102,15 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
       ChildFail(report, SpawnStep::kCgroup, errno, kExitNotStarted);
     }
   }
+  // The v1 hierarchies (memory, pids) cannot be entered at clone time: the child moves itself,
+  // before it runs anything of the command, so that all it forks is counted there too.
+  for (int procs_fd : req.join_procs_fds) {
+    if (procs_fd < 0) continue;
+    // SAFETY: as above.
+    if (::syscall(SYS_write, procs_fd, "0", 1) != 1) {
+      ChildFail(report, SpawnStep::kCgroup, errno, kExitNotStarted);
+    }
+  }
 
   // Default dispositions for every signal: handlers of nsbox-init must never run in the child,
   // and what it ignores (SIGPIPE) must not stay ignored for the command. The kernel's sigaction

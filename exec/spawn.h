@@ -23,7 +23,7 @@ namespace nsbox::exec {
 // (api.md: exit code 1 / 127 / 126 with the reason on stderr); the others are the runner's.
 enum class SpawnStep : uint8_t {
   kNone,      // execve succeeded
-  kCgroup,    // writing "0" to cgroup.procs (the clone() fallback)
+  kCgroup,    // writing "0" to cgroup.procs (v1 hierarchies; v2 in the clone() fallback)
   kSetsid,    // its own session and process group
   kStdio,     // dup3 of stdin/stdout/stderr
   kTerminal,  // ioctl(0, TIOCSCTTY): the terminal on stdin as the controlling terminal
@@ -72,6 +72,9 @@ struct SpawnRequest {
   // session (TIOCSCTTY), which makes the command its session leader's foreground group.
   bool controlling_tty = false;
   int cgroup_fd = -1;  // the command's own cgroup v2 directory, or -1
+  // Write-only fds of cgroup.procs files (v1 hierarchies) the child moves itself into, writing
+  // "0", before anything else; -1 for none. A failure is a SpawnStep::kCgroup error.
+  int join_procs_fds[2] = {-1, -1};
   ChildHooks hooks;
 };
 

@@ -429,7 +429,7 @@ Result<CgroupPlan> PlanCgroups(const CgroupLayout& layout, const CgroupLimits& l
   // sandbox's kill scope (cgroup.kill) and what CLONE_INTO_CGROUP places the child in.
   if (layout.v2.has_value()) {
     const CgroupHierarchy& v2 = *layout.v2;
-    CgroupDirPlan dir{CgroupVersion::kV2, v2.dir, std::string(name), {}, {}, {}};
+    CgroupDirPlan dir{CgroupVersion::kV2, v2.dir, std::string(name), {}, {}, {}, {}};
     std::vector<std::string> enable;
     for (const char* c : kControllers) {
       if (wanted.count(c) == 0 || !Contains(v2.controllers, c)) continue;
@@ -467,17 +467,23 @@ Result<CgroupPlan> PlanCgroups(const CgroupLayout& layout, const CgroupLimits& l
   }
 
   // Whatever v2 cannot enforce goes to its v1 hierarchy; co-mounted controllers share one
-  // directory (and a hierarchy's directory is made only when it enforces something).
+  // directory. Memory and pids get their v1 directory also without a limit (accounting only,
+  // no writes): the per-exec usage of a hybrid host is read there.
   for (const char* c : kControllers) {
-    if (wanted.count(c) == 0) continue;
+    std::string_view controller = c;
+    const bool limited = wanted.count(c) != 0;
     if (!plan.dirs.empty() && plan.dirs[0].version == CgroupVersion::kV2 &&
         Contains(plan.dirs[0].controllers, c)) {
       continue;
     }
-    std::string_view controller = c;
     const std::optional<CgroupHierarchy>& v1 = controller == "memory" ? layout.memory_v1
                                                : controller == "pids" ? layout.pids_v1
                                                                       : layout.cpu_v1;
+    if (!limited) {
+      if (controller == "cpu" || !v1.has_value()) continue;
+      // A controller lives in one hierarchy at a time: where it is in v2 there is no v1 one.
+      if (layout.v2.has_value() && Contains(layout.v2->controllers, c)) continue;
+    }
     if (!v1.has_value()) {
       std::string v2_why = layout.v2.has_value()
                                ? "the " + std::string(c) +
@@ -495,8 +501,12 @@ Result<CgroupPlan> PlanCgroups(const CgroupLayout& layout, const CgroupLimits& l
     });
     if (it == plan.dirs.end()) {
       plan.dirs.push_back(
-          CgroupDirPlan{CgroupVersion::kV1, v1->dir, std::string(name), {}, {}, {}});
+          CgroupDirPlan{CgroupVersion::kV1, v1->dir, std::string(name), {}, {}, {}, {}});
       it = plan.dirs.end() - 1;
+    }
+    if (!limited) {
+      it->accounting.emplace_back(c);
+      continue;
     }
     it->controllers.emplace_back(c);
     if (controller == "memory") {
@@ -583,7 +593,8 @@ Result<Cgroups> Cgroups::Create(const CgroupPlan& plan) {
       // Best effort: the directory is empty, nothing was placed in it yet.
       (void)::unlinkat(fd, name.c_str(), AT_REMOVEDIR);
     });
-    out.dirs_.push_back(Dir{d.version, path, d.name, d.controllers, std::move(parent).value(), {}});
+    out.dirs_.push_back(
+        Dir{d.version, path, d.name, d.controllers, d.accounting, std::move(parent).value(), {}});
     auto fd = OpenAt(out.dirs_.back().parent_fd.get(), d.name, O_RDONLY | O_DIRECTORY);
     if (!fd.ok()) return std::move(fd).error().Context(what);
     out.dirs_.back().fd = std::move(fd).value();
@@ -598,6 +609,16 @@ Result<Cgroups> Cgroups::Create(const CgroupPlan& plan) {
 int Cgroups::v2_dir_fd() const {
   for (const Dir& d : dirs_) {
     if (d.version == CgroupVersion::kV2) return d.fd.get();
+  }
+  return -1;
+}
+
+int Cgroups::v1_dir_fd(std::string_view controller) const {
+  for (const Dir& d : dirs_) {
+    if (d.version == CgroupVersion::kV1 &&
+        (Contains(d.controllers, controller) || Contains(d.accounting, controller))) {
+      return d.fd.get();
+    }
   }
   return -1;
 }
@@ -632,6 +653,22 @@ Status Cgroups::DelegateV2(uid_t uid, gid_t gid) {
     for (const std::string& f : files) {
       if (::fchownat(d.fd.get(), f.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) < 0 && errno != ENOENT) {
         return Error::Sys("fchownat", f, errno).Context(what);
+      }
+    }
+  }
+  return Ok();
+}
+
+Status Cgroups::DelegateV1(uid_t uid, gid_t gid) {
+  for (const Dir& d : dirs_) {
+    if (d.version != CgroupVersion::kV1) continue;
+    const std::string what = "delegate cgroup " + d.path;
+    if (::fchown(d.fd.get(), uid, gid) < 0)
+      return Error::Sys("fchown", d.path, errno).Context(what);
+    // Only what moving processes needs: memory.limit_in_bytes, pids.max and the like stay root's.
+    for (const char* f : {"cgroup.procs", "tasks"}) {
+      if (::fchownat(d.fd.get(), f, uid, gid, AT_SYMLINK_NOFOLLOW) < 0) {
+        return Error::Sys("fchownat", d.path + "/" + f, errno).Context(what);
       }
     }
   }
@@ -682,8 +719,13 @@ Result<Cgroups> Cgroups::AdoptStale(const CgroupLayout& layout, std::string_view
       if (!parent.ok()) return std::move(parent).error();
       auto fd = OpenAt(parent->get(), name, O_RDONLY | O_DIRECTORY);
       if (!fd.ok()) return std::move(fd).error();
-      out.dirs_.push_back(Dir{
-          version, dir + "/" + name, name, {}, std::move(parent).value(), std::move(fd).value()});
+      out.dirs_.push_back(Dir{version,
+                              dir + "/" + name,
+                              name,
+                              {},
+                              {},
+                              std::move(parent).value(),
+                              std::move(fd).value()});
     }
   }
   return out;

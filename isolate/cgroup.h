@@ -81,12 +81,16 @@ struct CgroupDirPlan {
   std::vector<std::string> controllers;    // the limits enforced here: "memory", "pids", "cpu"
   std::vector<CgroupWrite> parent_writes;  // before the mkdir: "+memory +pids" to subtree_control
   std::vector<CgroupWrite> writes;         // in the child, in this order
+  // v1 only: controllers this directory is made for without a limit, so that per-exec usage
+  // (docs/cgroups.md "Per-exec usage") can be read from the hierarchy: "memory", "pids".
+  std::vector<std::string> accounting;
 
   std::string path() const;
 };
 
 // Every directory of one sandbox's cgroups: the v2 one first (when there is a cgroup2 mount),
-// then one per v1 hierarchy that enforces a limit v2 cannot.
+// then one per v1 hierarchy that enforces a limit v2 cannot, or that accounts memory or pids
+// (every mounted v1 memory and pids hierarchy gets a directory, limit or not).
 struct CgroupPlan {
   std::vector<CgroupDirPlan> dirs;
 };
@@ -125,6 +129,9 @@ class Cgroups {
 
   // An O_DIRECTORY fd of the v2 child, for clone3(CLONE_INTO_CGROUP); -1 when there is none.
   int v2_dir_fd() const;
+  // An O_DIRECTORY fd of the v1 child of the hierarchy of `controller` ("memory", "pids"), limit
+  // or accounting only; -1 when there is none.
+  int v1_dir_fd(std::string_view controller) const;
   // Absolute paths of the directories, in plan order.
   std::vector<std::string> paths() const;
 
@@ -135,6 +142,9 @@ class Cgroups {
   // kernel lists in /sys/kernel/cgroup/delegate, so the jail's init can make child cgroups for
   // its commands (cgroup-v2.rst, "Delegation").
   Status DelegateV2(uid_t uid, gid_t gid);
+  // The same for every v1 child: the directory (so the jail's init can mkdir a cgroup per
+  // command), cgroup.procs and tasks. Nothing that sets a limit changes hands.
+  Status DelegateV1(uid_t uid, gid_t gid);
   // Whether the kernel's OOM killer killed a process of the memory cgroup: v2 memory.events
   // "oom_kill", v1 memory.oom_control "oom_kill" (4.13), else memory.failcnt > 0 as a hint.
   // False when no directory enforces memory.
@@ -150,6 +160,7 @@ class Cgroups {
     std::string path;
     std::string name;
     std::vector<std::string> controllers;
+    std::vector<std::string> accounting;
     UniqueFd parent_fd;  // O_PATH, for the rmdir
     UniqueFd fd;         // O_RDONLY | O_DIRECTORY
   };

@@ -256,6 +256,18 @@ int CommandMain(void* arg) {
   if (control < 0 || binary < 0 || (spec.cgroup_v2_fd >= 0 && cgroup < 0)) {
     ChildFail(sync, Step::kStdio, errno);
   }
+  constexpr int kMemoryCgroupFd = 5;
+  constexpr int kPidsCgroupFd = 6;
+  int memory_v1 = -1;
+  int pids_v1 = -1;
+  if (spec.cgroup_v1_memory_fd >= 0) {
+    memory_v1 = ::fcntl(spec.cgroup_v1_memory_fd, F_DUPFD_CLOEXEC, 10);
+    if (memory_v1 < 0) ChildFail(sync, Step::kStdio, errno);
+  }
+  if (spec.cgroup_v1_pids_fd >= 0) {
+    pids_v1 = ::fcntl(spec.cgroup_v1_pids_fd, F_DUPFD_CLOEXEC, 10);
+    if (pids_v1 < 0) ChildFail(sync, Step::kStdio, errno);
+  }
   int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null < 0) ChildFail(sync, Step::kStdio, errno);
   // stdin and stdout lead nowhere; stderr stays the host side's, for nsbox-init's log.
@@ -263,8 +275,13 @@ int CommandMain(void* arg) {
     ChildFail(sync, Step::kStdio, errno);
   }
   if (cgroup >= 0 && ::dup2(cgroup, kCgroupFd) < 0) ChildFail(sync, Step::kStdio, errno);
-  // Everything else closes at exec: no fd of the host reaches the jail (CVE-2024-21626).
+  // Everything else closes at exec: no fd of the host reaches the jail (CVE-2024-21626). The v1
+  // directories are dup2'ed after it, which leaves them open across the exec.
   if (sys::CloseRange(5, ~0U, CLOSE_RANGE_CLOEXEC) < 0) ChildFail(sync, Step::kStdio, errno);
+  if (memory_v1 >= 0 && ::dup2(memory_v1, kMemoryCgroupFd) < 0) {
+    ChildFail(sync, Step::kStdio, errno);
+  }
+  if (pids_v1 >= 0 && ::dup2(pids_v1, kPidsCgroupFd) < 0) ChildFail(sync, Step::kStdio, errno);
   char* const empty_env[] = {nullptr};
   // On success the sync socket closes with the exec (CLOEXEC): the host reads that as "started".
   ::syscall(SYS_execveat, binary, "", const_cast<char* const*>(plan.init_argv.data()), empty_env,

@@ -40,12 +40,18 @@ struct JailSpec {
   // An O_DIRECTORY fd of the jail's cgroup v2 directory: the child is born in it
   // (clone3 CLONE_INTO_CGROUP), so there is no moment where it runs outside. -1 for none.
   int cgroup_v2_fd = -1;
+  // Init mode only: O_DIRECTORY fds of the jail's cgroup v1 memory and pids directories (the same
+  // fd twice where the two are co-mounted), handed to nsbox-init as fds 5 and 6 so that it makes
+  // a v1 cgroup per command there too and reads what the command used. -1 for none.
+  int cgroup_v1_memory_fd = -1;
+  int cgroup_v1_pids_fd = -1;
   // Init mode: instead of running `argv`, PID 1 sets the jail up and then executes this binary
   // (an O_PATH fd the host opened on nsbox-init, so nothing inside the jail can replace it) with
   // `init_argv`, an empty environment, the control channel on fd 3 and, when cgroup_v2_fd >= 0,
-  // the jail's cgroup v2 directory on fd 4. PID 1 first moves itself into a leaf "init" of that
-  // directory, so the directory is free to hold a cgroup per command (cgroup v2's "no internal
-  // processes" rule). -1: command mode.
+  // the jail's cgroup v2 directory on fd 4 (and the v1 memory and pids directories on fds 5 and 6
+  // when cgroup_v1_memory_fd and cgroup_v1_pids_fd are >= 0). PID 1 first moves itself into a leaf
+  // "init" of that directory, so the directory is free to hold a cgroup per command (cgroup v2's
+  // "no internal processes" rule). -1: command mode.
   int init_fd = -1;
   std::vector<std::string> init_argv;
   // Called with the child's host pid before it goes on, to place it in the cgroups it could not

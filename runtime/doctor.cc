@@ -86,6 +86,57 @@ DoctorLayer CgroupLimitLayer(const DoctorInput& in, const char* controller,
   return l;
 }
 
+// Where the figures of an exec's `usage` come from on this host (docs/cgroups.md "Per-exec
+// usage"): the same order of sources exec/usage.cc reads.
+DoctorLayer UsageLayer(const DoctorInput& in) {
+  DoctorLayer l = Layer("exec_usage", "exec usage", false);
+  if (!in.layout.ok()) {
+    l.status = "missing";
+    l.detail = "cannot read the cgroup layout: " + in.layout.error().message();
+    l.fix = "mount cgroupfs (cgroup2 at /sys/fs/cgroup, or the v1 hierarchies)";
+    return l;
+  }
+  const isolate::CgroupLayout& layout = *in.layout;
+  auto in_v2 = [&layout](const char* c) {
+    return layout.v2.has_value() &&
+           std::find(layout.v2->controllers.begin(), layout.v2->controllers.end(), c) !=
+               layout.v2->controllers.end();
+  };
+  std::vector<std::string> have, null;
+  auto source = [&](const char* key, const std::string& fields, std::string from) {
+    if (from.empty()) {
+      null.push_back(fields);
+    } else {
+      have.push_back(fields + " from " + from);
+    }
+    l.fields.emplace_back(key, from.empty() ? "null" : from);
+  };
+  source("cpu", "cpuUserMs, cpuSystemMs", layout.v2.has_value() ? "cgroup v2 cpu.stat" : "");
+  source("memory", "memoryPeakBytes",
+         in_v2("memory")    ? "cgroup v2 memory.peak"
+         : layout.memory_v1 ? "cgroup v1 memory.max_usage_in_bytes"
+                            : "");
+  source("pids", "pidsPeak",
+         in_v2("pids")    ? "cgroup v2 pids.peak"
+         : layout.pids_v1 ? "cgroup v1 pids.peak"
+                          : "");
+  source("io", "ioReadBytes, ioWriteBytes", in_v2("io") ? "cgroup v2 io.stat" : "");
+  l.detail = Join(have, "; ");
+  if (!null.empty()) {
+    l.detail += std::string(have.empty() ? "" : "; ") + "null: " + Join(null, ", ");
+    if (!in_v2("io")) {
+      l.detail +=
+          " (io needs the v2 io controller: v1 blkio does not charge buffered "
+          "writeback to the writer)";
+    }
+  }
+  const bool core = layout.v2.has_value() && (in_v2("memory") || layout.memory_v1.has_value()) &&
+                    (in_v2("pids") || layout.pids_v1.has_value());
+  l.status = core ? "ok" : "degraded";
+  if (!core) l.fix = "a cgroup v2 mount and the memory and pids controllers (v2 or v1)";
+  return l;
+}
+
 }  // namespace
 
 DoctorInput ProbeDoctorInput() {
@@ -169,6 +220,7 @@ std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
   kill.lists = {{"cgroup_v2_controllers", f.cgroup_v2_controllers},
                 {"cgroup_v1_controllers", f.cgroup_v1_controllers}};
   out.push_back(std::move(kill));
+  out.push_back(UsageLayer(in));
 
   DoctorLayer clone = Layer("clone_into_cgroup", "clone3/CLONE_INTO_CGROUP", false);
   if (f.clone3.available && f.clone_into_cgroup.available && f.cgroup_v2.available) {

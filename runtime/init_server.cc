@@ -132,10 +132,12 @@ class InitServer::Workers {
 // ---- The server ----------------------------------------------------------------------------
 
 InitServer::InitServer(exec::Reactor& reactor, UniqueFd control, int cgroup_dir, UniqueFd root,
-                       proto::Hello hello, proto::FrameReader frames)
+                       proto::Hello hello, proto::FrameReader frames,
+                       exec::RunnerV1Cgroups v1_cgroups)
     : reactor_(reactor),
       control_(std::move(control)),
       cgroup_dir_(cgroup_dir),
+      v1_cgroups_(v1_cgroups),
       root_(std::move(root)),
       hello_(std::move(hello)),
       security_(std::make_unique<ChildSecurity>()),
@@ -156,7 +158,8 @@ Status InitServer::Run() {
         {static_cast<int>(r.resource), {static_cast<rlim_t>(r.soft), static_cast<rlim_t>(r.hard)}});
   }
   runner_ = std::make_unique<exec::Runner>(
-      reactor_, cgroup_dir_, exec::ChildHooks{&ChildSecurity::PreExec, security_.get()});
+      reactor_, cgroup_dir_, exec::ChildHooks{&ChildSecurity::PreExec, security_.get()},
+      v1_cgroups_);
 
   // Orphans re-parented to PID 1 are reaped on SIGCHLD; commands' own main processes are
   // reaped by the runner through their pidfds.
@@ -390,6 +393,8 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
     proto::ExecExit exit{r.exit_code,   r.signal,    static_cast<uint8_t>(r.reason),
                          r.timed_out,   r.truncated, r.cancelled,
                          r.duration_ms, {}};
+    exit.usage = {r.usage.cpu_user_us, r.usage.cpu_system_us, r.usage.memory_peak_bytes,
+                  r.usage.pids_peak,   r.usage.io_read_bytes, r.usage.io_write_bytes};
     Send(Type::kExecExit, tag, proto::Encode(exit));
     if (execs_.empty()) {
       for (uint64_t t : stop_all_tags_) Send(Type::kOk, t, "");
@@ -703,6 +708,7 @@ Result<proto::Hello> ReadHello(int fd, proto::FrameReader& frames) {
 int InitMain(int argc, char** argv) {
   int control_fd = -1;
   int cgroup_fd = -1;
+  exec::RunnerV1Cgroups v1;
   std::optional<exec::Reactor::Backend> backend;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
@@ -711,13 +717,18 @@ int InitMain(int argc, char** argv) {
       control_fd = std::atoi(value.c_str());
     } else if (flag == "--cgroup-fd") {
       cgroup_fd = std::atoi(value.c_str());
+    } else if (flag == "--memory-cgroup-fd") {
+      v1.memory_dir = std::atoi(value.c_str());
+    } else if (flag == "--pids-cgroup-fd") {
+      v1.pids_dir = std::atoi(value.c_str());
     } else if (flag == "--reactor" && (value == "epoll" || value == "io_uring")) {
       // nsbox-init's environment is empty, so the choice of NSBOX_REACTOR comes as a flag.
       backend =
           value == "epoll" ? exec::Reactor::Backend::kEpoll : exec::Reactor::Backend::kIoUring;
     } else {
       Die("unknown argument " + flag + " " + value +
-          " (expected --control-fd N [--cgroup-fd N] [--reactor epoll|io_uring])");
+          " (expected --control-fd N [--cgroup-fd N] [--memory-cgroup-fd N] [--pids-cgroup-fd N] "
+          "[--reactor epoll|io_uring])");
     }
   }
   if (control_fd < 0) Die("no --control-fd");
@@ -730,7 +741,9 @@ int InitMain(int argc, char** argv) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   ::signal(SIGPIPE, SIG_IGN);
   ::fcntl(control_fd, F_SETFD, FD_CLOEXEC);
-  if (cgroup_fd >= 0) ::fcntl(cgroup_fd, F_SETFD, FD_CLOEXEC);
+  for (int fd : {cgroup_fd, v1.memory_dir, v1.pids_dir}) {
+    if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
 
   proto::FrameReader frames;
   auto hello = ReadHello(control_fd, frames);
@@ -758,7 +771,7 @@ int InitMain(int argc, char** argv) {
   auto reactor = backend ? exec::CreateReactor(*backend) : exec::CreateReactor();
   if (!reactor.ok()) Die(reactor.error().message());
   InitServer server(**reactor, UniqueFd(control_fd), cgroup_fd, UniqueFd(root), std::move(*hello),
-                    std::move(frames));
+                    std::move(frames), v1);
   auto st = server.Run();
   if (!st.ok()) Die(st.error().message());
   return 0;

@@ -35,9 +35,10 @@ class InitServer {
  public:
   // `control`: the channel (nsbox-init's fd 3); `cgroup_dir`: the jail's delegated cgroup v2
   // directory (fd 4) or -1; `root`: an O_DIRECTORY fd of "/", from which every file verb
-  // resolves.
+  // resolves; `v1_cgroups`: the delegated v1 memory and pids directories (fds 5 and 6).
   InitServer(exec::Reactor& reactor, UniqueFd control, int cgroup_dir, UniqueFd root,
-             fs::proto::Hello hello, fs::proto::FrameReader frames);
+             fs::proto::Hello hello, fs::proto::FrameReader frames,
+             exec::RunnerV1Cgroups v1_cgroups = {});
   ~InitServer();
   InitServer(const InitServer&) = delete;
   InitServer& operator=(const InitServer&) = delete;
@@ -68,6 +69,7 @@ class InitServer {
   exec::Reactor& reactor_;
   UniqueFd control_;
   int cgroup_dir_;
+  exec::RunnerV1Cgroups v1_cgroups_;
   UniqueFd root_;
   fs::proto::Hello hello_;
   // The commands' seccomp filter, capabilities and rlimits, applied by ChildHooks.
@@ -100,7 +102,8 @@ class InitServer {
   char sigchld_buf_[128 * 8];
 };
 
-// The whole of nsbox-init: argv "--control-fd N [--cgroup-fd N]".
+// The whole of nsbox-init: argv "--control-fd N [--cgroup-fd N] [--memory-cgroup-fd N]
+// [--pids-cgroup-fd N] [--reactor epoll|io_uring]".
 int InitMain(int argc, char** argv);
 
 }  // namespace nsbox::runtime

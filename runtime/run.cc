@@ -57,6 +57,11 @@ void PrintPlan(const PreparedJail& plan, const isolate::CgroupPlan& cgroups) {
   std::printf("cgroups:\n");
   for (const auto& dir : cgroups.dirs) {
     std::printf("  mkdir %s\n", dir.path().c_str());
+    if (!dir.accounting.empty()) {
+      std::string what;
+      for (const auto& c : dir.accounting) what += " " + c;
+      std::printf("    (accounting only:%s)\n", what.c_str());
+    }
     for (const auto& w : dir.writes) {
       std::printf("    %s = %s%s\n", w.file.c_str(), w.value.c_str(),
                   w.optional ? " (if present)" : "");

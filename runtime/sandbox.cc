@@ -89,11 +89,23 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
     NSBOX_TRY_CTX(box->cgroups_.DelegateV2(spec.ids.uid.outside, spec.ids.gid.outside),
                   "delegate the sandbox's cgroup");
   }
+  // The v1 memory and pids directories too (made also without a limit, for accounting): the
+  // jail's root makes a cgroup per command there, to measure what it used.
+  NSBOX_TRY_CTX(box->cgroups_.DelegateV1(spec.ids.uid.outside, spec.ids.gid.outside),
+                "delegate the sandbox's cgroup v1 directories");
 
   spec.init_fd = init_fd.get();
   spec.init_argv = {"nsbox-init", "--control-fd", "3"};
   if (box->cgroups_.v2_dir_fd() >= 0) {
     spec.init_argv.insert(spec.init_argv.end(), {"--cgroup-fd", "4"});
+  }
+  spec.cgroup_v1_memory_fd = box->cgroups_.v1_dir_fd("memory");
+  spec.cgroup_v1_pids_fd = box->cgroups_.v1_dir_fd("pids");
+  if (spec.cgroup_v1_memory_fd >= 0) {
+    spec.init_argv.insert(spec.init_argv.end(), {"--memory-cgroup-fd", "5"});
+  }
+  if (spec.cgroup_v1_pids_fd >= 0) {
+    spec.init_argv.insert(spec.init_argv.end(), {"--pids-cgroup-fd", "6"});
   }
   std::string reactor = options.reactor;
   if (reactor.empty() && ::getenv("NSBOX_REACTOR") != nullptr) reactor = ::getenv("NSBOX_REACTOR");

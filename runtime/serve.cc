@@ -454,6 +454,27 @@ void FillExit(json::object& o, const fs::proto::ExecExit& x, const std::string& 
   o["truncated"] = x.truncated;
   o["cancelled"] = x.cancelled;
   o["durationMs"] = x.duration_ms;
+  // What the exec's own cgroups say it used (docs/cgroups.md "Per-exec usage"); null where
+  // this host has no controller for a figure.
+  json::object usage;
+  auto put = [&usage](const char* key, const std::optional<uint64_t>& v) {
+    if (v.has_value()) {
+      usage[key] = *v;
+    } else {
+      usage[key] = nullptr;
+    }
+  };
+  auto ms = [](const std::optional<uint64_t>& us) -> std::optional<uint64_t> {
+    if (!us.has_value()) return std::nullopt;
+    return *us / 1000;
+  };
+  put("cpuUserMs", ms(x.usage.cpu_user_us));
+  put("cpuSystemMs", ms(x.usage.cpu_system_us));
+  put("memoryPeakBytes", x.usage.memory_peak_bytes);
+  put("pidsPeak", x.usage.pids_peak);
+  put("ioReadBytes", x.usage.io_read_bytes);
+  put("ioWriteBytes", x.usage.io_write_bytes);
+  o["usage"] = std::move(usage);
 }
 
 // A query parameter, percent-decoded; nullopt when absent (or malformed).

@@ -244,17 +244,52 @@ TEST(PlanCgroups, ThisHybridHostUsesV1ForLimitsAndV2ForTheKillScope) {
                                             {"cpu.cfs_quota_us", "150000", false}}));
 }
 
-TEST(PlanCgroups, NoLimitsStillMakesTheV2KillScope) {
+TEST(PlanCgroups, NoLimitsStillMakesTheV2KillScopeAndV1AccountingDirectories) {
   auto plan = PlanCgroups(HybridHost(), {}, "nsbox-run-1");
   ASSERT_TRUE(plan.ok()) << plan.error().message();
-  ASSERT_EQ(plan->dirs.size(), 1u);
+  ASSERT_EQ(plan->dirs.size(), 3u);
   EXPECT_EQ(plan->dirs[0].version, CgroupVersion::kV2);
+  // Memory and pids get a v1 directory for the per-exec usage figures, with no limit write and
+  // no enforced controller (so OomKilled and the doctor's limit check do not count them); cpu
+  // does not (its figures come from v2 cpu.stat).
+  const CgroupDirPlan& memory = plan->dirs[1];
+  EXPECT_EQ(memory.version, CgroupVersion::kV1);
+  EXPECT_EQ(memory.path(),
+            "/sys/fs/cgroup/memory/process_api/8dd7c17fa21001d2816bb1f18a851849/nsbox-run-1");
+  EXPECT_TRUE(memory.controllers.empty());
+  EXPECT_EQ(memory.accounting, std::vector<std::string>{"memory"});
+  EXPECT_TRUE(memory.writes.empty());
+  EXPECT_TRUE(memory.parent_writes.empty());
+  const CgroupDirPlan& pids = plan->dirs[2];
+  EXPECT_EQ(pids.path(), "/sys/fs/cgroup/pids/nsbox-run-1");
+  EXPECT_EQ(pids.accounting, std::vector<std::string>{"pids"});
+  EXPECT_TRUE(pids.writes.empty());
 
   CgroupLayout v1_only = HybridHost();
   v1_only.v2.reset();
-  auto empty = PlanCgroups(v1_only, {}, "nsbox-run-1");
+  auto no_v2 = PlanCgroups(v1_only, {}, "nsbox-run-1");
+  ASSERT_TRUE(no_v2.ok());
+  ASSERT_EQ(no_v2->dirs.size(), 2u);
+  EXPECT_EQ(no_v2->dirs[0].accounting, std::vector<std::string>{"memory"});
+
+  CgroupLayout nothing = HybridHost();
+  nothing.v2.reset();
+  nothing.memory_v1.reset();
+  nothing.pids_v1.reset();
+  auto empty = PlanCgroups(nothing, {}, "nsbox-run-1");
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(empty->dirs.empty());
+}
+
+TEST(PlanCgroups, ALimitOnOneV1ControllerStillAccountsTheOther) {
+  auto plan = PlanCgroups(HybridHost(), {.pids = 16}, "sb");
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  ASSERT_EQ(plan->dirs.size(), 3u);
+  EXPECT_TRUE(plan->dirs[1].controllers.empty());
+  EXPECT_EQ(plan->dirs[1].accounting, std::vector<std::string>{"memory"});
+  EXPECT_EQ(plan->dirs[2].controllers, std::vector<std::string>{"pids"});
+  EXPECT_TRUE(plan->dirs[2].accounting.empty());
+  EXPECT_EQ(plan->dirs[2].writes, (std::vector<Write>{{"pids.max", "16", false}}));
 }
 
 TEST(PlanCgroups, PureV2AtTheRootEnablesControllers) {
@@ -330,6 +365,22 @@ TEST(PlanCgroups, CoMountedV1ControllersShareOneDirectory) {
                                 {"cpu.cfs_quota_us", "1000", false}}));
 }
 
+TEST(PlanCgroups, CoMountedMemoryAndPidsAccountInOneDirectory) {
+  CgroupLayout layout;
+  CgroupHierarchy h;
+  h.mount_point = "/sys/fs/cgroup/memory,pids";
+  h.cgroup_path = "/";
+  h.dir = "/sys/fs/cgroup/memory,pids";
+  h.controllers = {"memory", "pids"};
+  layout.memory_v1 = h;
+  layout.pids_v1 = h;
+  auto plan = PlanCgroups(layout, {}, "sb");
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  ASSERT_EQ(plan->dirs.size(), 1u);
+  EXPECT_EQ(plan->dirs[0].accounting, (std::vector<std::string>{"memory", "pids"}));
+  EXPECT_TRUE(plan->dirs[0].writes.empty());
+}
+
 TEST(PlanCgroups, ALimitNoHierarchyCanEnforceIsAnError) {
   CgroupLayout layout = HybridHost();
   layout.pids_v1.reset();
@@ -392,9 +443,14 @@ class FakeCgroupfs : public ::testing::Test {
 
   CgroupPlan Plan(std::vector<Write> v1_writes = {}) const {
     CgroupPlan plan;
-    plan.dirs.push_back({CgroupVersion::kV2, root_ + "/unified", "sb", {}, {}, {}});
-    plan.dirs.push_back(
-        {CgroupVersion::kV1, root_ + "/memory/parent", "sb", {"memory"}, {}, std::move(v1_writes)});
+    plan.dirs.push_back({CgroupVersion::kV2, root_ + "/unified", "sb", {}, {}, {}, {}});
+    plan.dirs.push_back({CgroupVersion::kV1,
+                         root_ + "/memory/parent",
+                         "sb",
+                         {"memory"},
+                         {},
+                         std::move(v1_writes),
+                         {}});
     return plan;
   }
 

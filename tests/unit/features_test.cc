@@ -193,6 +193,47 @@ TEST(Doctor, MissingRequiredLayersFailWithAFix) {
             "epoll (io_uring unavailable: io_uring_setup: EPERM (Operation not permitted))");
 }
 
+TEST(Doctor, SaysWhereExecUsageComesFrom) {
+  runtime::DoctorInput in = AllPresent();
+  auto layers = runtime::DoctorLayers(in);
+  const auto* usage = Find(layers, "exec_usage");
+  ASSERT_NE(usage, nullptr);
+  EXPECT_EQ(usage->status, "ok");
+  EXPECT_EQ(usage->detail,
+            "cpuUserMs, cpuSystemMs from cgroup v2 cpu.stat; memoryPeakBytes from cgroup v2 "
+            "memory.peak; pidsPeak from cgroup v2 pids.peak; null: ioReadBytes, ioWriteBytes (io "
+            "needs the v2 io controller: v1 blkio does not charge buffered writeback to the "
+            "writer)");
+
+  // This host's kind: a v2 mount without controllers, v1 memory and pids.
+  isolate::CgroupLayout hybrid;
+  hybrid.v2 = isolate::CgroupHierarchy{
+      "/sys/fs/cgroup/unified", "/", "/sys/fs/cgroup/unified", {}, {}, true};
+  hybrid.memory_v1 = isolate::CgroupHierarchy{
+      "/sys/fs/cgroup/memory", "/", "/sys/fs/cgroup/memory", {"memory"}, {}, false};
+  hybrid.pids_v1 = isolate::CgroupHierarchy{
+      "/sys/fs/cgroup/pids", "/", "/sys/fs/cgroup/pids", {"pids"}, {}, false};
+  in.layout = hybrid;
+  layers = runtime::DoctorLayers(in);
+  usage = Find(layers, "exec_usage");
+  EXPECT_EQ(usage->status, "ok");
+  EXPECT_NE(usage->detail.find("memoryPeakBytes from cgroup v1 memory.max_usage_in_bytes"),
+            std::string::npos)
+      << usage->detail;
+  EXPECT_NE(usage->detail.find("pidsPeak from cgroup v1 pids.peak"), std::string::npos);
+
+  // No v1 pids and no v2: degraded, with the figures that are null named.
+  hybrid.v2.reset();
+  hybrid.pids_v1.reset();
+  in.layout = hybrid;
+  layers = runtime::DoctorLayers(in);
+  usage = Find(layers, "exec_usage");
+  EXPECT_EQ(usage->status, "degraded");
+  EXPECT_NE(usage->detail.find("null: cpuUserMs, cpuSystemMs, pidsPeak"), std::string::npos)
+      << usage->detail;
+  EXPECT_FALSE(usage->fix.empty());
+}
+
 TEST(Doctor, MissingOpcodesDegradeIoUring) {
   runtime::DoctorInput in = AllPresent();
   in.features.io_uring_missing_ops = {"WAITID"};

@@ -83,6 +83,19 @@ export interface AttachOptions {
 
 export type ExecReason = 'exited' | 'signaled' | 'timeout' | 'cancelled' | 'output_limit' | 'oom' | 'stopped';
 
+/**
+ * What the command used, from its own cgroups (nsbox docs/cgroups.md "Per-exec usage"). Each
+ * figure is `null` where the host has no controller for it, never a made-up zero.
+ */
+export interface ExecUsage {
+  cpuUserMs: number | null;
+  cpuSystemMs: number | null;
+  memoryPeakBytes: number | null;
+  pidsPeak: number | null;
+  ioReadBytes: number | null;
+  ioWriteBytes: number | null;
+}
+
 export interface ExecResult {
   stdout: string;
   stderr: string;
@@ -95,6 +108,8 @@ export interface ExecResult {
   truncated: boolean;
   cancelled?: boolean;
   durationMs: number;
+  /** Absent only from a daemon older than nsbox issue 8. */
+  usage?: ExecUsage;
 }
 
 export type ExecEvent =
@@ -110,6 +125,7 @@ export type ExecEvent =
       truncated: boolean;
       cancelled: boolean;
       durationMs: number;
+      usage?: ExecUsage;
     };
 
 export interface RunningExec {

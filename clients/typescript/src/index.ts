@@ -10,6 +10,7 @@ export type {
   AttachOptions,
   ExecReason,
   ExecResult,
+  ExecUsage,
   ExecEvent,
   RunningExec,
   StatResult,

@@ -73,6 +73,21 @@ test('exec buffered: stdout, stderr, exit code, cwd, env, stdin', async () => {
   assert.equal(Buffer.from(r4.stdoutBase64, 'base64').toString('latin1'), '\xffok');
 });
 
+test('exec usage: six figures, each a number or null, in the answer and the exit event', async () => {
+  const keys = ['cpuUserMs', 'cpuSystemMs', 'memoryPeakBytes', 'pidsPeak', 'ioReadBytes', 'ioWriteBytes'];
+  const check = (usage) => {
+    assert.deepEqual(Object.keys(usage).sort(), [...keys].sort());
+    for (const k of keys) assert.ok(usage[k] === null || (Number.isInteger(usage[k]) && usage[k] >= 0), `${k}: ${usage[k]}`);
+  };
+  const r = await c.exec(ID, 'i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done');
+  check(r.usage);
+  // cpu.stat is in every cgroup v2 directory: a busy loop has used some CPU.
+  assert.ok(r.usage.cpuUserMs + r.usage.cpuSystemMs > 0, JSON.stringify(r.usage));
+  const events = [];
+  for await (const ev of c.execStream(ID, 'true')) events.push(ev);
+  check(events.at(-1).usage);
+});
+
 test('exec timeout: 124, timedOut', async () => {
   const t0 = Date.now();
   const r = await c.exec(ID, 'sleep 10', { timeoutMs: 300 });

@@ -1,0 +1,66 @@
+#pragma once
+
+// What one command used, read from its own cgroups when it ends (docs/cgroups.md "Per-exec
+// usage"): cgroup v2 files where the controller is enabled for the command's cgroup, else the
+// v1 memory and pids hierarchies of a hybrid host. A figure no hierarchy gives is nullopt, never
+// a made-up zero. The parsers are pure and take the kernel's text as hostile bytes.
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace nsbox::exec {
+
+struct CommandUsage {
+  std::optional<uint64_t> cpu_user_us;        // v2 cpu.stat user_usec
+  std::optional<uint64_t> cpu_system_us;      // v2 cpu.stat system_usec
+  std::optional<uint64_t> memory_peak_bytes;  // v2 memory.peak, v1 memory.max_usage_in_bytes
+  std::optional<uint64_t> pids_peak;          // v2 or v1 pids.peak
+  std::optional<uint64_t> io_read_bytes;      // v2 io.stat rbytes, summed over devices
+  std::optional<uint64_t> io_write_bytes;     // v2 io.stat wbytes, summed over devices
+
+  bool operator==(const CommandUsage&) const = default;
+};
+
+// The cgroup directories of one command (O_DIRECTORY fds, -1 where there is none).
+struct UsageDirs {
+  int v2 = -1;
+  int memory_v1 = -1;
+  int pids_v1 = -1;
+};
+
+// Reads every figure the directories give; a file that is missing (its controller is not
+// enabled there) or malformed leaves its figure unset.
+CommandUsage ReadUsage(const UsageDirs& dirs);
+// Whether the OOM killer killed a process of the command: v2 memory.events "oom_kill", else v1
+// memory.oom_control "oom_kill". False when neither is there.
+bool OomKilledIn(const UsageDirs& dirs);
+
+// ---- Parsers --------------------------------------------------------------------------------
+
+// The value of `key` in a "key value" per line text (cpu.stat, memory.events,
+// memory.oom_control): the first line whose first word is exactly `key`, with a decimal
+// uint64_t after one space and nothing else. nullopt when absent, malformed or out of range.
+std::optional<uint64_t> FindKeyedValue(std::string_view text, std::string_view key);
+// A file that holds one number ("123\n"): memory.peak, memory.max_usage_in_bytes, pids.peak.
+// nullopt for anything else ("max", "", "-1", "12x", overflow).
+std::optional<uint64_t> ParseSingleValue(std::string_view text);
+
+struct CpuStat {
+  std::optional<uint64_t> user_us;
+  std::optional<uint64_t> system_us;
+};
+CpuStat ParseCpuStat(std::string_view cpu_stat);
+
+struct IoBytes {
+  uint64_t read = 0;
+  uint64_t write = 0;
+};
+// io.stat: "MAJ:MIN rbytes=N wbytes=N rios=N ..." per device; rbytes and wbytes summed over
+// every line (saturating at 2^64-1). An empty text is zero bytes (no I/O yet). nullopt when a
+// line does not start with a device or a rbytes/wbytes value is not a number.
+std::optional<IoBytes> ParseIoStat(std::string_view io_stat);
+// The `oom_kill` counter of a memory.events (v2) or memory.oom_control (v1) text; 0 when absent.
+uint64_t ParseOomKillCount(std::string_view text);
+
+}  // namespace nsbox::exec
