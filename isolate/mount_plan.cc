@@ -294,7 +294,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   p.Mkdir("/dev/pts");
   auto& pts = p.Add(Kind::kDevpts, "/dev/pts");
   pts.flags = MS_NOSUID | MS_NOEXEC;
-  pts.data = "newinstance,ptmxmode=0666,mode=0620,gid=5";
+  pts.data = "newinstance,ptmxmode=0666,mode=0620,gid=5,max=" + std::to_string(kMaxPtys);
   p.Symlink("pts/ptmx", "/dev/ptmx");
   p.Mkdir("/dev/shm", 01777);
   p.Tmpfs("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777" + tmpfs_size(4));

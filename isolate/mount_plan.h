@@ -12,6 +12,10 @@
 
 namespace nsbox::isolate {
 
+// Pseudo-terminals a sandbox may hold at once (its devpts's `max=`): kernel.pty.max is one pool
+// for the whole host, which one sandbox must not empty for the others (docs/isolation.md).
+inline constexpr int kMaxPtys = 128;
+
 // One step of building a jail's file system, as a plain value. The plan is made in the parent
 // (where it may allocate, read the host and be unit-tested byte for byte), then applied by the
 // child between clone and execve by a loop that only issues syscalls (ApplyMountPlan).

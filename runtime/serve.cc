@@ -1813,8 +1813,15 @@ ApiError InputError(const ExecSession& s, const fs::FsError& error) {
     if (s.ended() || error.err == ESRCH) {
       return ApiError::Of(409, "exec_ended", "exec '" + s.id() + "' has ended; its stdin is gone");
     }
+    // nsbox-init says why, after the channel's own tag for the exec ("exec 7: ..."), which
+    // means nothing to a client: only the why is kept.
+    std::string_view why = error.message;
+    if (why.starts_with("exec ")) {
+      size_t colon = why.find(": ");
+      if (colon != std::string_view::npos) why.remove_prefix(colon + 2);
+    }
     return ApiError::Of(409, "stdin_closed",
-                        "the stdin of exec '" + s.id() + "' is closed (" + error.message + ")");
+                        "the stdin of exec '" + s.id() + "' is closed (" + std::string(why) + ")");
   }
   return ApiError::FromFs(error);
 }

@@ -136,6 +136,32 @@ TEST_F(ExhaustionTest, ForkBombStopsAtThePidsLimit) {
   EXPECT_LT(HealthLatencyMs(), 1000);
 }
 
+// Terminals: every sandbox shares the host's kernel.pty.max pool, so its devpts has a `max=`.
+// Opening /dev/ptmx until it fails stops at exactly that many with ENOSPC; a second sandbox can
+// still open terminals meanwhile (control: the pool was not emptied), and so can the first once
+// the holder has exited (nothing leaked).
+TEST_F(ExhaustionTest, PtyExhaustionStopsAtTheSandboxesOwnLimit) {
+  const std::string id = NewSandbox("ptys");
+  const std::string other = NewSandbox("ptys2");
+  const std::string hog =
+      "n=0; while [ $n -lt 1000 ] && exec {fd}<>/dev/ptmx; do n=$((n+1)); done 2>/tmp/err; "
+      "echo opened=$n; grep -c 'No space left on device' /tmp/err";
+  // The hog holds its terminals for 4 s while the other sandbox opens one.
+  Response held;
+  std::thread holder([&] {
+    Client c = NewClient();
+    held = c.PostJson(SbPath(id, "/exec"), json::object{{"command", hog + "; sleep 4"}},
+                      milliseconds(60000));
+  });
+  std::this_thread::sleep_for(milliseconds(1500));
+  EXPECT_EQ(Sh(other, "exec 3<>/dev/ptmx && echo other-ok"), "other-ok\n") << "control";
+  holder.join();
+  json::object answer = Obj(held);
+  EXPECT_EQ(Str(answer, "stdout"), "opened=128\n1\n") << held.Describe();
+  EXPECT_EQ(Sh(id, hog), "opened=128\n1\n") << "terminals of an ended command stay taken";
+  EXPECT_LT(HealthLatencyMs(), 1000);
+}
+
 // A memory bomb under `memoryBytes: 64 MiB`: the kernel's OOM killer ends it, and the answer
 // says so (api.md: reason "oom", exit code 137). Control: 16 MiB fits.
 TEST_F(ExhaustionTest, MemoryBombIsOomKilled) {

@@ -66,7 +66,7 @@ TEST(MountPlan, DescribesEveryMountExactly) {
   EXPECT_TRUE(Contains(d, "mask /proc/keys"));
   EXPECT_TRUE(Contains(d, "read-only /proc/sys"));
   EXPECT_TRUE(Contains(d, "bind /dev/null -> /dev/null (rw)"));
-  EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5)"));
+  EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5,max=128)"));
   EXPECT_TRUE(Contains(d, "symlink /dev/ptmx -> pts/ptmx"));
   EXPECT_TRUE(Contains(d, "tmpfs /dev/shm (rw,nosuid,nodev,noexec,mode=1777)"));
   EXPECT_TRUE(Contains(d, "copy /etc/ld.so.cache -> /etc/ld.so.cache"));
@@ -115,7 +115,7 @@ TEST(MountPlan, AnImageOverlayIsTheWholeWritableRoot) {
   EXPECT_TRUE(Contains(d, "mkdir /tmp"));
   EXPECT_TRUE(Contains(d, "tmpfs /tmp (rw,nosuid,nodev,mode=1777)"));
   EXPECT_TRUE(Contains(d, "proc /proc (hidepid=ptraceable)"));
-  EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5)"));
+  EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5,max=128)"));
   for (const auto& op : plan->ops) {
     // Nothing of the host's /etc, and nothing bound over the persistent /workspace or /root.
     EXPECT_NE(op.target.rfind("/etc", 0), 0u) << op.Describe();
