@@ -261,20 +261,6 @@ json::object ImageJson(const images::ImageInfo& info, const std::vector<std::str
   return o;
 }
 
-// "replace=1" (or true) in a query string.
-bool QueryFlag(std::string_view query, std::string_view name) {
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    size_t eq = pair.find('=');
-    if (pair.substr(0, eq) != name) continue;
-    std::string_view value = eq == std::string_view::npos ? "1" : pair.substr(eq + 1);
-    return value == "1" || value == "true";
-  }
-  return false;
-}
-
 // ---- exec events, from the control channel's reader thread to the event loop
 // ----
 
@@ -488,6 +474,21 @@ std::optional<std::string> QueryValue(std::string_view query, std::string_view n
     return PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
   }
   return std::nullopt;
+}
+
+// "replace=1" (or true, or a bare "replace") in a query string; anything else is false.
+bool QueryFlag(std::string_view query, std::string_view name) {
+  auto v = QueryValue(query, name);
+  return v.has_value() && (*v == "1" || *v == "true" || v->empty());
+}
+
+// A 0/1 query parameter ("true"/"false" too; a bare name is 1; absent is 0); another value is a
+// 400 naming the parameter.
+ApiOutcome<bool> QueryBool(std::string_view query, std::string_view name) {
+  auto v = QueryValue(query, name);
+  if (!v || *v == "0" || *v == "false") return false;
+  if (*v == "1" || *v == "true" || v->empty()) return true;
+  return ApiError::Invalid("\"" + std::string(name) + "\" must be 1 or 0");
 }
 
 // `offset` of a re-attach: default 0; it must be a number within what the session keeps.
@@ -1747,15 +1748,12 @@ asio::awaitable<bool> Daemon::ExecOutput(Ctx& c, std::shared_ptr<SandboxEntry> e
       co_return co_await ReplyError(c, reply_error);
     }
   }
-  bool follow = false;
-  if (auto f = QueryValue(query, "follow")) {
-    if (*f == "1" || *f == "true" || f->empty()) {
-      follow = true;
-    } else if (*f != "0" && *f != "false") {
-      const ApiError reply_error = ApiError::Invalid("\"follow\" must be 1 or 0");
-      co_return co_await ReplyError(c, reply_error);
-    }
+  auto follow_flag = QueryBool(query, "follow");
+  if (!follow_flag.ok()) {
+    const ApiError reply_error = follow_flag.error();
+    co_return co_await ReplyError(c, reply_error);
   }
+  const bool follow = follow_flag.value();
   // A re-attach never kills: its hang-up only ends this reader.
   auto watch = std::make_shared<HangupWatch>();
   auto on_hangup = [watch, s] {
@@ -1834,15 +1832,12 @@ asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> en
     const ApiError reply_error = ExecNotFound(exec_id, entry->config().id);
     co_return co_await ReplyError(c, reply_error);
   }
-  bool close = false;
-  if (auto v = QueryValue(query, "close")) {
-    if (*v == "1" || *v == "true" || v->empty()) {
-      close = true;
-    } else if (*v != "0" && *v != "false") {
-      const ApiError reply_error = ApiError::Invalid("\"close\" must be 1 or 0");
-      co_return co_await ReplyError(c, reply_error);
-    }
+  auto close_flag = QueryBool(query, "close");
+  if (!close_flag.ok()) {
+    const ApiError reply_error = close_flag.error();
+    co_return co_await ReplyError(c, reply_error);
   }
+  const bool close = close_flag.value();
   if (auto refusal = InputRefusal(*s)) {
     const ApiError reply_error = *refusal;
     co_return co_await ReplyError(c, reply_error);
