@@ -670,6 +670,10 @@ class Daemon {
     std::string hangup;
   };
   asio::awaitable<BodyCopy> CopyBodyTo(Ctx& c, int fd, std::string_view what);
+  // The next piece of a request body into `buf` (at most its size; 0 bytes is possible before
+  // the end): its size, or nullopt when the client went away (`*hangup` says how).
+  asio::awaitable<std::optional<size_t>> ReadBodyPiece(Ctx& c, std::vector<char>& buf,
+                                                       std::string* hangup);
   // The whole body of a JSON request (up to 1 MiB); an empty body is an empty
   // object when `optional`.
   asio::awaitable<ApiOutcome<json::object>> ReadJson(Ctx& c, bool optional);
@@ -1199,27 +1203,34 @@ asio::awaitable<bool> Daemon::EndNdjson(Ctx& c) {
 asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string_view what) {
   BodyCopy out;
   std::vector<char> buf(kStreamChunk);
-  auto& p = c.parser;
-  while (!p.is_done()) {
-    p.get().body().data = buf.data();
-    p.get().body().size = buf.size();
-    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
-    (void)n;
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) {
-      out.hangup = ec.message();
-      co_return out;
-    }
-    const size_t got = buf.size() - p.get().body().size;
-    if (auto st = WriteAll(fd, std::string_view(buf.data(), got), what); !st.ok()) {
+  while (!c.parser.is_done()) {
+    const std::optional<size_t> got = co_await ReadBodyPiece(c, buf, &out.hangup);
+    if (!got) co_return out;
+    if (auto st = WriteAll(fd, std::string_view(buf.data(), *got), what); !st.ok()) {
       out.write_error = st.error().code() != 0 ? st.error().code() : EIO;
       co_return out;
     }
-    out.bytes += got;
-    metrics_.BytesIn(got);
+    out.bytes += *got;
   }
   c.body_done = true;
   co_return out;
+}
+
+asio::awaitable<std::optional<size_t>> Daemon::ReadBodyPiece(Ctx& c, std::vector<char>& buf,
+                                                             std::string* hangup) {
+  auto& p = c.parser;
+  p.get().body().data = buf.data();
+  p.get().body().size = buf.size();
+  auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
+  (void)n;
+  if (ec == http::error::need_buffer) ec = {};
+  if (ec) {
+    *hangup = ec.message();
+    co_return std::nullopt;
+  }
+  const size_t got = buf.size() - p.get().body().size;
+  metrics_.BytesIn(got);
+  co_return got;
 }
 
 asio::awaitable<ApiOutcome<std::string>> Daemon::ReadBody(Ctx& c) {
@@ -1851,24 +1862,19 @@ asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> en
   const bool go_on = co_await SendContinue(c);
   if (!go_on) co_return false;
   std::vector<char> buf(fs::proto::kMaxInputChunk);
-  auto& p = c.parser;
   uint64_t total = 0;
-  while (!p.is_done()) {
-    p.get().body().data = buf.data();
-    p.get().body().size = buf.size();
-    auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
-    (void)n;
-    if (ec == http::error::need_buffer) ec = {};
-    if (ec) co_return false;  // the client went away mid-body
-    const size_t got = buf.size() - p.get().body().size;
+  while (!c.parser.is_done()) {
+    std::string hangup;
+    const std::optional<size_t> piece = co_await ReadBodyPiece(c, buf, &hangup);
+    if (!piece) co_return false;  // the client went away mid-body
+    const size_t got = *piece;
     if (got == 0) continue;
-    metrics_.BytesIn(got);
     fs::proto::ExecInput input;
     input.exec_tag = s->tag;
     input.data.assign(buf.data(), got);
     auto written = co_await SendInput(box, std::move(input));
     if (!written.ok()) {
-      c.must_close = !p.is_done();
+      c.must_close = !c.parser.is_done();
       const ApiError reply_error = InputError(*s, written.error());
       co_return co_await ReplyError(c, reply_error);
     }
