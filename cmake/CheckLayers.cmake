@@ -1,4 +1,4 @@
-# design.md: dependencies flow one way, base <- policy <- isolate, exec, fs <- runtime.
+# design.md: dependencies flow one way, base <- policy <- isolate, exec, fs, net <- runtime.
 # This check runs at configure time and fails the build on an #include that goes against it.
 set(NSBOX_LAYERS_base "base")
 set(NSBOX_LAYERS_policy "base;policy")
@@ -6,8 +6,9 @@ set(NSBOX_LAYERS_images "base;policy;isolate;images")
 set(NSBOX_LAYERS_isolate "base;policy;isolate")
 set(NSBOX_LAYERS_exec "base;policy;exec")
 set(NSBOX_LAYERS_fs "base;policy;fs")
-set(NSBOX_LAYERS_runtime "base;policy;images;isolate;exec;fs;runtime")
-set(NSBOX_ALL_LAYERS base policy images isolate exec fs runtime)
+set(NSBOX_LAYERS_net "base;net")
+set(NSBOX_LAYERS_runtime "base;policy;images;isolate;exec;fs;net;runtime")
+set(NSBOX_ALL_LAYERS base policy images isolate exec fs net runtime)
 
 foreach(layer IN LISTS NSBOX_ALL_LAYERS)
   file(GLOB_RECURSE _sources CONFIGURE_DEPENDS
