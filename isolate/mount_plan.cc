@@ -151,7 +151,8 @@ Result<std::vector<JailFsConfig::EtcEntry>> ScanHostEtc(const std::string& host_
   return out;
 }
 
-std::vector<GeneratedFile> GeneratedEtcFiles(const std::string& hostname) {
+std::vector<GeneratedFile> GeneratedEtcFiles(const std::string& hostname,
+                                             const std::string& nameserver) {
   return {
       {"passwd",
        "root:x:0:0:root:/root:/bin/bash\n"
@@ -160,8 +161,16 @@ std::vector<GeneratedFile> GeneratedEtcFiles(const std::string& hostname) {
       {"hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" +
                     hostname + "\n"},
       {"hostname", hostname + "\n"},
-      // The jail's network namespace has loopback only: there is no resolver to name.
-      {"resolv.conf", "# nsbox: this sandbox has no network; only loopback is up.\n"},
+      // Without a network the jail's namespace has loopback only: there is no resolver to name.
+      // nsboxd's sandboxes always name its resolver, so that a network policy given to a running
+      // sandbox needs no change here; it answers only what the policy allows
+      // (docs/network.md), and while the policy is "none" there is no route to it.
+      {"resolv.conf",
+       nameserver.empty()
+           ? std::string("# nsbox: this sandbox has no network; only loopback is up.\n")
+           : "# nsbox: the sandbox's resolver, run by nsboxd; it answers only the names the\n"
+             "# sandbox's network policy allows (docs/network.md).\nnameserver " +
+                 nameserver + "\noptions timeout:2 attempts:2\n"},
       {"nsswitch.conf",
        "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\n"
        "protocols: files\nservices: files\nethers: files\nrpc: files\n"},
@@ -207,7 +216,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
 
     // 3. /etc: generated files plus read-only binds of the allowlisted host entries.
     p.Mkdir("/etc");
-    for (const auto& file : GeneratedEtcFiles(config.hostname)) {
+    for (const auto& file : GeneratedEtcFiles(config.hostname, config.nameserver)) {
       auto& op = p.Add(Kind::kWriteFile, "/etc/" + file.name);
       op.data = file.content;
       op.mode = 0644;

@@ -113,6 +113,9 @@ struct JailFsConfig {
   int workspace_fd = -1;
   bool workspace_fd_is_tree = false;  // workspace_fd came from open_tree(OPEN_TREE_CLONE)
   std::string hostname;
+  // The resolver /etc/resolv.conf names (nsboxd's, for its sandboxes); "" for none: the
+  // sandbox has loopback only.
+  std::string nameserver;
   // The sandbox's memory limit, of which /tmp may hold a half and /dev/shm a quarter; 0 for the
   // kernel's default (half the RAM each). Tmpfs pages written by the daemon through the files
   // API are charged to the daemon, not to the sandbox's cgroup: the size is what bounds them.
@@ -142,7 +145,8 @@ struct GeneratedFile {
   std::string name;
   std::string content;
 };
-std::vector<GeneratedFile> GeneratedEtcFiles(const std::string& hostname);
+std::vector<GeneratedFile> GeneratedEtcFiles(const std::string& hostname,
+                                             const std::string& nameserver = "");
 
 Result<MountPlan> PlanMounts(const JailFsConfig& config);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 
 #include <boost/json.hpp>
 
@@ -46,6 +47,12 @@ std::string BadDomain(std::string_view name) {
       const bool ok =
           (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_';
       if (!ok) {
+        const auto byte = static_cast<unsigned char>(ch);
+        if (byte < 0x21 || byte >= 0x7f) {
+          char hex[8];
+          std::snprintf(hex, sizeof hex, "0x%02x", byte);
+          return std::string("byte ") + hex + " is not allowed in a name";
+        }
         return "character '" + std::string(1, ch) + "' is not allowed in a name";
       }
     }

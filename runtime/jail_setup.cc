@@ -135,6 +135,7 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
 
   isolate::JailFsConfig fs;
   fs.hostname = o.hostname;
+  fs.nameserver = o.nameserver;
   if (plan.limits.memory_bytes) fs.tmpfs_size_bytes = *plan.limits.memory_bytes;
   if (!o.copy_etc_files) fs.etc_copy_limit = 0;
   if (o.overlay) {

@@ -23,6 +23,8 @@ struct JailOptions {
   std::string home;       // host directory bound at /root; empty: a tmpfs
   std::string cwd;        // inside; relative to /workspace; default /workspace
   std::string hostname = "nsbox";
+  // The resolver /etc/resolv.conf names; "" for a sandbox with loopback only.
+  std::string nameserver;
   std::vector<std::string> env;  // "K=V"
   std::optional<std::string> memory;
   std::optional<std::string> pids;

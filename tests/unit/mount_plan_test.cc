@@ -139,6 +139,14 @@ TEST(MountPlan, GeneratedEtcHasNoSecrets) {
             "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
   EXPECT_EQ(files[3].content, "box\n");
   EXPECT_NE(files[2].content.find("127.0.1.1\tbox\n"), std::string::npos);
+  EXPECT_EQ(files[4].content.find("nameserver"), std::string::npos);
+}
+
+TEST(MountPlan, ResolvConfNamesTheDaemonsResolver) {
+  auto files = GeneratedEtcFiles("box", "10.213.0.1");
+  ASSERT_EQ(files[4].name, "resolv.conf");
+  EXPECT_NE(files[4].content.find("\nnameserver 10.213.0.1\n"), std::string::npos)
+      << files[4].content;
 }
 
 TEST(MountPlan, RefusesBadInput) {
