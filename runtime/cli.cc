@@ -57,15 +57,18 @@ struct ClientCommands::Options {
   CLI::App* cp = nullptr;
   CLI::App* stop = nullptr;
   CLI::App* rm = nullptr;
+  CLI::App* network = nullptr;
 
-  std::string id;  // create, exec
+  std::string id;  // create, exec, network
   bool json = false;
 
   std::optional<std::string> image;
   std::optional<std::string> memory;
   std::optional<std::string> pids;
   std::optional<std::string> cpus;
-  std::vector<std::string> env;  // create, exec
+  std::vector<std::string> env;             // create, exec
+  std::optional<std::string> network_mode;  // create --network, network ID MODE
+  std::vector<std::string> allow;           // --allow
 
   std::string cwd;
   std::optional<std::string> timeout;
@@ -200,7 +203,75 @@ Result<ApiEndpoint> Endpoint(const Options& o) {
   return ApiEndpoint::Unix(ClientSocketPath());
 }
 
-// ---- create, ls, stop, rm ----
+// ---- create, ls, stop, rm, network ----
+
+// The API's network policy from --network/MODE and --allow (docs/network.md); nullopt when
+// neither was given.
+Result<std::optional<json::value>> NetworkPolicyOf(const Options& o) {
+  if (!o.network_mode && o.allow.empty()) return std::optional<json::value>();
+  const std::string mode = o.network_mode.value_or(o.allow.empty() ? "none" : "allow");
+  if (mode != "none" && mode != "open" && mode != "allow") {
+    return Error::Msg("network '" + mode + "' is not one of none, open or allow");
+  }
+  if (mode == "none") {
+    if (!o.allow.empty()) return Error::Msg("--allow contradicts a network of none");
+    return std::optional<json::value>(json::string("none"));
+  }
+  if (mode == "open" && o.allow.empty()) {
+    return std::optional<json::value>(json::string("open"));
+  }
+  json::object policy;
+  if (mode == "open") policy["open"] = true;
+  json::array allow;
+  for (const std::string& entry : o.allow) allow.emplace_back(entry);
+  policy["allow"] = std::move(allow);
+  return std::optional<json::value>(std::move(policy));
+}
+
+std::string PolicyText(const json::value* policy) {
+  if (policy == nullptr) return "?";
+  if (policy->is_string()) return std::string(policy->get_string());
+  if (!policy->is_object()) return json::serialize(*policy);
+  const json::object& p = policy->get_object();
+  std::string text = p.contains("open") ? "open, and allow:" : "allow:";
+  if (const json::value* allow = p.if_contains("allow"); allow != nullptr && allow->is_array()) {
+    if (allow->get_array().empty()) text += " (nothing)";
+    for (const json::value& e : allow->get_array()) {
+      text += " ";
+      text += e.is_string() ? std::string(e.get_string()) : json::serialize(e);
+    }
+  }
+  return text;
+}
+
+// nsbox network ID [none|open|allow] [--allow ENTRY]...: shows or replaces the policy.
+int Network(const Options& o, ApiClient& client) {
+  const std::string what = "network " + o.id;
+  auto policy = NetworkPolicyOf(o);
+  if (!policy.ok()) return Fail(what, policy.error().message(), kExitUsage);
+  Result<ApiResponse> answer = Error::Msg("");
+  if (policy->has_value()) {
+    json::object body;
+    body["network"] = **policy;
+    answer = Check(client, client.Call(Method::kPut, SandboxTarget(o.id, "/network"), body));
+  } else {
+    answer = Check(client, client.Call(Method::kGet, SandboxTarget(o.id, "/network")));
+  }
+  if (!answer.ok()) return Fail(what, answer.error().message());
+  if (o.json) {
+    PrintBody(*answer);
+    return 0;
+  }
+  auto parsed = answer->Json();
+  const json::object* top = parsed.ok() ? parsed->if_object() : nullptr;
+  if (top == nullptr) return Fail(what, "the daemon's answer is not a JSON object");
+  std::printf("network: %s\n", PolicyText(top->if_contains("network")).c_str());
+  const json::value* address = top->if_contains("address");
+  std::printf("address: %s\n", address != nullptr && address->is_string()
+                                   ? std::string(address->get_string()).c_str()
+                                   : "none (stopped, or no network)");
+  return 0;
+}
 
 int Create(const Options& o, ApiClient& client) {
   std::string what = "create " + o.id;
@@ -234,6 +305,12 @@ int Create(const Options& o, ApiClient& client) {
     auto env = EnvObject(o.env);
     if (!env.ok()) return Fail("create", env.error().message(), kExitUsage);
     body["env"] = std::move(*env);
+    options_given = true;
+  }
+  auto network = NetworkPolicyOf(o);
+  if (!network.ok()) return Fail("create", network.error().message(), kExitUsage);
+  if (network->has_value()) {
+    body["network"] = std::move(**network);
     options_given = true;
   }
   auto answer = Check(client, client.Call(Method::kPut, SandboxTarget(o.id), body));
@@ -997,7 +1074,8 @@ std::string ShellCommand(const std::vector<std::string>& args) {
 
 ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Options>()) {
   Options& o = *options_;
-  const std::string group = "Daemon connection (for create, ls, exec, shell, cp, stop, rm, image)";
+  const std::string group =
+      "Daemon connection (for create, ls, exec, shell, cp, stop, rm, network, image)";
   o.socket_opt =
       app.add_option("--socket", o.socket,
                      "nsboxd's Unix socket (env NSBOX_SOCKET; default " + DefaultSocketPath() + ")")
@@ -1018,7 +1096,21 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   // allow_extra_args(false): one value per --env, so `--env A=1 ID` leaves ID alone.
   o.create->add_option("--env,-e", o.env, "base environment, NAME=VALUE (repeatable)")
       ->allow_extra_args(false);
+  o.create->add_option("--network", o.network_mode,
+                       "none (default: loopback only), open (all egress but the host, link-local "
+                       "and other sandboxes) or allow (only --allow entries)");
+  o.create->add_option("--allow", o.allow,
+                       "reachable name, *.wildcard, IPv4 address or CIDR, with an optional :PORT "
+                       "(repeatable; implies --network allow)");
   o.create->add_flag("--json", o.json, "print the API's JSON");
+
+  o.network = app.add_subcommand("network",
+                                 "Show a sandbox's network policy, or replace it (running or not): "
+                                 "nsbox network ID [none|open|allow] [--allow ENTRY]...");
+  o.network->add_option("id", o.id, "the sandbox's id")->required();
+  o.network->add_option("mode", o.network_mode, "none, open or allow (the new policy)");
+  o.network->add_option("--allow", o.allow, "reachable name, *.wildcard, IPv4 or CIDR[:PORT]");
+  o.network->add_flag("--json", o.json, "print the API's JSON");
 
   o.ls = app.add_subcommand("ls", "List sandboxes");
   o.ls->add_flag("--json", o.json, "print the API's JSON");
@@ -1087,8 +1179,8 @@ std::string ClientCommands::GlobalSocket() const { return options_->socket; }
 std::optional<int> ClientCommands::Dispatch() {
   const Options& o = *options_;
   CLI::App* chosen = nullptr;
-  for (CLI::App* cmd : {o.create, o.ls, o.exec, o.shell, o.cp, o.stop, o.rm, o.image_import,
-                        o.image_ls, o.image_inspect, o.image_rm}) {
+  for (CLI::App* cmd : {o.create, o.ls, o.exec, o.shell, o.cp, o.stop, o.rm, o.network,
+                        o.image_import, o.image_ls, o.image_inspect, o.image_rm}) {
     if (cmd->parsed()) chosen = cmd;
   }
   if (chosen == nullptr) return std::nullopt;
@@ -1101,6 +1193,7 @@ std::optional<int> ClientCommands::Dispatch() {
   if (chosen == o.shell) return Shell(o, client);
   if (chosen == o.cp) return Copy(o, client);
   if (chosen == o.stop) return ForEachId(o, client, "stop");
+  if (chosen == o.network) return Network(o, client);
   if (chosen == o.image_import) return ImportImage(o, client);
   if (chosen == o.image_ls) return ListImages(o, client);
   if (chosen == o.image_inspect) return InspectImage(o, client);

@@ -80,6 +80,13 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--exec-retention", serve.exec_retention_seconds,
                         "seconds an ended exec stays for re-attach (default 600)");
 
+  serve_cmd->add_option("--network-range", serve.network_range,
+                        "IPv4 range of the sandboxes with a network; its first address is their "
+                        "resolver (default 10.213.0.0/16)");
+  serve_cmd->add_option("--dns-upstream", serve.dns_upstreams,
+                        "ADDR[:PORT] the sandboxes' resolver asks (repeatable; default: the "
+                        "nameservers of /etc/resolv.conf)");
+
   // create, ls, exec, cp, stop, rm: clients of nsboxd, and --socket / --url / --token.
   nsbox::runtime::ClientCommands client_commands(app);
 
@@ -94,6 +101,7 @@ int main(int argc, char** argv) {
     return nsbox::isolate::kExitSetupFailed;
   }
   if (log_level.empty()) log_level = *serve_cmd ? "info" : "warn";
+  serve.log_level = log_level;
   if (auto st = nsbox::log::SetLevel(log_level); !st.ok()) {
     std::fprintf(stderr, "nsbox: --log-level: %s\n", st.error().message().c_str());
     return nsbox::isolate::kExitSetupFailed;

@@ -281,4 +281,18 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& sandboxes_by_
   return out;
 }
 
+std::string RenderNetworkConnections(const std::map<std::string, NetworkConnections>& by_sandbox) {
+  std::string out;
+  AppendFamilyHeader(out, "nsbox_network_connections_total", "counter",
+                     "New connections of sandboxes with a network, by verdict of the filter.");
+  for (const auto& [id, counts] : by_sandbox) {
+    const std::string sandbox = Label("sandbox", id);
+    AppendSample(out, "nsbox_network_connections_total",
+                 sandbox + "," + Label("verdict", "allowed"), counts.allowed);
+    AppendSample(out, "nsbox_network_connections_total",
+                 sandbox + "," + Label("verdict", "refused"), counts.refused);
+  }
+  return out;
+}
+
 }  // namespace nsbox::runtime

@@ -85,4 +85,13 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;  // by (method, status)
 };
 
+// The connections the network filter allowed and refused, per sandbox id (docs/network.md), as
+// the family nsbox_network_connections_total{sandbox, verdict}. Read from nsbox-net's counters
+// at each scrape, so they are not part of Metrics; one sample pair per sandbox with a network.
+struct NetworkConnections {
+  uint64_t allowed = 0;
+  uint64_t refused = 0;
+};
+std::string RenderNetworkConnections(const std::map<std::string, NetworkConnections>& by_sandbox);
+
 }  // namespace nsbox::runtime

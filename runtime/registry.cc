@@ -22,6 +22,7 @@
 #include "images/image.h"
 #include "isolate/cgroup.h"
 #include "isolate/idmap.h"
+#include "net/net_client.h"
 #include "runtime/exec_session.h"
 #include "runtime/utf8.h"
 
@@ -92,7 +93,7 @@ std::string EncodeConfig(const SandboxConfig& c) {
   if (c.limits.pids) limits["pids"] = *c.limits.pids;
   if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
   o["limits"] = std::move(limits);
-  o["network"] = c.network;
+  o["network"] = net::PolicyToJson(c.network);
   o["createdAt"] = c.created_at;
   return json::serialize(o) + "\n";
 }
@@ -115,7 +116,11 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
   NSBOX_TRY(str("id", &c.id));
   NSBOX_TRY(str("image", &c.image));
   NSBOX_TRY(str("cwd", &c.cwd));
-  NSBOX_TRY(str("network", &c.network));
+  if (const json::value* network = o->if_contains("network")) {
+    auto policy = net::ParsePolicy(*network);
+    if (!policy.ok()) return Error(EINVAL, "config.json: " + policy.error().message());
+    c.network = std::move(policy).value();
+  }
   NSBOX_TRY(str("createdAt", &c.created_at));
   if (auto reason = InvalidIdReason(c.id)) return Error(EINVAL, "config.json: " + *reason);
   if (c.image != images::kHostImage) {
@@ -171,7 +176,20 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
 // ---- SandboxEntry ----
 
 SandboxEntry::SandboxEntry(SandboxConfig config, std::string hash, std::string dir)
-    : config_(std::move(config)), hash_(std::move(hash)), dir_(std::move(dir)) {}
+    : config_(std::move(config)),
+      hash_(std::move(hash)),
+      dir_(std::move(dir)),
+      network_(config_.network) {}
+
+net::NetworkPolicy SandboxEntry::network() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return network_;
+}
+
+std::string SandboxEntry::address() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return address_;
+}
 
 bool SandboxEntry::running() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -244,6 +262,19 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
   while (r->state_dir_.size() > 1 && r->state_dir_.back() == '/') r->state_dir_.pop_back();
   r->sandboxes_dir_ = r->state_dir_ + "/sandboxes";
   r->init_binary_ = options.init_binary;
+  r->options_ = options;
+  {
+    // The range: an IPv4 network from /8 to /24 (a /24 holds 253 sandboxes with a network at
+    // once); its first address is the resolver and gateway.
+    auto range = net::ParseAllowEntry(options.network_range);
+    if (!range.ok() || range->kind != net::AllowEntry::Kind::kCidr || range->port ||
+        range->prefix < 8 || range->prefix > 24) {
+      return Error(EINVAL, "--network-range '" + options.network_range +
+                               "' is not an IPv4 network from /8 to /24 such as 10.213.0.0/16" +
+                               (range.ok() ? "" : " (" + range.error().message() + ")"));
+    }
+    r->nameserver_ = net::Ipv4Text(range->address + 1);
+  }
   if (r->init_binary_.empty()) {
     NSBOX_ASSIGN_OR_RETURN(r->init_binary_, DefaultInitBinary());
   }
@@ -283,6 +314,11 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
 
 Registry::~Registry() {
   StopAll();
+  {
+    // nsbox-net removes its interfaces and rules as it exits.
+    std::lock_guard<std::mutex> lock(net_mu_);
+    net_.reset();
+  }
   if (janitor_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(janitor_mu_);
@@ -349,6 +385,8 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   const std::string hash = IdHash(config.id);
   const std::string dir = sandboxes_dir_ + "/" + hash;
   config.created_at = NowRfc3339();
+  // A policy the host cannot enforce is refused, never silently widened (docs/network.md).
+  if (auto ok = CheckNetwork(config.network); !ok.ok()) return ok.error();
   // An imported image is looked up under the registry's lock, which RemoveImage also takes: the
   // content a new sandbox is built on cannot be collected under it.
   std::optional<images::ImageInfo> image;
@@ -474,6 +512,7 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   if (c.limits.pids) o.jail.pids = std::to_string(*c.limits.pids);
   if (c.limits.cpus) o.jail.cpus = FormatCpus(*c.limits.cpus);
   o.jail.warn_unwritable_workspace = false;
+  o.jail.nameserver = nameserver_;
   o.cgroup_name = cgroup_prefix_ + entry.hash_.substr(0, 16);
   o.init_binary = init_binary_;
   auto started = Sandbox::Start(o);
@@ -483,6 +522,17 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   }
   std::shared_ptr<Sandbox> box(std::move(started).value());
   log::info("sandbox={} started, nsbox-init is pid {}", c.id, box->init_pid());
+  if (const net::NetworkPolicy policy = entry.network(); policy.networked()) {
+    // Before any command runs: never a moment with a network other than the policy's.
+    if (auto st = AttachLocked(entry, *box, policy); !st.ok()) {
+      log::error("sandbox={} network: {}", c.id, st.error().message());
+      (void)box->Stop();
+      return ApiError::Of(422, "network_unavailable",
+                          "start sandbox '" + c.id + "': its network policy (" +
+                              net::PolicySummary(policy) +
+                              ") cannot be enforced: " + st.error().message());
+    }
+  }
   std::lock_guard<std::mutex> lock(entry.mu_);
   entry.box_ = box;
   return box;
@@ -503,8 +553,149 @@ Status Registry::StopLocked(SandboxEntry& entry) {
     }
   }
   auto st = box->Stop();
+  DetachLocked(entry);
   log::info("sandbox={} stopped", entry.config_.id);
   return st;
+}
+
+Result<net::NetHelper*> Registry::Net() {
+  std::lock_guard<std::mutex> lock(net_mu_);
+  if (net_ != nullptr) return net_.get();
+  net::NetHelper::Options o;
+  o.binary = options_.net_binary;
+  o.range = options_.network_range;
+  // The interfaces, the nftables table and the log group of this daemon are named after it, so
+  // that two daemons (two state directories) never touch each other's.
+  o.tag = cgroup_prefix_.substr(6, 8);
+  o.dns_upstreams = options_.dns_upstreams;
+  o.log_level = options_.log_level;
+  auto started = net::NetHelper::Start(o);
+  if (!started.ok()) return std::move(started).error().Context("start nsbox-net");
+  net_ = std::move(started).value();
+  log::info("nsbox-net started: range {}, resolver {}", options_.network_range, nameserver_);
+  return net_.get();
+}
+
+Status Registry::AttachLocked(SandboxEntry& entry, Sandbox& box, const net::NetworkPolicy& policy) {
+  NSBOX_ASSIGN_OR_RETURN(net::NetHelper * net, Net());
+  // The init is this daemon's child, not yet reaped: its pid names it and nothing else.
+  const std::string path = "/proc/" + std::to_string(box.init_pid()) + "/ns/net";
+  UniqueFd netns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!netns.valid()) return Error::Sys("open", path, errno);
+  NSBOX_ASSIGN_OR_RETURN(auto attached,
+                         net->Attach(entry.hash_, entry.config_.id, netns.get(), policy));
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    entry.address_ = attached.address;
+  }
+  if (!entry.config_.image_id.empty()) {
+    // An imported image has its own /etc: its resolv.conf is written through nsbox-init, inside
+    // the jail (the host image's is generated read-only, and names the resolver already).
+    const std::string resolv_conf =
+        "# nsbox: the sandbox's resolver, run by nsboxd (docs/network.md).\nnameserver " +
+        nameserver_ + "\noptions timeout:2 attempts:2\n";
+    auto written = box.client().WriteFile("/etc/resolv.conf", resolv_conf);
+    if (!written.ok()) {
+      log::warn("sandbox={} write /etc/resolv.conf: {}", entry.config_.id, written.error().message);
+    }
+  }
+  log::info("sandbox={} network {}: address {} on {}", entry.config_.id, net::PolicySummary(policy),
+            attached.address, attached.interface);
+  return Ok();
+}
+
+void Registry::DetachLocked(SandboxEntry& entry) {
+  std::string address;
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    address.swap(entry.address_);
+  }
+  if (address.empty()) return;
+  net::NetHelper* net = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(net_mu_);
+    net = net_.get();
+  }
+  if (net == nullptr) return;
+  if (auto st = net->Detach(entry.hash_); !st.ok()) {
+    log::warn("sandbox={} remove its network: {}", entry.config_.id, st.error().message());
+  }
+}
+
+ApiOutcome<bool> Registry::CheckNetwork(const net::NetworkPolicy& policy) {
+  if (!policy.networked()) return true;
+  auto net = Net();
+  if (!net.ok()) {
+    return ApiError::Of(422, "network_unavailable",
+                        "this host cannot enforce the network policy " +
+                            net::PolicySummary(policy) + ": " + net.error().message() +
+                            " (nsbox doctor tells what is missing)");
+  }
+  return true;
+}
+
+ApiOutcome<bool> Registry::SetNetwork(SandboxEntry& entry, const net::NetworkPolicy& policy) {
+  if (auto ok = CheckNetwork(policy); !ok.ok()) return ok.error();
+  std::lock_guard<std::mutex> lifecycle(entry.lifecycle_mu_);
+  std::shared_ptr<Sandbox> box;
+  bool attached = false;
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    if (entry.deleted_) return ApiError::SandboxNotFound(entry.config_.id);
+    if (entry.box_ != nullptr && entry.box_->client().connected()) box = entry.box_;
+    attached = !entry.address_.empty();
+  }
+  SandboxConfig updated = entry.config_;
+  updated.network = policy;
+  if (auto st = WriteFileAtomic(entry.dir_, "config.json", EncodeConfig(updated)); !st.ok()) {
+    return ApiError::Internal("set the network of sandbox '" + entry.config_.id +
+                              "': " + st.error().message());
+  }
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    entry.network_ = policy;
+  }
+  log::info("sandbox={} network policy now {}", entry.config_.id, net::PolicySummary(policy));
+  if (box == nullptr) return true;  // applied at its next start
+  Status applied = Ok();
+  if (!policy.networked()) {
+    DetachLocked(entry);
+  } else if (!attached) {
+    applied = AttachLocked(entry, *box, policy);
+  } else {
+    auto net = Net();
+    applied = net.ok() ? net.value()->Replace(entry.hash_, policy) : Status(net.error());
+  }
+  if (!applied.ok()) {
+    // Fail closed: rather no network than the old policy's.
+    DetachLocked(entry);
+    log::error("sandbox={} apply network policy: {}", entry.config_.id, applied.error().message());
+    return ApiError::Internal("sandbox '" + entry.config_.id +
+                              "': the new network policy is saved but could not be applied (" +
+                              applied.error().message() +
+                              "); the sandbox has no network until it is stopped and started");
+  }
+  return true;
+}
+
+std::map<std::string, Registry::NetCounts> Registry::NetworkCounters() {
+  std::map<std::string, NetCounts> out;
+  net::NetHelper* net = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(net_mu_);
+    net = net_.get();
+  }
+  if (net == nullptr) return out;  // never started: no sandbox ever had a network
+  auto counters = net->Counters();
+  if (!counters.ok()) {
+    log::warn("read the network counters: {}", counters.error().message());
+    return out;
+  }
+  for (const auto& e : List()) {
+    auto it = counters->find(e->hash());
+    if (it != counters->end()) out[e->config().id] = {it->second.allowed, it->second.refused};
+  }
+  return out;
 }
 
 ApiOutcome<bool> Registry::Stop(SandboxEntry& entry) {

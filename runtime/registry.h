@@ -32,6 +32,7 @@
 #include "base/error.h"
 #include "base/unique_fd.h"
 #include "images/store.h"
+#include "net/policy.h"
 #include "runtime/api_error.h"
 #include "runtime/sandbox.h"
 
@@ -52,8 +53,8 @@ struct SandboxConfig {
   std::string cwd = "/workspace";                        // absolute, normalised
   std::vector<std::pair<std::string, std::string>> env;  // sorted by name
   SandboxLimits limits;
-  std::string network = "none";
-  std::string created_at;  // "2026-11-30T09:00:00.000Z"
+  net::NetworkPolicy network;  // as given at creation, or the last PUT .../network
+  std::string created_at;      // "2026-11-30T09:00:00.000Z"
 };
 
 // Why `id` is not a valid sandbox id (api.md "Sandbox ids": 1 to 256 bytes of UTF-8 without
@@ -71,13 +72,23 @@ Result<SandboxConfig> DecodeConfig(std::string_view json);
 
 class ExecSession;  // runtime/exec_session.h
 class Registry;
+}  // namespace nsbox::runtime
+namespace nsbox::net {
+class NetHelper;  // net/net_client.h
+}  // namespace nsbox::net
+namespace nsbox::runtime {
 
 // One sandbox id. Shared by the registry and the requests that use it.
 class SandboxEntry {
  public:
   SandboxEntry(SandboxConfig config, std::string hash, std::string dir);
 
+  // The configuration at creation; its `network` may since have been replaced (network()).
   const SandboxConfig& config() const { return config_; }
+  // The network policy now in force (docs/network.md).
+  net::NetworkPolicy network() const;
+  // The sandbox's IPv4 address while it runs with a network, else "".
+  std::string address() const;
   const std::string& hash() const { return hash_; }
   const std::string& dir() const { return dir_; }
   bool running() const;
@@ -108,6 +119,8 @@ class SandboxEntry {
   std::mutex lifecycle_mu_;
   mutable std::mutex mu_;
   std::shared_ptr<Sandbox> box_;  // while nsbox-init runs
+  net::NetworkPolicy network_;
+  std::string address_;  // while attached to nsbox-net
   bool deleted_ = false;
   std::map<std::string, std::shared_ptr<ExecSession>> sessions_;
   std::vector<std::string> session_order_;  // ids, oldest first
@@ -116,6 +129,13 @@ class SandboxEntry {
 struct RegistryOptions {
   std::string state_dir;
   std::string init_binary;  // "" for the default (beside the running executable)
+  // Sandbox networking (docs/network.md): the daemon's address range, whose first address is the
+  // resolver every sandbox's /etc/resolv.conf names; the resolver's upstreams ("" for the host's
+  // /etc/resolv.conf); nsbox-net ("" for the one beside the running executable); its log level.
+  std::string network_range = "10.213.0.0/16";
+  std::vector<std::string> dns_upstreams;
+  std::string net_binary;
+  std::string log_level = "info";
 };
 
 class Registry {
@@ -142,6 +162,20 @@ class Registry {
   // At shutdown: stops every sandbox.
   void StopAll();
 
+  // Replaces the network policy of a sandbox, running or not: written to its config.json, and
+  // on a running sandbox applied at once to new connections (its interface added or removed when
+  // it gains or loses a network). Refused (422 network_unavailable) when the host cannot
+  // enforce it.
+  ApiOutcome<bool> SetNetwork(SandboxEntry& entry, const net::NetworkPolicy& policy);
+  // Whether the host can enforce a policy with a network: starts nsbox-net if it is not running.
+  ApiOutcome<bool> CheckNetwork(const net::NetworkPolicy& policy);
+  // Connections allowed and refused per sandbox id, of the sandboxes with a network now.
+  struct NetCounts {
+    uint64_t allowed = 0;
+    uint64_t refused = 0;
+  };
+  std::map<std::string, NetCounts> NetworkCounters();
+
   // Images. Removing one that a sandbox uses is refused (409 image_in_use, naming them);
   // content no name and no sandbox refers to any more is deleted.
   const images::ImageStore& images() const { return *images_; }
@@ -165,11 +199,20 @@ class Registry {
   // The overlay a sandbox of an imported image runs on.
   Result<isolate::RootSpec::Overlay> OverlayOf(const SandboxEntry& entry) const;
   void CollectImagesLocked();
+  // nsbox-net, started on first need; the error of the last failed start otherwise.
+  Result<net::NetHelper*> Net();
+  // Gives the running `box` of `entry` its network (the caller holds its lifecycle lock).
+  Status AttachLocked(SandboxEntry& entry, Sandbox& box, const net::NetworkPolicy& policy);
+  void DetachLocked(SandboxEntry& entry);
 
   std::string state_dir_;
   std::string sandboxes_dir_;
   std::string init_binary_;
   std::string cgroup_prefix_;  // "nsbox-<8 hex of the state dir>-": ours, not another daemon's
+  RegistryOptions options_;
+  std::string nameserver_;  // the range's first address
+  std::mutex net_mu_;
+  std::unique_ptr<net::NetHelper> net_;
   UniqueFd lock_fd_;
   isolate::IdMapping ids_;
   std::unique_ptr<images::ImageStore> images_;

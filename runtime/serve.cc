@@ -44,6 +44,7 @@
 #include "fs/path.h"
 #include "images/image.h"
 #include "images/store.h"
+#include "net/policy.h"
 #include "policy/environment.h"
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
@@ -142,7 +143,12 @@ json::object SandboxJson(const SandboxEntry& e) {
   if (c.limits.pids) limits["pids"] = *c.limits.pids;
   if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
   o["limits"] = std::move(limits);
-  o["network"] = c.network;
+  o["network"] = net::PolicyToJson(e.network());
+  if (std::string address = e.address(); !address.empty()) {
+    o["address"] = address;
+  } else {
+    o["address"] = nullptr;
+  }
   json::object env;
   for (const auto& [k, v] : c.env) env[k] = v;
   o["env"] = std::move(env);
@@ -688,6 +694,8 @@ class Daemon {
   // The routes.
   asio::awaitable<bool> PutSandbox(Ctx& c, const std::string& id);
   asio::awaitable<bool> StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> entry);
+  // GET and PUT /v1/sandboxes/{id}/network (docs/network.md).
+  asio::awaitable<bool> SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntry> entry);
   asio::awaitable<bool> DeleteSandbox(Ctx& c, const std::string& id);
   // Exec sessions (docs/exec.md). StartSession starts the command and the session's pump
   // (PumpExec: the control channel's events into the session's log, then the retention time).
@@ -960,7 +968,14 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   if (n == 1 && segs[0] == "metrics") {
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
     {
-      std::string reply_body = metrics_.Render(registry_.CountByState());
+      auto work = [this] {
+        std::map<std::string, NetworkConnections> network;
+        for (const auto& [id, counts] : registry_.NetworkCounters()) {
+          network[id] = {counts.allowed, counts.refused};
+        }
+        return metrics_.Render(registry_.CountByState()) + RenderNetworkConnections(network);
+      };
+      std::string reply_body = co_await Blocking(std::move(work));
       co_return co_await Reply(c, 200, std::move(reply_body),
                                "text/plain; version=0.0.4; charset=utf-8");
     }
@@ -992,6 +1007,8 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     allow = "GET, PUT, DELETE";
   } else if (n == 4 && segs[3] == "stop") {
     allow = "POST";
+  } else if (n == 4 && segs[3] == "network") {
+    allow = "GET, PUT";
   } else if (n == 4 && segs[3] == "exec") {
     allow = "POST, GET";  // GET: the WebSocket (Upgrade: websocket)
   } else if (n == 4 && segs[3] == "execs") {
@@ -1036,6 +1053,7 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     co_return co_await ReplyJson(c, 200, reply_json);
   }
   if (segs[3] == "stop") co_return co_await StopSandbox(c, entry);
+  if (segs[3] == "network") co_return co_await SandboxNetwork(c, entry);
   const bool upgrade = websocket::is_upgrade(c.parser.get());
   if (segs[3] == "exec" && method == http::verb::get) {
     if (!upgrade) {
@@ -1428,15 +1446,13 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
       }
     }
   }
-  if (const json::value* network = o.if_contains("network");
-      network != nullptr && !network->is_null()) {
-    if (!network->is_string() || network->get_string() != "none") {
-      {
-        const ApiError reply_error =
-            ApiError::Unsupported("only \"network\": \"none\" (loopback only) is available");
-        co_return co_await ReplyError(c, reply_error);
-      }
+  if (const json::value* network = o.if_contains("network"); network != nullptr) {
+    auto policy = net::ParsePolicy(*network);
+    if (!policy.ok()) {
+      const ApiError reply_error = ApiError::Invalid(policy.error().message());
+      co_return co_await ReplyError(c, reply_error);
     }
+    config.network = std::move(policy).value();
   }
   auto work2 = [this, config]() mutable { return registry_.Create(std::move(config)); };
   auto created = co_await Blocking(std::move(work2));
@@ -1455,6 +1471,56 @@ asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> 
   auto stopped = co_await Blocking(std::move(work3));
   if (!stopped.ok()) {
     const ApiError reply_error = stopped.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  {
+    const json::value reply_json = SandboxJson(*entry);
+    co_return co_await ReplyJson(c, 200, reply_json);
+  }
+}
+
+asio::awaitable<bool> Daemon::SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
+  if (c.parser.get().method() == http::verb::get) {
+    json::object o;
+    o["network"] = net::PolicyToJson(entry->network());
+    if (std::string address = entry->address(); !address.empty()) {
+      o["address"] = address;
+    } else {
+      o["address"] = nullptr;
+    }
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  auto body = co_await ReadJson(c, false);
+  if (!body.ok()) {
+    const ApiError reply_error = body.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  const json::object& o = body.value();
+  for (const auto& [k, v] : o) {
+    if (k != "network") {
+      const ApiError reply_error =
+          ApiError::Invalid("unknown field \"" + std::string(std::string_view(k).substr(0, 100)) +
+                            "\"; the body is {\"network\": ...}");
+      co_return co_await ReplyError(c, reply_error);
+    }
+  }
+  const json::value* network = o.if_contains("network");
+  if (network == nullptr) {
+    const ApiError reply_error = ApiError::Invalid(
+        "the body must be {\"network\": \"none\" | \"open\" | {\"allow\": [...]}}");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  auto policy = net::ParsePolicy(*network);
+  if (!policy.ok()) {
+    const ApiError reply_error = ApiError::Invalid(policy.error().message());
+    co_return co_await ReplyError(c, reply_error);
+  }
+  auto work = [this, entry, p = std::move(policy).value()] {
+    return registry_.SetNetwork(*entry, p);
+  };
+  auto set = co_await Blocking(std::move(work));
+  if (!set.ok()) {
+    const ApiError reply_error = set.error();
     co_return co_await ReplyError(c, reply_error);
   }
   {
@@ -2747,6 +2813,10 @@ int Serve(const ServeOptions& options) {
     ro.state_dir = std::filesystem::absolute(ro.state_dir, ec).string();
   }
   ro.init_binary = options.init_binary;
+  ro.network_range = options.network_range;
+  ro.dns_upstreams = options.dns_upstreams;
+  ro.net_binary = options.net_binary;
+  ro.log_level = options.log_level;
   auto registry = Registry::Open(ro);
   if (!registry.ok()) return fail(registry.error().message());
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace nsbox::runtime {
 
@@ -19,6 +20,13 @@ struct ServeOptions {
   uint64_t output_ring = 2u << 20;
   uint64_t output_spill = 64u << 20;
   uint64_t exec_retention_seconds = 600;
+  // Sandbox networking (docs/network.md): the address range of this daemon's sandboxes, the
+  // resolver's upstreams (default: the host's /etc/resolv.conf), nsbox-net (default: beside the
+  // running executable), and the log level it is started with.
+  std::string network_range = "10.213.0.0/16";
+  std::vector<std::string> dns_upstreams;
+  std::string net_binary;
+  std::string log_level = "info";
 };
 
 // Runs until SIGTERM or SIGINT; returns the process's exit code.

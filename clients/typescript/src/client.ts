@@ -23,12 +23,20 @@ export interface SandboxLimits {
   diskBytes?: number;
 }
 
+/**
+ * A sandbox's network policy (docs/network.md): `"none"` (loopback only, the default), `"open"`
+ * (all egress but the host, link-local addresses and other sandboxes), or an allowlist of
+ * names, `*.` wildcards, IPv4 addresses and CIDRs with an optional `:port`, enforced by the
+ * kernel; with `open: true` the listed entries are reachable on top of an open network.
+ */
+export type NetworkPolicy = 'none' | 'open' | { allow: string[]; open?: boolean };
+
 export interface SandboxCreateOptions {
   image?: string;
   cwd?: string;
   env?: Record<string, string>;
   limits?: SandboxLimits;
-  network?: 'none' | string;
+  network?: NetworkPolicy;
 }
 
 export interface SandboxInfo {
@@ -38,7 +46,9 @@ export interface SandboxInfo {
   cwd: string;
   createdAt: string;
   limits: SandboxLimits;
-  network: string;
+  network: NetworkPolicy;
+  /** The sandbox's IPv4 address while it runs with a network, else null. */
+  address?: string | null;
   env?: Record<string, string>;
   [key: string]: unknown;
 }
@@ -421,6 +431,19 @@ export class NsboxClient {
   /** `POST /v1/sandboxes/{id}/stop`: ends every process; the files stay. */
   stopSandbox(id: string): Promise<SandboxInfo> {
     return this.#json('POST', `${sandboxUrl(id)}/stop`);
+  }
+
+  /** `GET /v1/sandboxes/{id}/network`: the policy in force, and the address while it runs. */
+  getNetwork(id: string): Promise<{ network: NetworkPolicy; address: string | null }> {
+    return this.#json('GET', `${sandboxUrl(id)}/network`);
+  }
+
+  /**
+   * `PUT /v1/sandboxes/{id}/network`: replaces the policy, on a running sandbox at once for new
+   * connections. `network_unavailable` (422) when the host cannot enforce it.
+   */
+  setNetwork(id: string, network: NetworkPolicy): Promise<SandboxInfo> {
+    return this.#json('PUT', `${sandboxUrl(id)}/network`, { network });
   }
 
   /** `DELETE /v1/sandboxes/{id}`: ends every process and deletes all its data. */

@@ -1,5 +1,5 @@
 import { sandboxFromDriver, type FileStat, type Sandbox, type SandboxDriver, type SandboxFactory, type ShellResult } from '@flue/runtime';
-import { NsboxClient, type NsboxClientOptions, type SandboxCreateOptions, type SandboxLimits } from './client.js';
+import { NsboxClient, type NetworkPolicy, type NsboxClientOptions, type SandboxCreateOptions, type SandboxLimits } from './client.js';
 
 /** Options of {@link nsbox}: where the daemon is, and how new sandboxes are made. */
 export interface NsboxSandboxOptions extends NsboxClientOptions {
@@ -15,8 +15,8 @@ export interface NsboxSandboxOptions extends NsboxClientOptions {
   env?: Record<string, string>;
   /** Resource limits of new sandboxes. */
   limits?: SandboxLimits;
-  /** Network of new sandboxes (`none`). */
-  network?: string;
+  /** Network policy of new sandboxes (default `"none"`: loopback only). */
+  network?: NetworkPolicy;
 }
 
 const KNOWN = new Set(['client', 'socketPath', 'url', 'token', 'idPrefix', 'image', 'cwd', 'env', 'limits', 'network']);
@@ -31,8 +31,11 @@ function validate(options: unknown): asserts options is NsboxSandboxOptions {
   }
   const o = options as Record<string, unknown>;
   for (const key of Object.keys(o)) if (!KNOWN.has(key)) fail(`unknown option \`${key}\``);
-  for (const key of ['idPrefix', 'image', 'cwd', 'network'] as const) {
+  for (const key of ['idPrefix', 'image', 'cwd'] as const) {
     if (o[key] !== undefined && typeof o[key] !== 'string') fail(`option \`${key}\` must be a string, got ${typeof o[key]}`);
+  }
+  if (o.network !== undefined && typeof o.network !== 'string' && (o.network === null || typeof o.network !== 'object' || Array.isArray(o.network))) {
+    fail('option `network` must be "none", "open" or { allow: string[], open?: boolean }');
   }
   if (typeof o.cwd === 'string' && !o.cwd.startsWith('/')) fail(`option \`cwd\` must be an absolute path, got ${JSON.stringify(o.cwd)}`);
   if (o.env !== undefined) {

@@ -2,6 +2,7 @@ export { NsboxClient, defaultSocketPath } from './client.js';
 export type {
   NsboxClientOptions,
   SandboxLimits,
+  NetworkPolicy,
   SandboxCreateOptions,
   SandboxInfo,
   SandboxPutResult,

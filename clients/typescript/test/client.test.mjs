@@ -329,6 +329,26 @@ test('stopSandbox keeps files; the next call starts it again', async () => {
   assert.equal((await c.getSandbox(ID)).state, 'running');
 });
 
+test('network: policy at creation, replaced while running, bad entries named', async () => {
+  const id = 'net-ts';
+  const created = await c.putSandbox(id, { network: { allow: ['Allowed.Example', '10.20.0.0/16:5432'] } });
+  assert.deepEqual(created.network, { allow: ['allowed.example', '10.20.0.0/16:5432'] });
+  assert.equal(created.address, null, 'no address before it runs');
+  const r = await c.exec(id, 'cat /etc/resolv.conf; ip -o -4 addr show dev eth0 2>&1 || true');
+  assert.match(r.stdout, /nameserver \d+\.\d+\.\d+\.\d+/);
+  const running = await c.getNetwork(id);
+  assert.match(running.address ?? '', /^\d+\.\d+\.\d+\.\d+$/);
+  const none = await c.setNetwork(id, 'none');
+  assert.equal(none.network, 'none');
+  assert.equal(none.address, null);
+  const gone = await c.exec(id, 'test -e /sys/class/net/eth0 && echo has-eth0 || echo no-eth0');
+  assert.equal(gone.stdout.trim(), 'no-eth0');
+  const e = await rejects(c.setNetwork(id, { allow: ['ok.example', 'foo..com'] }), 'invalid_request');
+  assert.match(e.message, /foo\.\.com/);
+  await rejects(c.setNetwork('no-such-sandbox', 'open'), 'sandbox_not_found');
+  await c.deleteSandbox(id);
+});
+
 test('metrics: Prometheus text', async () => {
   const m = await c.metrics();
   assert.match(m, /^# (HELP|TYPE) /m);

@@ -29,7 +29,8 @@ export async function startDaemon({ tcp = false } = {}) {
   if (!existsSync(NSBOX_BIN)) throw new Error(`nsbox binary not found at ${NSBOX_BIN}; build it or set NSBOX_BIN`);
   const dir = mkdtempSync(join(tmpdir(), 'nsbox-ts-'));
   const socketPath = join(dir, 's.sock');
-  const args = ['serve', '--socket', socketPath, '--state-dir', join(dir, 'state')];
+  // A network range of its own, so that it never meets another daemon's (docs/network.md).
+  const args = ['serve', '--socket', socketPath, '--state-dir', join(dir, 'state'), '--network-range', '10.216.0.0/24'];
   let url, token;
   if (tcp) {
     token = 'tok-' + randomBytes(16).toString('hex');
