@@ -1,15 +1,20 @@
 #include "runtime/doctor.h"
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/capability.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <string>
 #include <tuple>
 
 #include "base/strings.h"
+#include "base/unique_fd.h"
 
 namespace nsbox::runtime {
 namespace {
@@ -157,7 +162,57 @@ DoctorInput ProbeDoctorInput() {
   if (caps != nullptr) cap_free(caps);
   struct utsname u {};
   if (::uname(&u) == 0) in.kernel = u.release;
+  in.network_probe = ProbeNetwork();
   return in;
+}
+
+Result<std::string> DefaultNetBinary() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n < 0) return Error::Sys("readlink", "/proc/self/exe", errno);
+  std::string self(buf, static_cast<size_t>(n));
+  auto slash = self.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
+  for (const char* candidate : {"/nsbox-net", "/../net/nsbox-net"}) {
+    std::string path = dir + candidate;
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return Error(ENOENT, "nsbox-net not found beside " + self);
+}
+
+Result<std::string> ProbeNetwork() {
+  NSBOX_ASSIGN_OR_RETURN(std::string binary, DefaultNetBinary());
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return Error::Sys("pipe2", "", errno);
+  UniqueFd read_end(fds[0]);
+  UniqueFd write_end(fds[1]);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, write_end.get(), STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, write_end.get(), STDERR_FILENO);
+  const char* argv[] = {binary.c_str(), "--probe", nullptr};
+  pid_t pid = -1;
+  int err =
+      ::posix_spawn(&pid, binary.c_str(), &actions, nullptr, const_cast<char**>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) return Error::Sys("posix_spawn", binary, err);
+  write_end.reset();
+  std::string out;
+  char chunk[4096];
+  for (;;) {
+    ssize_t got = ::read(read_end.get(), chunk, sizeof chunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0 || out.size() > (1u << 20)) break;
+    out.append(chunk, static_cast<size_t>(got));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (out.empty()) {
+    return Error::Msg(binary + " --probe printed nothing (exit status " + std::to_string(status) +
+                      ")");
+  }
+  return out;
 }
 
 std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
@@ -279,6 +334,36 @@ std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
     loop.fields = {{"backend", "epoll"}};
   }
   out.push_back(std::move(loop));
+
+  // Sandbox networking (docs/network.md): optional; without it every sandbox has loopback only
+  // and the daemon refuses a network policy other than "none".
+  if (!in.network_probe.ok()) {
+    DoctorLayer net = Layer("network", "network policies", false);
+    net.status = "missing";
+    net.detail = in.network_probe.error().message();
+    net.fix = "build and install nsbox-net beside nsbox (scripts/setup does)";
+    out.push_back(std::move(net));
+  } else {
+    for (std::string_view line : Split(*in.network_probe, '\n')) {
+      const size_t colon = line.find(": ");
+      if (colon == std::string_view::npos || colon == 0) continue;
+      const std::string name(line.substr(0, colon));
+      std::string_view rest = line.substr(colon + 2);
+      std::string key = "network_";
+      for (char ch : name) key += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+      DoctorLayer net = Layer(key, "network: " + name, false);
+      const bool ok = rest.rfind("ok", 0) == 0;
+      net.status = ok ? "ok" : "missing";
+      const size_t word_end = rest.find(' ');  // "ok", "missing": the status word
+      rest.remove_prefix(word_end == std::string_view::npos ? rest.size() : word_end);
+      while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+      if (rest.size() >= 2 && rest.front() == '(' && rest.back() == ')') {
+        rest = rest.substr(1, rest.size() - 2);
+      }
+      net.detail = rest.empty() ? std::string(ok ? "usable" : "unusable") : std::string(rest);
+      out.push_back(std::move(net));
+    }
+  }
   return out;
 }
 

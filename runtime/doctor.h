@@ -36,7 +36,15 @@ struct DoctorInput {
   uid_t euid = 0;
   std::vector<std::string> missing_caps;  // of CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID
   std::string kernel;                     // uname -r, for the reader only
+  // What `nsbox-net --probe` printed (lines "name: ok|missing (why)"), or why it could not run:
+  // sandbox networking (docs/network.md), optional.
+  Result<std::string> network_probe = Error::Msg("not probed");
 };
+
+// nsbox-net beside the running executable (or in the build tree's net/ beside runtime/).
+Result<std::string> DefaultNetBinary();
+// Runs `nsbox-net --probe` and returns what it printed.
+Result<std::string> ProbeNetwork();
 
 // This process's view of the host: ProbeFeatures(), LoadCgroupLayout(), euid and capabilities.
 DoctorInput ProbeDoctorInput();

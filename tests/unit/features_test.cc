@@ -145,6 +145,7 @@ runtime::DoctorInput AllPresent() {
                                        {"memory", "pids", "cpu"}, true};
   in.layout = layout;
   in.kernel = "6.1.0";
+  in.network_probe = std::string("nftables: ok (a scratch table made and removed)\nveth: ok\n");
   return in;
 }
 
@@ -167,6 +168,30 @@ TEST(Doctor, AllPresentIsOk) {
   ASSERT_NE(Find(layers, "cgroup_memory"), nullptr);
   EXPECT_EQ(Find(layers, "cgroup_memory")->detail, "cgroup v2 under /sys/fs/cgroup");
   EXPECT_EQ(Find(layers, "event_loop")->detail, "io_uring");
+}
+
+TEST(Doctor, ReportsWhatNsboxNetFound) {
+  runtime::DoctorInput in = AllPresent();
+  in.network_probe = std::string(
+      "nftables: ok (a scratch table made and removed)\n"
+      "resolver upstreams: missing (no nameserver in /etc/resolv.conf)\n");
+  auto layers = runtime::DoctorLayers(in);
+  EXPECT_TRUE(runtime::DoctorOk(layers));  // optional
+  const auto* nft = Find(layers, "network_nftables");
+  ASSERT_NE(nft, nullptr);
+  EXPECT_EQ(nft->status, "ok");
+  EXPECT_EQ(nft->detail, "a scratch table made and removed");
+  const auto* dns = Find(layers, "network_resolver_upstreams");
+  ASSERT_NE(dns, nullptr);
+  EXPECT_EQ(dns->status, "missing");
+  EXPECT_EQ(dns->detail, "no nameserver in /etc/resolv.conf");
+  in.network_probe = Error::Msg("nsbox-net not found beside /usr/bin/nsbox");
+  layers = runtime::DoctorLayers(in);
+  const auto* missing = Find(layers, "network");
+  ASSERT_NE(missing, nullptr);
+  EXPECT_EQ(missing->status, "missing");
+  EXPECT_FALSE(missing->required);
+  EXPECT_NE(missing->detail.find("nsbox-net not found"), std::string::npos);
 }
 
 TEST(Doctor, MissingRequiredLayersFailWithAFix) {
