@@ -306,6 +306,17 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
   NSBOX_TRY(r->RemoveStaleCgroups());
   NSBOX_ASSIGN_OR_RETURN(r->images_, images::ImageStore::Open(r->state_dir_ + "/images", r->ids_));
   NSBOX_TRY(r->Load());
+  // nsbox-net removes what a dead predecessor left (its table, interfaces) as it starts; with
+  // sandboxes that have a network it is needed soon anyway. A daemon whose sandboxes all have
+  // "none" never starts it.
+  for (const auto& [id, entry] : r->by_id_) {
+    if (!entry->network_.networked()) continue;
+    if (auto net = r->Net(); !net.ok()) {
+      log::warn("sandboxes with a network will not start until this is fixed: {}",
+                net.error().message());
+    }
+    break;
+  }
   r->janitor_ = std::thread([registry = r.get()] { registry->JanitorLoop(); });
   std::lock_guard<std::mutex> lock(r->mu_);
   r->CollectImagesLocked();
