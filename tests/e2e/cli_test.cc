@@ -310,8 +310,9 @@ class CliTest : public ::testing::Test {
       return;
     }
     socket_ = dir_ + "/s.sock";
-    daemon_ =
-        StartDaemon({"--socket", socket_, "--state-dir", dir_ + "/state"}, dir_ + "/daemon.log");
+    daemon_ = StartDaemon(
+        {"--socket", socket_, "--state-dir", dir_ + "/state", "--network-range", "10.217.0.0/24"},
+        dir_ + "/daemon.log");
     auto deadline = Clock::now() + milliseconds(15000);
     while (!CanConnect(socket_)) {
       int status = 0;
@@ -496,6 +497,51 @@ TEST_F(CliTest, CreateRejectsBadOptions) {
 
   r = Nsbox({"create"});  // no id
   EXPECT_EQ(r.code, 125) << r.Describe();
+}
+
+// ---- network ----
+
+TEST_F(CliTest, CreateWithAnAllowlistAndReplaceIt) {
+  std::string id = Id("net");
+  CliResult r =
+      Nsbox({"create", id, "--allow", "Pkg.Example", "--allow", "10.20.0.0/16:5432", "--json"});
+  ASSERT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(json::serialize(json::parse(r.out).at("network")),
+            R"({"allow":["pkg.example","10.20.0.0/16:5432"]})");
+
+  r = Nsbox({"network", id});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out,
+            "network: allow: pkg.example 10.20.0.0/16:5432\naddress: none (stopped, or no "
+            "network)\n");
+  // Running, it has an address of the daemon's range on eth0.
+  EXPECT_EQ(Sh(id, "ip -o -4 addr show dev eth0 | grep -c ' 10\\.217\\.0\\.'"), "1\n");
+  r = Nsbox({"network", id});
+  EXPECT_NE(r.out.find("address: 10.217.0."), std::string::npos) << r.Describe();
+
+  r = Nsbox({"network", id, "open", "--allow", "169.254.169.254"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')), "network: open, and allow: 169.254.169.254");
+  r = Nsbox({"network", id, "none"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "network: none\naddress: none (stopped, or no network)\n");
+  EXPECT_EQ(Sh(id, "ls /sys/class/net"), "lo\n");
+}
+
+TEST_F(CliTest, NetworkRejectsBadPolicies) {
+  std::string id = NewBox("badnet");
+  CliResult r = Nsbox({"network", id, "none", "--allow", "a.example"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: network " + id + ": --allow contradicts a network of none\n");
+  r = Nsbox({"network", id, "--allow", "foo..com"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("allow entry 'foo..com'"), std::string::npos) << r.Describe();
+  r = Nsbox({"create", Id("badnet2"), "--network", "closed"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: create: network 'closed' is not one of none, open or allow\n");
+  r = Nsbox({"network", Id("missing")});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("no sandbox"), std::string::npos) << r.Describe();
 }
 
 // ---- ls ----
