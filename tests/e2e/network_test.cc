@@ -69,6 +69,16 @@ std::set<std::string> HostLinks(const std::string& prefix) {
   return names;
 }
 
+// The device of the host's route to `address` ("" when there is none but the default).
+std::string RouteDevice(const std::string& address) {
+  std::string out;
+  testinet::RunCommand({"ip", "-o", "route", "show", address + "/32"}, &out);
+  const size_t dev = out.find(" dev ");
+  if (dev == std::string::npos) return "";
+  const size_t end = out.find_first_of(" \n", dev + 5);
+  return out.substr(dev + 5, end == std::string::npos ? std::string::npos : end - dev - 5);
+}
+
 std::string NftRuleset() {
   std::string out;
   testinet::RunCommand({"nft", "list", "ruleset"}, &out);
@@ -97,6 +107,21 @@ class NetworkTest : public E2eTest {
   // Its first address: the resolver and gateway (held by the host).
   static std::string Gateway() { return "10.215." + std::to_string(getpid() % 250 + 1) + ".1"; }
   TestInternet& inet() { return *inet_; }
+  // The tables of `ruleset` that name this daemon's range (its first three octets).
+  static std::string OwnTables(const std::string& ruleset) {
+    const std::string prefix = Gateway().substr(0, Gateway().size() - 1);
+    std::string out, table;
+    std::istringstream in(ruleset);
+    std::string line;
+    while (std::getline(in, line)) {
+      table += line + "\n";
+      if (line == "}") {
+        if (table.find(prefix) != std::string::npos) out += table;
+        table.clear();
+      }
+    }
+    return out;
+  }
 
   // PUT the sandbox with {"network": policy}, asserting 201; its JSON.
   json::object CreateNet(const std::string& id, const json::value& policy) {
@@ -108,8 +133,10 @@ class NetworkTest : public E2eTest {
   Response SetPolicy(const std::string& id, const json::value& policy) {
     return client().PutJson(SbPath(id, "/network"), json::object{{"network", policy}});
   }
-  // The sandbox's address as GET reports it ("" when null or absent).
+  // The sandbox's address as GET reports it once it runs ("" when null or absent): an exec
+  // first, since a sandbox has an address only while it runs.
   std::string AddressOf(const std::string& id) {
+    Sh(id, "true");
     const json::value a = Field(Obj(client().Get(SbPath(id))), "address");
     return a.is_string() ? std::string(a.as_string()) : "";
   }
@@ -205,6 +232,16 @@ TEST_F(NetworkTest, AllowlistReachesTheAllowedHost) {
                         "cat <&3");
   EXPECT_EQ(raw.exit_code(), 0) << raw.Describe();
   EXPECT_NE(raw.out().find("\r\n\r\nallowed.test\n"), std::string::npos) << raw.Describe();
+
+  // Stopped, it has no address; started again, its network is back.
+  Response stop = client().Request("POST", SbPath(id, "/stop"));
+  ASSERT_EQ(stop.status, 200) << stop.Describe();
+  EXPECT_TRUE(Field(Obj(stop), "address").is_null()) << stop.Describe();
+  EXPECT_TRUE(Field(Obj(client().Get(SbPath(id))), "address").is_null());
+  ExpectReaches(id, "http://allowed.test/", "allowed.test");
+  EXPECT_FALSE(AddressOf(id).empty());
+  EXPECT_EQ(Field(Obj(client().Get(SbPath(id))), "network"),
+            json::parse(R"({"allow":["allowed.test"]})"));
 }
 
 TEST_F(NetworkTest, AllowlistRefusesEverythingElse) {
@@ -248,8 +285,8 @@ TEST_F(NetworkTest, NoneReachesNothing) {
   EXPECT_TRUE(Field(plain_sb, "address").is_null()) << json::serialize(plain_sb);
 
   for (const std::string& s : {id, plain}) {
-    EXPECT_EQ(Sh(s, "test -e /sys/class/net/eth0 && echo eth0 || echo none"), "none\n");
-    EXPECT_EQ(Sh(s, "ls /sys/class/net"), "lo\n");
+    EXPECT_EQ(Sh(s, "ip -o link show | cut -d: -f2"), " lo\n");
+    EXPECT_EQ(Sh(s, "ip -o -4 addr show | awk '{print $2, $4}'"), "lo 127.0.0.1/8\n");
     auto [rc, out] = Getent(s, "allowed.test");
     EXPECT_NE(rc, 0) << out;
     for (const std::string& url :
@@ -379,40 +416,43 @@ TEST_F(NetworkTest, TwoSandboxesHaveTheirOwnAddressesAndCannotReachEachOther) {
 }
 
 TEST_F(NetworkTest, DeleteLeavesNoInterfaceNorChain) {
-  // A first sandbox, so that whatever the daemon keeps for itself exists before the snapshot.
+  // A first sandbox, running, so that whatever the daemon keeps for itself exists before the
+  // snapshot. Only this daemon's tables are compared (other daemons may run on the host): those
+  // that name its range.
   const std::string keep = NewId("keep");
   CreateNet(keep, Allow({"allowed.test"}));
-  const std::set<std::string> links_before = HostLinks("nsb");
-  const std::set<std::string> chains_before = Lines(NftRuleset(), "chain ");
+  ASSERT_FALSE(AddressOf(keep).empty());
+  const std::set<std::string> chains_before = Lines(OwnTables(NftRuleset()), "chain ");
+  ASSERT_FALSE(chains_before.empty()) << "no nftables table names " << Range() << ":\n"
+                                      << NftRuleset();
 
   const std::string id = NewId();
   CreateNet(id, Allow({"allowed.test", "denied.test"}));
   ExpectReaches(id, "http://allowed.test/", "allowed.test");
   const std::string address = AddressOf(id);
   ASSERT_FALSE(address.empty());
-  // Control: it has an nsb* interface of its own, and the ruleset names it or its address.
-  const std::set<std::string> links_during = HostLinks("nsb");
-  std::vector<std::string> new_links;
-  std::set_difference(links_during.begin(), links_during.end(), links_before.begin(),
-                      links_before.end(), std::back_inserter(new_links));
-  EXPECT_FALSE(new_links.empty()) << "no new nsb* interface on the host";
-  const std::string ruleset_during = NftRuleset();
-  bool named = ruleset_during.find(address) != std::string::npos;
-  for (const auto& l : new_links) named = named || ruleset_during.find(l) != std::string::npos;
-  EXPECT_TRUE(named) << "the ruleset names neither " << address << " nor its interface:\n"
-                     << ruleset_during;
+  // Control: the host reaches it through an nsb* interface of its own, which the ruleset names
+  // (or it names the address).
+  const std::string link = RouteDevice(address);
+  EXPECT_EQ(link.rfind("nsb", 0), 0u)
+      << "the route to " << address << " is through '" << link << "'";
+  EXPECT_EQ(HostLinks(link).count(link), 1u);
+  const std::string during = OwnTables(NftRuleset());
+  EXPECT_TRUE(during.find(address) != std::string::npos ||
+              during.find("\"" + link + "\"") != std::string::npos)
+      << "the ruleset names neither " << address << " nor " << link << ":\n"
+      << during;
 
   Response del = Delete(id);
   ASSERT_EQ(del.status, 204) << del.Describe();
-  EXPECT_EQ(HostLinks("nsb"), links_before);
-  const std::string ruleset_after = NftRuleset();
-  EXPECT_EQ(Lines(ruleset_after, "chain "), chains_before) << ruleset_after;
-  EXPECT_EQ(ruleset_after.find(address + " "), std::string::npos) << ruleset_after;
-  EXPECT_EQ(ruleset_after.find(address + ","), std::string::npos) << ruleset_after;
-  EXPECT_EQ(ruleset_after.find(address + "\n"), std::string::npos) << ruleset_after;
-  for (const auto& l : new_links) {
-    EXPECT_EQ(ruleset_after.find("\"" + l + "\""), std::string::npos) << l << "\n" << ruleset_after;
+  EXPECT_EQ(HostLinks(link).count(link), 0u) << link << " is still on the host";
+  EXPECT_NE(RouteDevice(address), link);
+  const std::string after = OwnTables(NftRuleset());
+  EXPECT_EQ(Lines(after, "chain "), chains_before) << after;
+  for (const char* end : {" ", ",", "\n", "/", "-", " }"}) {
+    EXPECT_EQ((after + "\n").find(address + std::string(end)), std::string::npos) << after;
   }
+  EXPECT_EQ(after.find("\"" + link + "\""), std::string::npos) << after;
   // The other sandbox still works.
   ExpectReaches(keep, "http://allowed.test/", "allowed.test");
 }
