@@ -109,7 +109,9 @@ int main(int argc, char** argv) {
   if (nsbox.empty()) nsbox = (self / "../runtime/nsbox").lexically_normal().string();
   if (access(nsbox.c_str(), X_OK) != 0) Die("no nsbox at " + nsbox + " (--nsbox PATH)");
 
-  nsbox::testinet::TestInternet inet;
+  // Die() exits without unwinding: the test internet is removed by an atexit handler then.
+  static nsbox::testinet::TestInternet inet;
+  std::atexit([] { inet.Stop(); });
   if (!inet.Start()) Die("the test internet: " + inet.error());
   const std::string range = "10.216." + std::to_string(getpid() % 250 + 1) + ".0/24";
   const std::string dir = base + "/nsbox-net-bench-" + std::to_string(getpid());
@@ -127,7 +129,8 @@ int main(int argc, char** argv) {
   const std::string w = "%{time_namelookup} %{time_connect} %{time_total}";
   // Warm-up: both paths once (the first exec, the resolver's first query).
   ExecOut(api, sb, "curl -sS -o /dev/null http://allowed.test/");
-  HostOut({"curl", "-sS", "-o", "/dev/null", "--resolve", resolve, "http://allowed.test/"});
+  HostOut({"curl", "-sS", "--noproxy", "*", "-o", "/dev/null", "--resolve", resolve,
+           "http://allowed.test/"});
 
   std::printf(
       "nsbox-net-bench: %d runs, %d downloads of %llu bytes; range %s, test internet %s\n\n", runs,
@@ -145,8 +148,8 @@ int main(int argc, char** argv) {
         sb_connect.push_back((v[1] - v[0]) * 1e3);
         sb_total.push_back(v[2] * 1e3);
       } else {
-        auto v = Fields(HostOut({"curl", "-sS", "-o", "/dev/null", "-w", w, "--resolve", resolve,
-                                 "http://allowed.test/"}),
+        auto v = Fields(HostOut({"curl", "-sS", "--noproxy", "*", "-o", "/dev/null", "-w", w,
+                                 "--resolve", resolve, "http://allowed.test/"}),
                         3);
         host_connect.push_back((v[1] - v[0]) * 1e3);
         host_total.push_back(v[2] * 1e3);
@@ -174,7 +177,7 @@ int main(int argc, char** argv) {
         sb_mbs.push_back(v[0] / v[1] / 1e6);
       } else {
         auto v =
-            Fields(HostOut({"curl", "-sS", "-o", "/dev/null", "-w",
+            Fields(HostOut({"curl", "-sS", "--noproxy", "*", "-o", "/dev/null", "-w",
                             "%{size_download} %{time_total}", "--resolve", resolve, bytes_url}),
                    2);
         if (static_cast<unsigned long long>(v[0]) != bytes) Die("short download on the host");
