@@ -29,7 +29,9 @@ struct Daemon {
   pid_t pid = 0;
   std::string socket, log;
 
-  void Start(const std::string& nsbox, const std::string& dir, const std::string& log_level) {
+  // `extra` is appended to the command line (nsbox-net-bench: the network range and upstream).
+  void Start(const std::string& nsbox, const std::string& dir, const std::string& log_level,
+             const std::vector<std::string>& extra = {}) {
     socket = dir + "/nsboxd.sock";
     log = dir + "/nsboxd.stderr";
     std::string state = dir + "/state";
@@ -43,6 +45,7 @@ struct Daemon {
       dup2(null, 0);
       std::vector<std::string> args = {nsbox, "serve", "--socket", socket, "--state-dir", state};
       if (!log_level.empty()) args.insert(args.end(), {"--log-level", log_level});
+      args.insert(args.end(), extra.begin(), extra.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);

@@ -10,6 +10,7 @@ NSBOX_PACKAGES=(
   libarchive-dev nettle-dev zlib1g-dev libzstd-dev liblzma-dev libbz2-dev liblz4-dev libacl1-dev
   clang-format
   busybox-static debootstrap tmux
+  libldns-dev nftables iproute2
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

@@ -490,7 +490,7 @@ void E2eTest::SetUp() {
   // A daemon of its own for every test: ctest runs each test in a process of its own anyway,
   // and a test then never sees another's sandboxes.
   daemon_ = std::make_unique<Daemon>();
-  ASSERT_TRUE(daemon_->Start()) << daemon_->error();
+  ASSERT_TRUE(daemon_->Start(DaemonArgs())) << daemon_->error();
   log_offset_ = 0;
   client_ = std::make_unique<Client>(daemon_->endpoint());
 }

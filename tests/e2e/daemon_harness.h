@@ -142,6 +142,8 @@ class E2eTest : public ::testing::Test {
   static void TearDownTestSuite();
   void SetUp() override;
   void TearDown() override;
+  // Arguments added to `nsbox serve` when SetUp starts the test's daemon.
+  virtual std::vector<std::string> DaemonArgs() const { return {}; }
 
   static Daemon& daemon() { return *daemon_; }
   Client& client() { return *client_; }
