@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <sstream>
 
@@ -25,6 +26,19 @@
 namespace nsbox::adversarial {
 
 namespace {
+
+// The parent pid of `pid` (field 4 of /proc/PID/stat, after the command's parenthesis), or -1.
+pid_t ParentOf(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 1));
+  std::string state;
+  pid_t ppid = -1;
+  rest >> state >> ppid;
+  return ppid;
+}
 
 std::string RandomHex(size_t n) {
   std::random_device rd;
@@ -279,6 +293,7 @@ std::set<std::string> AdversarialTest::baseline_cgroups_;
 std::multiset<std::string> AdversarialTest::baseline_mounts_;
 std::vector<std::string> AdversarialTest::baseline_state_;
 std::string AdversarialTest::unavailable_;
+std::vector<std::string> AdversarialTest::extra_daemon_args_;
 
 void AdversarialTest::SetUpTestSuite() {
   unavailable_.clear();
@@ -300,8 +315,10 @@ void AdversarialTest::SetUpTestSuite() {
   const std::string token_file = daemon_->dir() + "/token";
   WriteHostFile(token_file, bearer_ + "\n", 0600);
   tcp_port_ = e2e::FreeTcpPort();
-  if (!daemon_->Start(
-          {"--listen", "127.0.0.1:" + std::to_string(tcp_port_), "--token-file", token_file})) {
+  std::vector<std::string> args = {"--listen", "127.0.0.1:" + std::to_string(tcp_port_),
+                                   "--token-file", token_file};
+  args.insert(args.end(), extra_daemon_args_.begin(), extra_daemon_args_.end());
+  if (!daemon_->Start(args)) {
     return;  // SetUp reports daemon_->error()
   }
   baseline_cgroups_ = e2e::FindNsboxCgroups();
@@ -380,6 +397,12 @@ void AdversarialTest::TearDown() {
   bool gone = PollUntil(
       [&] {
         left = e2e::Descendants(pid);
+        // nsbox-net, the daemon's own network co-process (docs/network.md), lives as long as
+        // the daemon once a sandbox had a network; a sandbox's process is never named so
+        // (they are under nsbox-init, which is under the daemon).
+        std::erase_if(left, [pid](const e2e::ProcessId& p) {
+          return p.comm == "nsbox-net" && ParentOf(p.pid) == pid;
+        });
         return left.empty();
       },
       milliseconds(5000));

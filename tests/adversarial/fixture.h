@@ -165,6 +165,8 @@ class AdversarialTest : public ::testing::Test {
 
   static std::unique_ptr<Daemon> daemon_;
   static std::unique_ptr<Canaries> canaries_;
+  // Arguments added to `nsbox serve` (a suite sets them before calling SetUpTestSuite).
+  static std::vector<std::string> extra_daemon_args_;
 
  private:
   static std::string bearer_;
