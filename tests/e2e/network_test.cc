@@ -380,7 +380,7 @@ TEST_F(NetworkTest, ReplacingThePolicyOfARunningSandboxTakesEffect) {
   EXPECT_EQ(missing.ErrorCode(), "sandbox_not_found");
   Response bad = SetPolicy(id, Allow({"allowed.test", "foo..com"}));
   EXPECT_EQ(bad.status, 400) << bad.Describe();
-  EXPECT_EQ(bad.ErrorCode(), "invalid_argument");
+  EXPECT_EQ(bad.ErrorCode(), "invalid_request");
   EXPECT_NE(bad.ErrorMessage().find("foo..com"), std::string::npos) << bad.Describe();
   EXPECT_EQ(Field(Obj(client().Get(SbPath(id))), "network"),
             json::parse(R"({"allow":["denied.test"]})"));
@@ -462,7 +462,7 @@ TEST_F(NetworkTest, BadEntriesAreRefusedNamingThem) {
     const std::string id = NewId();
     Response r = client().PutJson(SbPath(id), json::object{{"network", Allow({"ok.test", entry})}});
     EXPECT_EQ(r.status, 400) << entry << ": " << r.Describe();
-    EXPECT_EQ(r.ErrorCode(), "invalid_argument") << r.Describe();
+    EXPECT_EQ(r.ErrorCode(), "invalid_request") << r.Describe();
     EXPECT_NE(r.ErrorMessage().find(entry), std::string::npos)
         << "the message does not name " << entry << ": " << r.Describe();
     EXPECT_EQ(client().Get(SbPath(id)).status, 404) << entry << ": created anyway";
@@ -472,7 +472,7 @@ TEST_F(NetworkTest, BadEntriesAreRefusedNamingThem) {
         json::parse(R"({"allow":[5]})"), json::parse(R"({"open":"yes"})")}) {
     Response r = client().PutJson(SbPath(NewId()), json::object{{"network", policy}});
     EXPECT_EQ(r.status, 400) << json::serialize(policy) << ": " << r.Describe();
-    EXPECT_EQ(r.ErrorCode(), "invalid_argument") << r.Describe();
+    EXPECT_EQ(r.ErrorCode(), "invalid_request") << r.Describe();
   }
 }
 
