@@ -15,6 +15,7 @@
 
 #include "base/strings.h"
 #include "base/unique_fd.h"
+#include "net/net_client.h"
 
 namespace nsbox::runtime {
 namespace {
@@ -166,22 +167,8 @@ DoctorInput ProbeDoctorInput() {
   return in;
 }
 
-Result<std::string> DefaultNetBinary() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n < 0) return Error::Sys("readlink", "/proc/self/exe", errno);
-  std::string self(buf, static_cast<size_t>(n));
-  auto slash = self.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
-  for (const char* candidate : {"/nsbox-net", "/../net/nsbox-net"}) {
-    std::string path = dir + candidate;
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return Error(ENOENT, "nsbox-net not found beside " + self);
-}
-
 Result<std::string> ProbeNetwork() {
-  NSBOX_ASSIGN_OR_RETURN(std::string binary, DefaultNetBinary());
+  NSBOX_ASSIGN_OR_RETURN(std::string binary, net::DefaultNetBinary());
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return Error::Sys("pipe2", "", errno);
   UniqueFd read_end(fds[0]);

@@ -41,8 +41,6 @@ struct DoctorInput {
   Result<std::string> network_probe = Error::Msg("not probed");
 };
 
-// nsbox-net beside the running executable (or in the build tree's net/ beside runtime/).
-Result<std::string> DefaultNetBinary();
 // Runs `nsbox-net --probe` and returns what it printed.
 Result<std::string> ProbeNetwork();
 

@@ -1,0 +1,251 @@
+#include "net/firewall.h"
+
+#include <nftables/libnftables.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/json.hpp>
+
+namespace nsbox::net {
+namespace json = boost::json;
+
+namespace {
+
+std::string Cidr(uint32_t address, uint8_t prefix) {
+  return Ipv4Text(address) + "/" + std::to_string(prefix);
+}
+
+// Refusals are logged at most this often per sandbox and reason (the rest only counted).
+constexpr const char* kLogLimit = "limit rate 10/second burst 20 packets";
+
+}  // namespace
+
+Result<Firewall> Firewall::Create(const FirewallConfig& config) {
+  nft_ctx* ctx = nft_ctx_new(NFT_CTX_DEFAULT);
+  if (ctx == nullptr) return Error::Msg("nft_ctx_new failed");
+  if (nft_ctx_buffer_output(ctx) != 0 || nft_ctx_buffer_error(ctx) != 0) {
+    nft_ctx_free(ctx);
+    return Error::Msg("nft_ctx_buffer_output failed");
+  }
+  return Firewall(ctx, config);
+}
+
+Firewall::Firewall(nft_ctx* ctx, FirewallConfig config)
+    : ctx_(ctx),
+      config_(std::move(config)),
+      table_("inet nsbox_" + config_.tag),
+      if_prefix_("nsb" + config_.tag) {}
+
+Firewall::Firewall(Firewall&& other) noexcept
+    : ctx_(other.ctx_),
+      config_(std::move(other.config_)),
+      table_(std::move(other.table_)),
+      if_prefix_(std::move(other.if_prefix_)) {
+  other.ctx_ = nullptr;
+}
+
+Firewall::~Firewall() {
+  if (ctx_ != nullptr) nft_ctx_free(ctx_);
+}
+
+Status Firewall::Run(const std::string& commands, std::string* output) {
+  nft_ctx_output_set_flags(ctx_, output != nullptr ? NFT_CTX_OUTPUT_JSON : 0);
+  const int rc = nft_run_cmd_from_buffer(ctx_, commands.c_str());
+  if (output != nullptr) *output = nft_ctx_get_output_buffer(ctx_);
+  std::string error = nft_ctx_get_error_buffer(ctx_);
+  if (rc != 0) {
+    while (!error.empty() && (error.back() == '\n' || error.back() == ' ')) error.pop_back();
+    if (error.size() > 2000) error = error.substr(0, 2000) + "...";
+    return Error::Msg("nft: " + (error.empty() ? std::string("failed") : error));
+  }
+  return Ok();
+}
+
+Status Firewall::RemoveTable() {
+  // "destroy" is nft 1.0.8; an add (a no-op when present) then a delete does the same.
+  return Run("add table " + table_ + "\ndelete table " + table_ + "\n");
+}
+
+Status Firewall::Install() {
+  const std::string t = table_;
+  const std::string ifs = "\"" + if_prefix_ + "*\"";
+  std::string c;
+  c += "add table " + t + "\n";
+  // Dispatch by input interface to the sandbox's chain, before the host's own filter.
+  c += "add map " + t + " sandboxes { type ifname : verdict; }\n";
+  c += "add chain " + t + " input { type filter hook input priority filter - 5; policy accept; }\n";
+  c += "add chain " + t +
+       " forward { type filter hook forward priority filter - 5; policy accept; }\n";
+  c += "add chain " + t +
+       " postrouting { type nat hook postrouting priority srcnat; policy accept; }\n";
+  c += "add rule " + t + " input iifname vmap @sandboxes\n";
+  c += "add rule " + t + " forward iifname vmap @sandboxes\n";
+  // Into a sandbox: only the answers of its own connections.
+  c += "add rule " + t + " forward oifname " + ifs + " ct state established,related accept\n";
+  c += "add rule " + t + " forward oifname " + ifs + " drop\n";
+  c += "add rule " + t + " postrouting ip saddr " + Cidr(config_.range, config_.range_prefix) +
+       " oifname != " + ifs + " masquerade\n";
+  return Run(c);
+}
+
+std::string Firewall::Rules(int slot, uint32_t address, const NetworkPolicy& policy) const {
+  const std::string n = std::to_string(slot);
+  const std::string t = table_;
+  const std::string chain = "sb_" + n;
+  const std::string allowed = "counter name \"allowed_" + n + "\" accept";
+  const std::string group = std::to_string(config_.log_group);
+  auto rule = [&](const std::string& body) {
+    return "add rule " + t + " " + chain + " " + body + "\n";
+  };
+  auto refuse = [&](const std::string& match, const std::string& reason) {
+    return rule(match + (match.empty() ? "" : " ") + kLogLimit + " log group " + group +
+                " prefix \"nsbox:" + n + ":" + reason + " \"") +
+           rule(match + (match.empty() ? "" : " ") + "goto refuse_" + n);
+  };
+  std::string c;
+  c += rule("meta nfproto ipv6 drop");
+  c += rule("ip saddr != " + Ipv4Text(address) + " drop");  // forged sources
+  c += rule("ct state established,related accept");
+  c += rule("ip daddr " + Ipv4Text(config_.gateway) +
+            " meta l4proto { tcp, udp } th dport 53 accept");
+  // The CIDR entries first: listed, they are reachable even where the protections below refuse.
+  for (const AllowEntry& e : policy.allow) {
+    if (e.kind != AllowEntry::Kind::kCidr) continue;
+    std::string match = "ip daddr " + Cidr(e.address, e.prefix);
+    if (e.port) match += " meta l4proto { tcp, udp } th dport " + std::to_string(*e.port);
+    c += rule(match + " " + allowed);
+  }
+  c += refuse("fib daddr type local", "host");
+  c += refuse("ip daddr { 127.0.0.0/8, 169.254.0.0/16, 0.0.0.0/8, 224.0.0.0/3 }", "special");
+  c += refuse("ip daddr " + Cidr(config_.range, config_.range_prefix), "sandbox");
+  if (policy.mode == NetworkPolicy::Mode::kOpen) {
+    c += rule(allowed);
+  } else {
+    c += rule("ip daddr @learned_" + n + " " + allowed);
+    c += rule("meta l4proto { tcp, udp } ip daddr . th dport @learnedp_" + n + " " + allowed);
+  }
+  c += refuse("", "policy");
+  return c;
+}
+
+Status Firewall::AddSandbox(int slot, const std::string& interface, uint32_t address,
+                            const NetworkPolicy& policy) {
+  const std::string n = std::to_string(slot);
+  const std::string t = table_;
+  std::string c;
+  c += "add counter " + t + " allowed_" + n + "\n";
+  c += "add counter " + t + " refused_" + n + "\n";
+  c += "add set " + t + " learned_" + n + " { type ipv4_addr; flags timeout; }\n";
+  c += "add set " + t + " learnedp_" + n + " { type ipv4_addr . inet_service; flags timeout; }\n";
+  c += "add chain " + t + " refuse_" + n + "\n";
+  c += "add rule " + t + " refuse_" + n + " counter name \"refused_" + n + "\"\n";
+  c += "add rule " + t + " refuse_" + n + " meta l4proto tcp reject with tcp reset\n";
+  c += "add rule " + t + " refuse_" + n + " reject with icmpx admin-prohibited\n";
+  c += "add chain " + t + " sb_" + n + "\n";
+  c += Rules(slot, address, policy);
+  c += "add element " + t + " sandboxes { \"" + interface + "\" : jump sb_" + n + " }\n";
+  return Run(c);
+}
+
+Status Firewall::ReplacePolicy(int slot, uint32_t address, const NetworkPolicy& policy) {
+  const std::string n = std::to_string(slot);
+  std::string c;
+  c += "flush chain " + table_ + " sb_" + n + "\n";
+  c += "flush set " + table_ + " learned_" + n + "\n";
+  c += "flush set " + table_ + " learnedp_" + n + "\n";
+  c += Rules(slot, address, policy);
+  return Run(c);
+}
+
+Status Firewall::RemoveSandbox(int slot, const std::string& interface) {
+  const std::string n = std::to_string(slot);
+  const std::string t = table_;
+  std::string c;
+  c += "delete element " + t + " sandboxes { \"" + interface + "\" }\n";
+  c += "flush chain " + t + " sb_" + n + "\n";
+  c += "delete chain " + t + " sb_" + n + "\n";
+  c += "delete chain " + t + " refuse_" + n + "\n";
+  c += "delete set " + t + " learned_" + n + "\n";
+  c += "delete set " + t + " learnedp_" + n + "\n";
+  c += "delete counter " + t + " allowed_" + n + "\n";
+  c += "delete counter " + t + " refused_" + n + "\n";
+  return Run(c);
+}
+
+Status Firewall::Learn(int slot, const std::vector<uint32_t>& addresses, uint32_t seconds,
+                       const std::vector<uint16_t>& ports, bool all_ports) {
+  if (addresses.empty()) return Ok();
+  const std::string n = std::to_string(slot);
+  const std::string timeout = " timeout " + std::to_string(seconds) + "s";
+  std::string plain;
+  std::string with_timeout;
+  auto add = [&](const std::string& element) {
+    if (!plain.empty()) {
+      plain += ", ";
+      with_timeout += ", ";
+    }
+    plain += element;
+    with_timeout += element + timeout;
+  };
+  for (uint32_t a : addresses) {
+    if (all_ports) {
+      add(Ipv4Text(a));
+    } else {
+      for (uint16_t p : ports) add(Ipv4Text(a) + " . " + std::to_string(p));
+    }
+  }
+  if (plain.empty()) return Ok();
+  const std::string set = table_ + (all_ports ? " learned_" : " learnedp_") + n;
+  // Added (a no-op when present), deleted and added again: the element's timeout restarts, so a
+  // later answer extends what an earlier one opened (the kernel keeps the first timeout of an
+  // element that is added again).
+  return Run("add element " + set + " { " + plain + " }\ndelete element " + set + " { " + plain +
+             " }\nadd element " + set + " { " + with_timeout + " }\n");
+}
+
+Result<std::map<int, Firewall::Counts>> Firewall::Counters() {
+  std::string out;
+  NSBOX_TRY(Run("list counters table " + table_, &out));
+  std::map<int, Counts> counts;
+  boost::system::error_code ec;
+  json::value v = json::parse(out, ec);
+  if (ec || !v.is_object()) return Error::Msg("nft list counters: not JSON");
+  const json::value* items = v.as_object().if_contains("nftables");
+  if (items == nullptr || !items->is_array()) return counts;
+  for (const json::value& item : items->as_array()) {
+    const json::object* o = item.if_object();
+    const json::value* counter = o != nullptr ? o->if_contains("counter") : nullptr;
+    if (counter == nullptr || !counter->is_object()) continue;
+    const json::object& c = counter->as_object();
+    const json::value* name = c.if_contains("name");
+    const json::value* packets = c.if_contains("packets");
+    if (name == nullptr || !name->is_string() || packets == nullptr) continue;
+    const std::string text(name->as_string());
+    const size_t underscore = text.find('_');
+    if (underscore == std::string::npos) continue;
+    int slot = 0;
+    try {
+      slot = std::stoi(text.substr(underscore + 1));
+    } catch (...) {
+      continue;
+    }
+    boost::system::error_code number_ec;
+    const auto value = packets->to_number<uint64_t>(number_ec);
+    if (number_ec) continue;
+    if (text.rfind("allowed_", 0) == 0) counts[slot].allowed = value;
+    if (text.rfind("refused_", 0) == 0) counts[slot].refused = value;
+  }
+  return counts;
+}
+
+Status Firewall::Probe() {
+  FirewallConfig config;
+  config.tag = "probe" + std::to_string(::getpid());
+  NSBOX_ASSIGN_OR_RETURN(Firewall fw, Create(config));
+  NSBOX_TRY(fw.Run("add table " + fw.table_ + "\nadd chain " + fw.table_ +
+                   " c { type filter hook forward priority 0; policy accept; }\n"));
+  return fw.RemoveTable();
+}
+
+}  // namespace nsbox::net

@@ -1,0 +1,72 @@
+#pragma once
+
+// nsboxd's handle on nsbox-net (net/netd.h): starts it with one end of a SOCK_SEQPACKET
+// socketpair and makes its requests. Only sockets and Boost.JSON: it links into the static
+// nsbox. Thread-safe; every call blocks until nsbox-net answers (at most 10 s).
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/unique_fd.h"
+#include "net/policy.h"
+
+namespace nsbox::net {
+
+class NetHelper {
+ public:
+  struct Options {
+    std::string binary;  // nsbox-net; "" for the one beside the running executable
+    std::string range = "10.213.0.0/16";
+    std::string tag;  // 1 to 8 hex digits
+    std::vector<std::string> dns_upstreams;
+    std::string log_level = "info";
+  };
+  // Spawns nsbox-net and waits until it is ready (its error when it cannot be).
+  static Result<std::unique_ptr<NetHelper>> Start(const Options& options);
+  // Closes the channel: nsbox-net removes its table and interfaces and exits (waited for 5 s,
+  // then killed).
+  ~NetHelper();
+  NetHelper(const NetHelper&) = delete;
+  NetHelper& operator=(const NetHelper&) = delete;
+
+  struct Attached {
+    std::string address;
+    std::string interface;
+  };
+  Result<Attached> Attach(const std::string& key, const std::string& id, int netns_fd,
+                          const NetworkPolicy& policy);
+  Status Replace(const std::string& key, const NetworkPolicy& policy);
+  Status Detach(const std::string& key);
+  struct Counts {
+    uint64_t allowed = 0;
+    uint64_t refused = 0;
+  };
+  Result<std::map<std::string, Counts>> Counters();
+  // Whether nsbox-net still answers (false once it died: every call then fails).
+  bool alive() const;
+  const std::string& resolver_address() const { return gateway_; }
+  pid_t pid() const { return pid_; }
+
+ private:
+  NetHelper() = default;
+  // One request and its answer (an {"error": ...} answer is an Error).
+  Result<std::string> Call(const std::string& request, int fd = -1);
+
+  mutable std::mutex mu_;
+  UniqueFd channel_;
+  pid_t pid_ = -1;
+  std::string gateway_;
+  bool dead_ = false;
+};
+
+// nsbox-net beside the running executable (or in the build tree's net/ beside runtime/).
+Result<std::string> DefaultNetBinary();
+
+}  // namespace nsbox::net
