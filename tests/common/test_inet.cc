@@ -294,6 +294,7 @@ bool TestInternet::Start() {
       "--http",     "allowed.test@" + Address(4) + port80,
       "--http",     "allowed.test@" + Address(4) + ":" + std::to_string(kAltHttpPort),
       "--http",     "denied.test@" + Address(5) + port80,
+      "--http",     "denied.test@" + Address(5) + ":" + std::to_string(kAltHttpPort),
       "--http",     "raw-ip-host@" + Address(6) + port80,
       "--http",     "metadata@" + std::string(kMetadataAddress) + port80,
       "--udp-echo", Address(4) + port80,

@@ -10,7 +10,7 @@
 // SIGKILLed run (a dead pid) are removed by the next Start. Each instance takes a /29 of
 // 198.18.0.0/15 that no host interface uses:
 //   .1 the host side of the veth       .2 the namespace side      .3 the DNS server (UDP 53)
-//   .4 allowed.test (HTTP 80)          .5 denied.test (HTTP 80)   .6 a raw-IP host (HTTP 80)
+//   .4 allowed.test (HTTP 80, 8080)    .5 denied.test (HTTP 80, 8080)   .6 a raw-IP host (HTTP 80)
 // and 169.254.169.254 (HTTP 80) inside, with a host route to it through the veth (a metric of
 // its own per instance, so that two instances can coexist). Every HTTP host also echoes UDP on
 // port 80. The zone: allowed.test, sub.allowed.test -> .4; denied.test -> .5; cname.test ->
@@ -33,7 +33,7 @@ namespace nsbox::testinet {
 
 inline constexpr const char* kMetadataAddress = "169.254.169.254";
 inline constexpr uint16_t kHttpPort = 80;
-// allowed.test also answers HTTP on this port (for allowlist entries with a port).
+// allowed.test and denied.test also answer HTTP on this port (for entries with a port).
 inline constexpr uint16_t kAltHttpPort = 8080;
 inline constexpr uint32_t kDnsTtl = 30;
 

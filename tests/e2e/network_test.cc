@@ -185,6 +185,29 @@ class NetworkTest : public E2eTest {
     return {r.exit_code(), r.out()};
   }
 
+  // A DNS query for `name` (type A) sent by hand from inside the sandbox (bash's /dev/udp) to
+  // server:53, bypassing resolv.conf: the first 12 bytes of the reply in hex ("" when none came
+  // within 2 s). "12 34 85 80 ..." is an answer to it (id 0x1234, QR AA RD RA).
+  std::string DirectDnsQuery(const std::string& id, const std::string& server,
+                             const std::string& name) {
+    std::string qname;
+    std::istringstream labels(name);
+    std::string label;
+    char hex[8];
+    while (std::getline(labels, label, '.')) {
+      std::snprintf(hex, sizeof(hex), "\\x%02x", static_cast<unsigned>(label.size()));
+      qname += hex + label;
+    }
+    const std::string packet = "\\x12\\x34\\x01\\x00\\x00\\x01\\x00\\x00\\x00\\x00\\x00\\x00" +
+                               qname + "\\x00\\x00\\x01\\x00\\x01";
+    ExecResult r = Exec(id, "exec 3<>/dev/udp/" + server + "/53 && printf '" + packet +
+                                "' >&3 && timeout 2 head -c 12 <&3 | od -An -tx1");
+    std::string out = r.out();
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    while (!out.empty() && out.front() == ' ') out.erase(0, 1);
+    return out;
+  }
+
   // The value of nsbox_network_connections_total for the sandbox and verdict (-1 if absent).
   double ConnectionsMetric(const std::string& id, const std::string& verdict) {
     Response r = client().Get("/metrics");
@@ -267,8 +290,43 @@ TEST_F(NetworkTest, AllowlistRefusesEverythingElse) {
   EXPECT_EQ(testinet::HttpGet(Gateway(), inet().host_port(), "/", &body), 200);
   EXPECT_EQ(testinet::HttpGet(inet().denied_address(), kHttpPort, "/", &body), 200);
   EXPECT_EQ(testinet::HttpGet(kMetadataAddress, kHttpPort, "/", &body), 200);
+  // UDP to a host it may not reach: no echo.
+  ExecResult udp = Exec(id, "exec 3<>/dev/udp/" + inet().denied_address() +
+                                "/80; printf ping >&3; timeout 2 head -c 4 <&3");
+  EXPECT_EQ(udp.out().find("ping"), std::string::npos) << udp.Describe();
+  // No way around the resolver: the upstream asked directly does not answer (control: it does
+  // from the host), and the resolver itself answers only for the allowed name.
+  EXPECT_EQ(DirectDnsQuery(id, inet().dns_address(), "denied.test"), "");
+  EXPECT_TRUE(testinet::DnsQuery(inet().dns_address(), 53, "denied.test").answered);
+  EXPECT_EQ(DirectDnsQuery(id, Gateway(), "allowed.test").substr(0, 5), "12 34");
+  // No IPv6 address on eth0.
+  EXPECT_EQ(Sh(id, "ip -o -6 addr show dev eth0 | wc -l"), "0\n");
   // And the allowed host still answers.
   ExpectReaches(id, "http://allowed.test/", "allowed.test");
+}
+
+TEST_F(NetworkTest, WildcardAndPortEntries) {
+  const std::string id = NewId();
+  const json::object sb =
+      CreateNet(id, Allow({"*.allowed.test", "denied.test:" + std::to_string(kAltHttpPort)}));
+  EXPECT_EQ(
+      Field(sb, "network"),
+      json::value(json::object{
+          {"allow", json::array{json::value("*.allowed.test"),
+                                json::value("denied.test:" + std::to_string(kAltHttpPort))}}}))
+      << json::serialize(sb);
+  // Below the suffix, at any depth: sub.allowed.test (same address as allowed.test).
+  auto [rc, out] = Getent(id, "sub.allowed.test");
+  EXPECT_EQ(rc, 0) << out;
+  ExpectReaches(id, "http://sub.allowed.test/", "allowed.test");
+  // Never the suffix itself.
+  auto [rc2, out2] = Getent(id, "allowed.test");
+  EXPECT_NE(rc2, 0) << out2;
+  // denied.test, only on its port: it resolves, port 80 is refused, 8080 answers.
+  auto [rc3, out3] = Getent(id, "denied.test");
+  EXPECT_EQ(rc3, 0) << out3;
+  ExpectRefused(id, "http://denied.test/");
+  ExpectReaches(id, "http://denied.test:" + std::to_string(kAltHttpPort) + "/", "denied.test");
 }
 
 TEST_F(NetworkTest, NoneReachesNothing) {

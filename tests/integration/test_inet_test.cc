@@ -89,6 +89,8 @@ TEST_F(TestInetTest, EachHttpServerAnswersWithItsName) {
   EXPECT_EQ(HttpGet(inet_.allowed_address(), kHttpPort, "/nothing", &body, &error), 404);
   EXPECT_EQ(HttpGet(inet_.allowed_address(), kAltHttpPort, "/", &body, &error), 200) << error;
   EXPECT_EQ(body, "allowed.test\n");
+  EXPECT_EQ(HttpGet(inet_.denied_address(), kAltHttpPort, "/", &body, &error), 200) << error;
+  EXPECT_EQ(body, "denied.test\n");
   // The host's own server, on loopback and on the veth's host side.
   ASSERT_NE(inet_.host_port(), 0);
   for (const std::string& address : std::vector<std::string>{"127.0.0.1", inet_.host_address()}) {
