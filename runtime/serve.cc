@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/asio/as_tuple.hpp>
@@ -49,7 +50,9 @@
 #include "runtime/api_error.h"
 #include "runtime/exec_session.h"
 #include "runtime/metrics.h"
+#include "runtime/netns.h"
 #include "runtime/paths.h"
+#include "runtime/ports.h"
 #include "runtime/registry.h"
 #include "runtime/serve.h"
 #include "runtime/utf8.h"
@@ -616,10 +619,15 @@ class Daemon {
         registry_(registry),
         token_(std::move(token)),
         log_limits_(log_limits),
-        retention_(retention) {}
+        retention_(retention),
+        ports_(io, metrics_, [this](std::shared_ptr<SandboxEntry> entry) {
+          return InnerSocket(std::move(entry));
+        }) {}
 
   asio::awaitable<void> AcceptLoop(Acceptor& acceptor, bool tcp);
   void Shutdown(std::vector<Acceptor*> acceptors);
+  // Re-opens the exposed ports of every sandbox (ports.json) at the start; blocks.
+  void RestorePorts();
 
  private:
   // What one request's handler works with.
@@ -742,6 +750,12 @@ class Daemon {
   asio::awaitable<bool> Images(Ctx& c, const std::vector<std::string>& segs,
                                std::string_view query);
   asio::awaitable<bool> ImportImage(Ctx& c, const std::string& name, bool replace);
+  // Exposed ports (runtime/ports.h): GET/POST .../ports, DELETE .../ports/{port}.
+  asio::awaitable<bool> Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                              const std::vector<std::string>& segs);
+  asio::awaitable<void> SavePorts(std::shared_ptr<SandboxEntry> entry);
+  // A fresh TCP socket in the sandbox's network namespace (started when stopped).
+  asio::awaitable<ApiOutcome<int>> InnerSocket(std::shared_ptr<SandboxEntry> entry);
 
   asio::io_context& io_;
   Registry& registry_;
@@ -752,6 +766,7 @@ class Daemon {
   const ExecLogLimits log_limits_;
   const std::chrono::seconds retention_;
   bool shutting_down_ = false;
+  PortForwarder ports_;
 };
 
 template <typename F>
@@ -795,6 +810,7 @@ void Daemon::Shutdown(std::vector<Acceptor*> acceptors) {
     boost::system::error_code ec;
     a->close(ec);
   }
+  ports_.CloseEverything();  // ports.json stays: the next daemon re-opens them
   asio::co_spawn(
       io_,
       [this]() -> asio::awaitable<void> {
@@ -945,6 +961,7 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
       method == http::verb::put ||
       (method == http::verb::post && n >= 4 && (segs[3] == "exec" || segs[3] == "fs")) ||
       (method == http::verb::post && n == 6 && segs[3] == "execs") ||
+      (method == http::verb::post && n == 4 && segs[3] == "ports") ||
       (method == http::verb::post && n == 3 && segs[1] == "images");
   if (!uses_body && !c.body_done) {
     auto drained = co_await ReadBody(c);
@@ -1004,6 +1021,10 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     allow = "POST";
   } else if (n == 4 && segs[3] == "files") {
     allow = "GET, PUT";
+  } else if (n == 4 && segs[3] == "ports") {
+    allow = "GET, POST";
+  } else if (n == 5 && segs[3] == "ports") {
+    allow = "DELETE";
   } else if (n == 5 && segs[3] == "fs" &&
              (segs[4] == "stat" || segs[4] == "readdir" || segs[4] == "exists" ||
               segs[4] == "mkdir" || segs[4] == "rm")) {
@@ -1105,7 +1126,140 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   }
   if (segs[3] == "files" && method == http::verb::get) co_return co_await GetFile(c, entry, query);
   if (segs[3] == "files") co_return co_await PutFile(c, entry, query);
+  if (segs[3] == "ports") co_return co_await Ports(c, entry, segs);
   co_return co_await FsVerb(c, entry, segs[4]);
+}
+
+// ---- exposed ports ----
+
+asio::awaitable<ApiOutcome<int>> Daemon::InnerSocket(std::shared_ptr<SandboxEntry> entry) {
+  auto running = co_await EnsureRunning(entry);
+  if (!running.ok()) co_return running.error();
+  std::shared_ptr<Sandbox> box = running.value();
+  auto work = [box]() -> ApiOutcome<int> {
+    auto sock = SocketInNetns(box->netns_fd(), AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
+    if (!sock.ok()) return ApiError::Internal(sock.error().message());
+    return std::move(sock).value().release();
+  };
+  co_return co_await Blocking(std::move(work));
+}
+
+asio::awaitable<void> Daemon::SavePorts(std::shared_ptr<SandboxEntry> entry) {
+  auto snapshot = ports_.SnapshotOf(entry->config().id);
+  auto work = [this, entry, snapshot] {
+    auto st = ports_.WritePorts(entry->config().id, entry->dir(), snapshot);
+    if (!st.ok()) {
+      log::error("sandbox={} write ports.json: {}", entry->config().id, st.error().message());
+    }
+    return true;
+  };
+  co_await Blocking(std::move(work));
+}
+
+void Daemon::RestorePorts() {
+  for (const auto& entry : registry_.List()) {
+    const std::string file = entry->dir() + "/ports.json";
+    if (::access(file.c_str(), F_OK) != 0) continue;
+    auto text = ReadFile(file);
+    auto ports = text.ok() ? DecodePorts(*text) : Result<std::vector<PortExposure>>(text.error());
+    if (!ports.ok()) {
+      log::error("sandbox={} {}: {}; its ports are dropped", entry->config().id, file,
+                 ports.error().message());
+      (void)ports_.WritePorts(entry->config().id, entry->dir(),
+                              ports_.SnapshotOf(entry->config().id));
+      continue;
+    }
+    bool dropped = false;
+    for (const auto& p : *ports) {
+      auto exposed = ports_.Expose(entry, p.port, p.host_port, p.address);
+      if (!exposed.ok()) {
+        log::error("sandbox={} port {} not re-opened on {}:{}: {}; dropped", entry->config().id,
+                   p.port, p.address, p.host_port, exposed.error().message);
+        dropped = true;
+      }
+    }
+    if (dropped) {
+      auto st = ports_.WritePorts(entry->config().id, entry->dir(),
+                                  ports_.SnapshotOf(entry->config().id));
+      if (!st.ok())
+        log::error("sandbox={} write ports.json: {}", entry->config().id, st.error().message());
+    }
+  }
+}
+
+json::object PortJson(const PortExposure& p) {
+  json::object o;
+  o["port"] = p.port;
+  o["address"] = p.address;
+  o["hostPort"] = p.host_port;
+  o["url"] = "http://" + p.address + ":" + std::to_string(p.host_port) + "/";
+  return o;
+}
+
+asio::awaitable<bool> Daemon::Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                    const std::vector<std::string>& segs) {
+  const http::verb method = c.parser.get().method();
+  const std::string& id = entry->config().id;
+  if (segs.size() == 4 && method == http::verb::get) {
+    json::array list;
+    for (const auto& p : ports_.List(id)) list.push_back(PortJson(p));
+    json::object o;
+    o["ports"] = std::move(list);
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (segs.size() == 4) {  // POST
+    auto body = co_await ReadJson(c, false);
+    if (!body.ok()) {
+      const ApiError reply_error = body.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    const json::object& o = body.value();
+    for (const auto& [key, value] : o) {
+      if (key != "port" && key != "hostPort" && key != "address") {
+        const ApiError reply_error = ApiError::Invalid("unknown field '" + std::string(key) + "'");
+        co_return co_await ReplyError(c, reply_error);
+      }
+    }
+    auto port = ParsePortNumber(o.if_contains("port"), "port", false);
+    const json::value* hp = o.if_contains("hostPort");
+    const json::value zero(0);
+    auto host_port = ParsePortNumber(hp == nullptr || hp->is_null() ? &zero : hp, "hostPort", true);
+    auto address = ParseHostAddress(o.if_contains("address"));
+    for (const ApiError* e :
+         {port.ok() ? nullptr : &port.error(), host_port.ok() ? nullptr : &host_port.error(),
+          address.ok() ? nullptr : &address.error()}) {
+      if (e != nullptr) {
+        const ApiError reply_error = *e;
+        co_return co_await ReplyError(c, reply_error);
+      }
+    }
+    auto exposed = ports_.Expose(entry, port.value(), host_port.value(), address.value());
+    if (!exposed.ok()) {
+      const ApiError reply_error = exposed.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    co_await SavePorts(entry);
+    const json::value reply_json = PortJson(exposed.value());
+    co_return co_await ReplyJson(c, 201, reply_json);
+  }
+  // DELETE .../ports/{port}
+  const std::string& text = segs[4];
+  const bool digits =
+      !text.empty() && text.size() <= 5 &&
+      std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  const unsigned long number = digits ? std::stoul(text) : 0;
+  if (!digits || number < 1 || number > 65535) {
+    const ApiError reply_error = ApiError::Invalid(
+        "port must be an integer from 1 to 65535, not '" + text.substr(0, 64) + "'");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  if (!ports_.Close(id, static_cast<uint16_t>(number))) {
+    const ApiError reply_error =
+        ApiError::Of(404, "not_found", "port " + text + " of sandbox '" + id + "' is not exposed");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  co_await SavePorts(entry);
+  co_return co_await ReplyNoContent(c);
 }
 
 // ---- answers ----
@@ -1465,6 +1619,7 @@ asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> 
 
 asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
   std::shared_ptr<SandboxEntry> entry = registry_.Find(id);
+  ports_.CloseAll(id);  // every listener and connection of it
   auto work4 = [this, id] { return registry_.Delete(id); };
   auto deleted = co_await Blocking(std::move(work4));
   if (!deleted.ok()) {
@@ -2775,6 +2930,7 @@ int Serve(const ServeOptions& options) {
   {
     Daemon daemon(io, **registry, token, log_limits,
                   std::chrono::seconds(options.exec_retention_seconds));
+    daemon.RestorePorts();
     std::vector<Acceptor*> acceptors{unix_acceptor->get()};
     asio::co_spawn(io, daemon.AcceptLoop(**unix_acceptor, false), asio::detached);
     if (tcp_acceptor) {
