@@ -1,0 +1,306 @@
+// Exposed ports (docs/network.md "Ports"): a host listener relaying each connection byte for
+// byte to 127.0.0.1:<port> inside the sandbox (network "none": loopback only), its errors, its
+// life with the sandbox (stop keeps it, DELETE closes it) and with the daemon (restart re-opens
+// it). The server inside is busybox's nc running cat per connection: an echo.
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/e2e/daemon_harness.h"
+
+namespace nsbox::e2e {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr const char* kEcho = "busybox nc -ll -p 3000 -e cat </dev/null >/dev/null 2>&1 &";
+
+int ConnectTo(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // SAFETY: sockaddr_in is the sockaddr of an AF_INET socket.
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `data` on a new connection to `port`, half-closes, reads until the end: what came back,
+// or nullopt when the connection failed (*why says how).
+std::optional<std::string> RoundTrip(uint16_t port, const std::string& data, std::string* why) {
+  int fd = ConnectTo(port);
+  if (fd < 0) {
+    *why = std::string("connect: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  std::thread writer([fd, &data] {
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    shutdown(fd, SHUT_WR);
+  });
+  std::string got;
+  char buf[65536];
+  bool failed = false;
+  for (;;) {
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0) break;
+    if (n < 0) {
+      *why = std::string("recv: ") + std::strerror(errno);
+      failed = true;
+      break;
+    }
+    got.append(buf, static_cast<size_t>(n));
+  }
+  writer.join();
+  close(fd);
+  if (failed) return std::nullopt;
+  return got;
+}
+
+class PortsTest : public E2eTest {
+ protected:
+  Response Expose(std::string_view id, const json::object& body) {
+    return client().PostJson(SbPath(id, "/ports"), body);
+  }
+  // Exposes port 3000 of `id`; its host port (0 on failure).
+  uint16_t ExposeEcho(std::string_view id) {
+    Response r = Expose(id, json::object{{"port", 3000}});
+    EXPECT_EQ(r.status, 201) << r.Describe();
+    auto o = Obj(r);
+    return o.contains("hostPort") ? static_cast<uint16_t>(o.at("hostPort").to_number<int>()) : 0;
+  }
+  // Starts the echo server inside and waits (up to 10 s) until a round trip through `host_port`
+  // works.
+  void StartEchoAndWait(std::string_view id, uint16_t host_port) {
+    Sh(id, kEcho);
+    const auto t0 = Clock::now();
+    std::string why;
+    while (Clock::now() - t0 < std::chrono::seconds(10)) {
+      auto got = RoundTrip(host_port, "ping", &why);
+      if (got && *got == "ping") return;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    ADD_FAILURE() << "the echo server never answered through port " << host_port << ": " << why;
+  }
+};
+
+TEST_F(PortsTest, RelaysSeveralMebibytesBothWaysAndCountsThem) {
+  const std::string id = NewId();
+  Create(id);
+  Response r = Expose(id, json::object{{"port", 3000}});
+  ASSERT_EQ(r.status, 201) << r.Describe();
+  auto o = Obj(r);
+  EXPECT_EQ(o.at("port").to_number<int>(), 3000);
+  EXPECT_EQ(Str(o, "address"), "127.0.0.1");
+  const auto host_port = static_cast<uint16_t>(o.at("hostPort").to_number<int>());
+  ASSERT_GT(host_port, 0);
+  EXPECT_EQ(Str(o, "url"), "http://127.0.0.1:" + std::to_string(host_port) + "/");
+  StartEchoAndWait(id, host_port);
+
+  std::string data(6u << 20, '\0');
+  std::mt19937 rng(9);
+  for (auto& ch : data) ch = static_cast<char>(rng());
+  std::string why;
+  auto got = RoundTrip(host_port, data, &why);
+  ASSERT_TRUE(got) << why;
+  EXPECT_EQ(got->size(), data.size());
+  EXPECT_TRUE(*got == data) << "the bytes that came back differ";
+
+  // Two connections at once, both served (no head-of-line blocking between them).
+  int a = ConnectTo(host_port);
+  ASSERT_GE(a, 0);
+  auto second = RoundTrip(host_port, "second", &why);
+  ASSERT_TRUE(second) << why;
+  EXPECT_EQ(*second, "second");
+  close(a);
+
+  Response m = client().Get("/metrics");
+  EXPECT_NE(m.body.find("nsbox_ports_exposed 1\n"), std::string::npos) << m.body;
+  EXPECT_NE(m.body.find("nsbox_port_connections_total "), std::string::npos);
+
+  Response list = client().Get(SbPath(id, "/ports"));
+  ASSERT_EQ(list.status, 200) << list.Describe();
+  auto ports = Arr(list, "ports");
+  ASSERT_EQ(ports.size(), 1u);
+  EXPECT_EQ(ports[0].as_object().at("hostPort").to_number<int>(), host_port);
+}
+
+TEST_F(PortsTest, NothingListeningInsideClosesTheConnectionAtOnce) {
+  const std::string id = NewId();
+  Create(id);
+  const uint16_t host_port = ExposeEcho(id);
+  ASSERT_GT(host_port, 0);
+  const auto t0 = Clock::now();
+  std::string why;
+  auto got = RoundTrip(host_port, "hello", &why);
+  EXPECT_TRUE(!got || got->empty()) << "bytes came back from nowhere: " << *got;
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+}
+
+TEST_F(PortsTest, ErrorsSayWhatIsWrong) {
+  const std::string id = NewId();
+  Create(id);
+  auto expect = [&](const json::object& body, int status, const std::string& code,
+                    const std::string& in_message) {
+    Response r = Expose(id, body);
+    EXPECT_EQ(r.status, status) << json::serialize(body) << " -> " << r.Describe();
+    EXPECT_EQ(r.ErrorCode(), code) << r.Describe();
+    EXPECT_NE(r.ErrorMessage().find(in_message), std::string::npos) << r.Describe();
+  };
+  expect(json::object{{"port", 0}}, 400, "invalid_request", "0");
+  expect(json::object{{"port", 70000}}, 400, "invalid_request", "70000");
+  expect(json::object{{"port", "80"}}, 400, "invalid_request", "\"80\"");
+  expect(json::object{}, 400, "invalid_request", "port");
+  expect(json::object{{"port", 80}, {"hostPort", -1}}, 400, "invalid_request", "-1");
+  expect(json::object{{"port", 80}, {"hostPort", 65536}}, 400, "invalid_request", "65536");
+  expect(json::object{{"port", 80}, {"address", "localhost"}}, 400, "invalid_request", "localhost");
+  expect(json::object{{"port", 80}, {"address", "::1"}}, 400, "invalid_request", "::1");
+  expect(json::object{{"port", 80}, {"address", "192.0.2.1"}}, 400, "invalid_request", "192.0.2.1");
+
+  const uint16_t host_port = ExposeEcho(id);
+  ASSERT_GT(host_port, 0);
+  expect(json::object{{"port", 3000}}, 409, "port_already_exposed", std::to_string(host_port));
+  // A host port someone else listens on.
+  expect(json::object{{"port", 3001}, {"hostPort", host_port}}, 409, "address_in_use",
+         "Address already in use");
+
+  Response d = client().Delete(SbPath(id, "/ports/3001"));
+  EXPECT_EQ(d.status, 404) << d.Describe();
+  EXPECT_EQ(d.ErrorCode(), "not_found");
+  d = client().Delete(SbPath(id, "/ports/x"));
+  EXPECT_EQ(d.status, 400) << d.Describe();
+  Response m = client().Request("PUT", SbPath(id, "/ports"), "{}");
+  EXPECT_EQ(m.status, 405) << m.Describe();
+  m = client().Get(SbPath(id, "/ports/3000"));
+  EXPECT_EQ(m.status, 405) << m.Describe();
+  Response u = client().PostJson(SbPath("no-such-sandbox", "/ports"), json::object{{"port", 1}});
+  EXPECT_EQ(u.status, 404) << u.Describe();
+  EXPECT_EQ(u.ErrorCode(), "sandbox_not_found");
+
+  // DELETE of the port closes its listener.
+  d = client().Delete(SbPath(id, "/ports/3000"));
+  EXPECT_EQ(d.status, 204) << d.Describe();
+  EXPECT_EQ(ConnectTo(host_port), -1);
+  EXPECT_EQ(errno, ECONNREFUSED);
+  EXPECT_EQ(Arr(client().Get(SbPath(id, "/ports")), "ports").size(), 0u);
+}
+
+TEST_F(PortsTest, DeletingTheSandboxClosesListenerAndConnections) {
+  const std::string id = NewId();
+  Create(id);
+  const uint16_t host_port = ExposeEcho(id);
+  ASSERT_GT(host_port, 0);
+  StartEchoAndWait(id, host_port);
+  int open_conn = ConnectTo(host_port);
+  ASSERT_GE(open_conn, 0);
+  ASSERT_EQ(send(open_conn, "x", 1, MSG_NOSIGNAL), 1);
+  char c;
+  ASSERT_EQ(recv(open_conn, &c, 1, 0), 1);
+  Response d = Delete(id);
+  EXPECT_EQ(d.status, 204) << d.Describe();
+  EXPECT_EQ(ConnectTo(host_port), -1);
+  EXPECT_EQ(errno, ECONNREFUSED);
+  // The open connection ended too.
+  timeval tv{10, 0};
+  setsockopt(open_conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  EXPECT_LE(recv(open_conn, &c, 1, 0), 0);
+  close(open_conn);
+  EXPECT_NE(client().Get("/metrics").body.find("nsbox_ports_exposed 0\n"), std::string::npos);
+}
+
+TEST_F(PortsTest, ExposureSurvivesSandboxStopAndDaemonRestart) {
+  const std::string id = NewId();
+  Create(id);
+  const uint16_t host_port = ExposeEcho(id);
+  ASSERT_GT(host_port, 0);
+  Response s = client().Request("POST", SbPath(id, "/stop"));
+  EXPECT_EQ(s.status, 200) << s.Describe();
+  // Still listed, still listening; a connection starts the sandbox.
+  EXPECT_EQ(Arr(client().Get(SbPath(id, "/ports")), "ports").size(), 1u);
+  StartEchoAndWait(id, host_port);
+
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  EXPECT_EQ(ConnectTo(host_port), -1);
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+  auto ports = Arr(client().Get(SbPath(id, "/ports")), "ports");
+  ASSERT_EQ(ports.size(), 1u);
+  EXPECT_EQ(ports[0].as_object().at("hostPort").to_number<int>(), host_port);
+  StartEchoAndWait(id, host_port);
+}
+
+TEST_F(PortsTest, AHostPortTakenAtRestartIsDroppedAndLogged) {
+  const std::string id = NewId();
+  Create(id);
+  const uint16_t host_port = ExposeEcho(id);
+  ASSERT_GT(host_port, 0);
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  // Someone else takes the host port meanwhile.
+  int squatter = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(host_port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // SAFETY: sockaddr_in is the sockaddr of an AF_INET socket.
+  ASSERT_EQ(bind(squatter, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  ASSERT_EQ(listen(squatter, 1), 0);
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+  EXPECT_EQ(Arr(client().Get(SbPath(id, "/ports")), "ports").size(), 0u);
+  EXPECT_NE(daemon().Log().find("not re-opened"), std::string::npos);
+  close(squatter);
+}
+
+TEST_F(PortsTest, CliAddListRemove) {
+  const std::string id = NewId();
+  Create(id);
+  const std::string log = daemon().dir() + "/cli.log";
+  std::string out;
+  const std::vector<std::string> base = {kNsboxBin, "--socket", daemon().socket_path()};
+  auto run = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProgram(argv, log, &out);
+  };
+  ASSERT_EQ(run({"port", "add", id, "3000"}), 0) << out;
+  EXPECT_NE(out.find("http://127.0.0.1:"), std::string::npos) << out;
+  ASSERT_EQ(run({"port", "ls", id, "--json"}), 0) << out;
+  auto v = json::parse(out);
+  ASSERT_EQ(v.at("ports").as_array().size(), 1u) << out;
+  ASSERT_EQ(run({"port", "ls", id}), 0) << out;
+  EXPECT_NE(out.find("3000"), std::string::npos) << out;
+  EXPECT_NE(run({"port", "add", id, "3000"}), 0) << out;
+  EXPECT_NE(out.find("exposed already"), std::string::npos) << out;
+  ASSERT_EQ(run({"port", "rm", id, "3000"}), 0) << out;
+  EXPECT_NE(run({"port", "rm", id, "3000"}), 0) << out;
+  EXPECT_EQ(Arr(client().Get(SbPath(id, "/ports")), "ports").size(), 0u);
+}
+
+}  // namespace
+}  // namespace nsbox::e2e
