@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -300,6 +301,174 @@ TEST_F(PortsTest, CliAddListRemove) {
   ASSERT_EQ(run({"port", "rm", id, "3000"}), 0) << out;
   EXPECT_NE(run({"port", "rm", id, "3000"}), 0) << out;
   EXPECT_EQ(Arr(client().Get(SbPath(id, "/ports")), "ports").size(), 0u);
+}
+
+// ---- the HTTP path through the API ----
+
+class HttpPathTest : public PortsTest {
+ protected:
+  void SetUp() override {
+    PortsTest::SetUp();
+    id_ = NewId();
+    Create(id_);
+    const std::string server =
+        ReadHostFile(std::string(NSBOX_SOURCE_DIR) + "/tests/e2e/ports_echo_server.pl");
+    ASSERT_FALSE(server.empty());
+    Response put = PutFile(id_, "/workspace/echo.pl", server);
+    ASSERT_LT(put.status, 300) << put.Describe();
+    Sh(id_, "perl /workspace/echo.pl </dev/null >/dev/null 2>&1 &");
+    // Until it answers.
+    const auto t0 = Clock::now();
+    while (Clock::now() - t0 < std::chrono::seconds(10)) {
+      if (client().Get(Http("/")).status == 200) return;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    FAIL() << "the echo server never answered";
+  }
+  std::string Http(std::string_view rest, uint16_t port = 3000) {
+    return SbPath(id_, "/ports/" + std::to_string(port) + "/http" + std::string(rest));
+  }
+  // Restarts the daemon with a TCP listener and a token; its port.
+  uint16_t RestartWithTcp() {
+    token_file_ = daemon().dir() + "/token";
+    FILE* f = fopen(token_file_.c_str(), "w");
+    fputs(kToken, f);
+    fclose(f);
+    tcp_port_ = FreeTcpPort();
+    EXPECT_TRUE(daemon().Stop()) << daemon().error();
+    EXPECT_TRUE(daemon().Start(
+        {"--listen", "127.0.0.1:" + std::to_string(tcp_port_), "--token-file", token_file_}))
+        << daemon().error();
+    client().Disconnect();
+    Sh(id_, "perl /workspace/echo.pl </dev/null >/dev/null 2>&1 &");
+    return tcp_port_;
+  }
+  static constexpr const char* kToken = "proxy-test-token-0123456789";
+  std::string id_;
+  std::string token_file_;
+  uint16_t tcp_port_ = 0;
+};
+
+TEST_F(HttpPathTest, StreamsSeveralMebibytesBothWaysAndRewritesTheHead) {
+  std::string data(5u << 20, '\0');
+  std::mt19937 rng(3);
+  for (auto& ch : data) ch = static_cast<char>('a' + rng() % 26);
+  Response r = client().Request("POST", Http("/up/load?x=1&y=%2F"), data,
+                                {{"Authorization", "Bearer secret-of-the-host"},
+                                 {"Cookie", "theme=dark; nsbox_token=also-secret; lang=en"},
+                                 {"Content-Type", "application/octet-stream"}});
+  ASSERT_EQ(r.status, 200) << r.Describe();
+  EXPECT_EQ(r.Header("x-echo"), "yes");
+  const size_t split = r.body.find("\r\n\r\n");
+  ASSERT_NE(split, std::string::npos);
+  const std::string head = r.body.substr(0, split + 2);
+  const std::string body = r.body.substr(split + 4);
+  EXPECT_EQ(head.rfind("POST /up/load?x=1&y=%2F HTTP/1.1\r\n", 0), 0u) << head;
+  EXPECT_EQ(head.find("secret"), std::string::npos) << "a secret reached the sandbox:\n" << head;
+  EXPECT_EQ(head.find("Authorization"), std::string::npos) << head;
+  EXPECT_NE(head.find("Cookie: theme=dark; lang=en\r\n"), std::string::npos) << head;
+  EXPECT_NE(head.find("Host: 127.0.0.1:3000\r\n"), std::string::npos) << head;
+  EXPECT_NE(head.find("X-Forwarded-Prefix: " + SbPath(id_, "/ports/3000/http") + "\r\n"),
+            std::string::npos)
+      << head;
+  EXPECT_NE(head.find("X-Forwarded-Proto: http\r\n"), std::string::npos) << head;
+  EXPECT_NE(head.find("X-Forwarded-For: "), std::string::npos) << head;
+  EXPECT_NE(head.find("X-Forwarded-Host: "), std::string::npos) << head;
+  EXPECT_NE(head.find("Connection: close\r\n"), std::string::npos) << head;
+  EXPECT_EQ(body.size(), data.size());
+  EXPECT_TRUE(body == data) << "the body that came back differs";
+}
+
+TEST_F(HttpPathTest, NothingListeningIs502NamingThePort) {
+  Response r = client().Get(Http("/", 3999));
+  EXPECT_EQ(r.status, 502) << r.Describe();
+  EXPECT_EQ(r.ErrorCode(), "upstream_unreachable");
+  EXPECT_NE(r.ErrorMessage().find("3999"), std::string::npos) << r.Describe();
+  r = client().Get(Http("/", 0));
+  EXPECT_EQ(r.status, 400) << r.Describe();
+  r = client().Get(SbPath("no-such-sandbox", "/ports/3000/http/"));
+  EXPECT_EQ(r.status, 404) << r.Describe();
+}
+
+TEST_F(HttpPathTest, WebSocketUpgradeRelaysBytesBothWays) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, daemon().socket_path().c_str(), sizeof a.sun_path - 1);
+  // SAFETY: sockaddr_un is the sockaddr of an AF_UNIX socket.
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string req = "GET " + Http("/ws") +
+                          " HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                          "Sec-WebSocket-Version: 13\r\n\r\n";
+  ASSERT_EQ(send(fd, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("\r\n\r\n") == std::string::npos) {
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(got.rfind("HTTP/1.1 101", 0), 0u) << got;
+  EXPECT_NE(got.find("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="), std::string::npos) << got;
+  got = got.substr(got.find("\r\n\r\n") + 4);
+  for (const std::string msg : {"first message", "second, after the first came back"}) {
+    ASSERT_EQ(send(fd, msg.data(), msg.size(), MSG_NOSIGNAL), static_cast<ssize_t>(msg.size()));
+    while (got.size() < msg.size()) {
+      ssize_t n = recv(fd, buf, sizeof buf, 0);
+      ASSERT_GT(n, 0) << got;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    EXPECT_EQ(got, msg);
+    got.clear();
+  }
+  shutdown(fd, SHUT_WR);
+  EXPECT_EQ(recv(fd, buf, sizeof buf, 0), 0);  // the end is passed on both ways
+  close(fd);
+}
+
+TEST_F(HttpPathTest, TheTokenCookieAuthenticatesItsPathOnly) {
+  const uint16_t port = RestartWithTcp();
+  ASSERT_GT(port, 0);
+  Client tcp(Endpoint::Tcp("127.0.0.1", port));
+  // No token: 401.
+  Response r = tcp.Get(Http("/page"));
+  EXPECT_EQ(r.status, 401) << r.Describe();
+  // A wrong token in the query: 401, no cookie.
+  r = tcp.Get(Http("/page?nsbox_token=wrong"));
+  EXPECT_EQ(r.status, 401) << r.Describe();
+  EXPECT_EQ(r.Header("set-cookie"), "");
+  // The right one: 302 to the URL without it, and the cookie for this path only.
+  r = tcp.Get(Http("/page?a=1&nsbox_token=") + kToken + "&b=2");
+  ASSERT_EQ(r.status, 302) << r.Describe();
+  EXPECT_EQ(r.Header("location"), Http("/page?a=1&b=2"));
+  const std::string cookie = r.Header("set-cookie");
+  EXPECT_EQ(cookie, std::string("nsbox_token=") + kToken + "; Path=" + Http("/") +
+                        "; HttpOnly; SameSite=Strict");
+  const Headers with_cookie = {{"Cookie", std::string("nsbox_token=") + kToken}};
+  // Waits until the server inside answers (it was started again after the restart).
+  const auto t0 = Clock::now();
+  do {
+    r = tcp.Request("GET", Http("/page?a=1&b=2"), {}, with_cookie);
+    if (r.status == 200) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  } while (Clock::now() - t0 < std::chrono::seconds(10));
+  ASSERT_EQ(r.status, 200) << r.Describe();
+  EXPECT_EQ(r.body.find(kToken), std::string::npos) << "the token reached the sandbox: " << r.body;
+  // The cookie is worth nothing elsewhere: not on the API, not on another port's path.
+  r = tcp.Request("GET", SbPath(id_), {}, with_cookie);
+  EXPECT_EQ(r.status, 401) << r.Describe();
+  r = tcp.Request("GET", SbPath(id_, "/ports"), {}, with_cookie);
+  EXPECT_EQ(r.status, 401) << r.Describe();
+  // A wrong cookie: 401.
+  r = tcp.Request("GET", Http("/page"), {}, {{"Cookie", "nsbox_token=wrong"}});
+  EXPECT_EQ(r.status, 401) << r.Describe();
+  // The bearer header works too, and does not reach the sandbox.
+  r = tcp.Request("GET", Http("/page"), {}, {{"Authorization", std::string("Bearer ") + kToken}});
+  ASSERT_EQ(r.status, 200) << r.Describe();
+  EXPECT_EQ(r.body.find(kToken), std::string::npos) << r.body;
 }
 
 }  // namespace
