@@ -17,5 +17,7 @@ export type {
   DirEntry,
   HealthResult,
   FileContent,
+  ExposedPort,
+  ExposePortOptions,
 } from './client.js';
 export { NsboxError } from './errors.js';
