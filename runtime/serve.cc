@@ -1468,7 +1468,14 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
   res.result(ures.result_int());
   res.version(11);
   for (const auto& f : ures) {
-    if (!HopByHop(f.name(), f.name_string())) res.insert(f.name_string(), f.value());
+    if (HopByHop(f.name(), f.name_string())) continue;
+    // The sandbox's pages share the daemon's origin: they may not plant the token cookie.
+    if (f.name() == http::field::set_cookie &&
+        beast::iequals(f.value().substr(0, kTokenCookie.size() + 1),
+                       std::string(kTokenCookie) + "=")) {
+      continue;
+    }
+    res.insert(f.name_string(), f.value());
   }
   const unsigned code = ures.result_int();
   const bool bodyless =
@@ -1610,13 +1617,17 @@ asio::awaitable<bool> Daemon::Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
     const json::value zero(0);
     auto host_port = ParsePortNumber(hp == nullptr || hp->is_null() ? &zero : hp, "hostPort", true);
     auto address = ParseHostAddress(o.if_contains("address"));
-    for (const ApiError* e :
-         {port.ok() ? nullptr : &port.error(), host_port.ok() ? nullptr : &host_port.error(),
-          address.ok() ? nullptr : &address.error()}) {
-      if (e != nullptr) {
-        const ApiError reply_error = *e;
-        co_return co_await ReplyError(c, reply_error);
-      }
+    if (!port.ok()) {
+      const ApiError reply_error = port.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    if (!host_port.ok()) {
+      const ApiError reply_error = host_port.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    if (!address.ok()) {
+      const ApiError reply_error = address.error();
+      co_return co_await ReplyError(c, reply_error);
     }
     auto exposed = ports_.Expose(entry, port.value(), host_port.value(), address.value());
     if (!exposed.ok()) {
