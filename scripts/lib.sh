@@ -9,7 +9,7 @@ NSBOX_PACKAGES=(
   libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libboost1.81-dev
   libarchive-dev nettle-dev zlib1g-dev libzstd-dev liblzma-dev libbz2-dev liblz4-dev libacl1-dev
   clang-format
-  busybox-static debootstrap tmux
+  busybox-static debootstrap tmux perl
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

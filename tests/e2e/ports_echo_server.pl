@@ -1,3 +1,4 @@
+# The e2e tests' server inside a sandbox (tests/e2e/ports_test.cc; perl for Digest::SHA).
 # An HTTP echo server on 127.0.0.1:3000: answers the request head, a blank line, then the body.
 # A WebSocket upgrade gets a 101, then every byte back (a raw echo).
 use strict; use IO::Socket::INET; use Digest::SHA qw(sha1_base64);
