@@ -91,6 +91,15 @@ struct ClientCommands::Options {
   std::string image_source;
   bool replace = false;
   std::vector<std::string> image_names;  // image rm
+
+  // nsbox port ...
+  CLI::App* port_cmd = nullptr;
+  CLI::App* port_add = nullptr;
+  CLI::App* port_ls = nullptr;
+  CLI::App* port_rm = nullptr;
+  int port = 0;
+  int host_port = 0;
+  std::string address;
 };
 
 namespace {
@@ -372,6 +381,53 @@ int ForEachId(const Options& o, ApiClient& client, std::string_view verb) {
     std::printf("%s\n", id.c_str());
   }
   return rc;
+}
+
+// ---- ports ----
+
+int AddPort(const Options& o, ApiClient& client) {
+  json::object body;
+  body["port"] = o.port;
+  body["hostPort"] = o.host_port;
+  if (!o.address.empty()) body["address"] = o.address;
+  auto answer = Check(client, client.Call(Method::kPost, SandboxTarget(o.id, "/ports"), body));
+  if (!answer.ok()) return Fail("port add " + o.id, answer.error().message());
+  auto parsed = answer->Json();
+  const json::object* top = parsed.ok() ? parsed->if_object() : nullptr;
+  if (top == nullptr) return Fail("port add " + o.id, "the daemon's answer is not an object");
+  std::printf("%s\n", JsonText(*top, "url").c_str());
+  return 0;
+}
+
+int ListPorts(const Options& o, ApiClient& client) {
+  auto answer = Check(client, client.Call(Method::kGet, SandboxTarget(o.id, "/ports")));
+  if (!answer.ok()) return Fail("port ls " + o.id, answer.error().message());
+  if (o.json) {
+    PrintBody(*answer);
+    return 0;
+  }
+  auto parsed = answer->Json();
+  const json::object* top = parsed.ok() ? parsed->if_object() : nullptr;
+  const json::value* list = top != nullptr ? top->if_contains("ports") : nullptr;
+  if (list == nullptr || !list->is_array()) {
+    return Fail("port ls " + o.id, "the daemon's answer has no \"ports\" list");
+  }
+  std::vector<std::vector<std::string>> rows = {{"PORT", "ADDRESS", "HOST PORT", "URL"}};
+  for (const json::value& item : list->get_array()) {
+    if (!item.is_object()) continue;
+    const json::object& p = item.get_object();
+    rows.push_back(
+        {JsonText(p, "port"), JsonText(p, "address"), JsonText(p, "hostPort"), JsonText(p, "url")});
+  }
+  PrintTable(rows);
+  return 0;
+}
+
+int RemovePort(const Options& o, ApiClient& client) {
+  auto answer = Check(client, client.Call(Method::kDelete,
+                                          SandboxTarget(o.id, "/ports/" + std::to_string(o.port))));
+  if (!answer.ok()) return Fail("port rm " + o.id, answer.error().message());
+  return 0;
 }
 
 // ---- images ----
@@ -1075,7 +1131,7 @@ std::string ShellCommand(const std::vector<std::string>& args) {
 ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Options>()) {
   Options& o = *options_;
   const std::string group =
-      "Daemon connection (for create, ls, exec, shell, cp, stop, rm, network, image)";
+      "Daemon connection (for create, ls, exec, shell, cp, stop, rm, network, image, port)";
   o.socket_opt =
       app.add_option("--socket", o.socket,
                      "nsboxd's Unix socket (env NSBOX_SOCKET; default " + DefaultSocketPath() + ")")
@@ -1170,6 +1226,25 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   o.image_inspect->add_option("name", o.image_name, "the image's name")->required();
   o.image_rm = o.image_cmd->add_subcommand("rm", "Remove images no sandbox uses");
   o.image_rm->add_option("name", o.image_names, "the images' names")->required();
+
+  o.port_cmd = app.add_subcommand("port", "Expose a sandbox's TCP ports on the host");
+  o.port_cmd->require_subcommand(1);
+  o.port_add = o.port_cmd->add_subcommand(
+      "add", "Listen on the host for a port inside: nsbox port add ID PORT; prints its URL");
+  o.port_add->add_option("id", o.id, "the sandbox's id")->required();
+  o.port_add->add_option("port", o.port, "the port inside, on 127.0.0.1")
+      ->required()
+      ->check(CLI::Range(1, 65535));
+  o.port_add->add_option("--host-port", o.host_port, "the host port (default: a free one)")
+      ->check(CLI::Range(0, 65535));
+  o.port_add->add_option("--address", o.address,
+                         "the host address to listen on (default 127.0.0.1)");
+  o.port_ls = o.port_cmd->add_subcommand("ls", "List a sandbox's exposed ports");
+  o.port_ls->add_option("id", o.id, "the sandbox's id")->required();
+  o.port_ls->add_flag("--json", o.json, "print the API's JSON");
+  o.port_rm = o.port_cmd->add_subcommand("rm", "Close an exposed port and its connections");
+  o.port_rm->add_option("id", o.id, "the sandbox's id")->required();
+  o.port_rm->add_option("port", o.port, "the port inside")->required()->check(CLI::Range(1, 65535));
 }
 
 ClientCommands::~ClientCommands() = default;
@@ -1179,8 +1254,9 @@ std::string ClientCommands::GlobalSocket() const { return options_->socket; }
 std::optional<int> ClientCommands::Dispatch() {
   const Options& o = *options_;
   CLI::App* chosen = nullptr;
-  for (CLI::App* cmd : {o.create, o.ls, o.exec, o.shell, o.cp, o.stop, o.rm, o.network,
-                        o.image_import, o.image_ls, o.image_inspect, o.image_rm}) {
+  for (CLI::App* cmd :
+       {o.create, o.ls, o.exec, o.shell, o.cp, o.stop, o.rm, o.network, o.image_import, o.image_ls,
+        o.image_inspect, o.image_rm, o.port_add, o.port_ls, o.port_rm}) {
     if (cmd->parsed()) chosen = cmd;
   }
   if (chosen == nullptr) return std::nullopt;
@@ -1198,6 +1274,9 @@ std::optional<int> ClientCommands::Dispatch() {
   if (chosen == o.image_ls) return ListImages(o, client);
   if (chosen == o.image_inspect) return InspectImage(o, client);
   if (chosen == o.image_rm) return RemoveImages(o, client);
+  if (chosen == o.port_add) return AddPort(o, client);
+  if (chosen == o.port_ls) return ListPorts(o, client);
+  if (chosen == o.port_rm) return RemovePort(o, client);
   return ForEachId(o, client, "rm");
 }
 

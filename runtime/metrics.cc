@@ -146,6 +146,17 @@ void Metrics::ExecSessionsRetained(int delta) {
   if (delta < 0 && exec_sessions_retained_ > 0) --exec_sessions_retained_;
 }
 
+void Metrics::PortsExposed(int delta) {
+  std::lock_guard lock(mu_);
+  if (delta > 0) ++ports_exposed_;
+  if (delta < 0 && ports_exposed_ > 0) --ports_exposed_;
+}
+
+void Metrics::PortConnection() {
+  std::lock_guard lock(mu_);
+  ++port_connections_;
+}
+
 void Metrics::ExecFinished(std::string_view reason, double seconds) {
   std::lock_guard lock(mu_);
   // Never below zero, even if a caller reports an exec it did not report as started.
@@ -242,6 +253,14 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& sandboxes_by_
   AppendFamilyHeader(out, "nsbox_exec_sessions_retained", "gauge",
                      "Ended commands whose output is kept for re-attach.");
   AppendSample(out, "nsbox_exec_sessions_retained", "", exec_sessions_retained_);
+
+  AppendFamilyHeader(out, "nsbox_ports_exposed", "gauge",
+                     "Sandbox ports the daemon listens for on the host (POST .../ports).");
+  AppendSample(out, "nsbox_ports_exposed", "", ports_exposed_);
+
+  AppendFamilyHeader(out, "nsbox_port_connections_total", "counter",
+                     "Connections accepted on exposed ports and relayed into a sandbox.");
+  AppendSample(out, "nsbox_port_connections_total", "", port_connections_);
 
   AppendFamilyHeader(out, "nsbox_execs_finished_total", "counter",
                      "Commands that ended, by how they ended (the exec answer's reason).");

@@ -40,6 +40,9 @@ class Metrics {
   void ExecFinished(std::string_view reason, double seconds);
   // An ended exec kept for re-attach (docs/exec.md) gained (+1) or dropped (-1).
   void ExecSessionsRetained(int delta);
+  // Exposed ports (runtime/ports.h): one more (+1) or fewer (-1); a connection accepted on one.
+  void PortsExposed(int delta);
+  void PortConnection();
   // verb: "readFile", "writeFile", "stat", "readdir", "exists", "mkdir", "rm".
   void FileVerb(std::string_view verb, double seconds);
   void BytesIn(uint64_t n);   // request bodies / uploads received from clients
@@ -75,6 +78,8 @@ class Metrics {
   uint64_t execs_started_ = 0;
   uint64_t execs_running_ = 0;
   uint64_t exec_sessions_retained_ = 0;
+  uint64_t ports_exposed_ = 0;
+  uint64_t port_connections_ = 0;
   Counters execs_finished_;  // by reason
   Histogram exec_duration_;
   std::map<std::string, Histogram, std::less<>> file_verb_duration_;  // by verb

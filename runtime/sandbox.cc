@@ -129,6 +129,10 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   if (!pong.ok()) {
     return Error(pong.error().err, "nsbox-init did not answer: " + pong.error().message);
   }
+  // nsbox-init answered: its pid is its own, not a recycled one.
+  const std::string netns = "/proc/" + std::to_string(box->jail_.pid()) + "/ns/net";
+  box->netns_fd_.reset(::open(netns.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!box->netns_fd_.valid()) return Error::Sys("open", netns, errno);
   return box;
 }
 

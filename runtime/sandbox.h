@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/unique_fd.h"
 #include "fs/client.h"
 #include "isolate/cgroup.h"
 #include "isolate/jail.h"
@@ -37,6 +38,9 @@ class Sandbox {
 
   fs::InitClient& client() { return *client_; }
   pid_t init_pid() const { return jail_.pid(); }
+  // Its network namespace (/proc/<init>/ns/net, opened while init was known alive): where the
+  // daemon makes the sockets of exposed ports (runtime/netns.h).
+  int netns_fd() const { return netns_fd_.get(); }
   const isolate::Cgroups& cgroups() const { return cgroups_; }
   // The image's shell ("/bin/bash", else "/bin/sh"): what `command` runs under, and $SHELL.
   const std::string& shell() const { return prepared_.image.shell; }
@@ -52,6 +56,7 @@ class Sandbox {
   isolate::Cgroups cgroups_;
   isolate::Jail jail_;
   std::unique_ptr<fs::InitClient> client_;
+  UniqueFd netns_fd_;
   bool stopped_ = false;
 };
 

@@ -9,8 +9,10 @@
 // GCC 12 miscompiles some temporaries in co_await expressions (docs/daemon.md): every awaited
 // call here takes named locals (reply_error, reply_json, reply_body, work) or trivial values.
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -18,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/asio/as_tuple.hpp>
@@ -25,6 +28,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
 #include <boost/json.hpp>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -50,7 +54,9 @@
 #include "runtime/api_error.h"
 #include "runtime/exec_session.h"
 #include "runtime/metrics.h"
+#include "runtime/netns.h"
 #include "runtime/paths.h"
+#include "runtime/ports.h"
 #include "runtime/registry.h"
 #include "runtime/serve.h"
 #include "runtime/utf8.h"
@@ -482,6 +488,138 @@ std::optional<std::string> QueryValue(std::string_view query, std::string_view n
   return std::nullopt;
 }
 
+// ---- the HTTP path through the API (/v1/sandboxes/{id}/ports/{port}/http/...) ----
+
+// The raw path's prefix up to and with the '/' after "http" when `path` is such a path, else "".
+std::string ProxyPrefix(std::string_view path) {
+  std::vector<std::string_view> segs;
+  size_t slash7 = std::string_view::npos;
+  int slashes = 0;
+  size_t start = 0;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (path[i] != '/') continue;
+    if (slashes > 0) segs.push_back(path.substr(start, i - start));
+    start = i + 1;
+    if (++slashes == 7) {
+      slash7 = i;
+      break;
+    }
+  }
+  if (slash7 == std::string_view::npos || segs.size() != 6 || segs[0] != "v1" ||
+      segs[1] != "sandboxes" || segs[3] != "ports" || segs[5] != "http") {
+    return "";
+  }
+  return std::string(path.substr(0, slash7 + 1));
+}
+
+// The query without the parameters named `name`.
+std::string QueryWithout(std::string_view query, std::string_view name) {
+  std::string out;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (pair.substr(0, pair.find('=')) == name) continue;
+    if (!out.empty()) out += '&';
+    out += pair;
+  }
+  return out;
+}
+
+constexpr std::string_view kTokenCookie = "nsbox_token";
+
+// A cookie value: letters, digits and "-._~" as they are, every other byte %XX.
+std::string CookieEncode(std::string_view v) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char ch : v) {
+    if (std::isalnum(ch) != 0 || ch == '-' || ch == '.' || ch == '_' || ch == '~') {
+      out += static_cast<char>(ch);
+    } else {
+      out += '%';
+      out += kHex[ch >> 4];
+      out += kHex[ch & 15];
+    }
+  }
+  return out;
+}
+
+// The Cookie headers split: the nsbox_token value (decoded; nullopt when absent) and the other
+// cookies, joined again for the upstream.
+struct CookieSplit {
+  std::optional<std::string> token;
+  std::string others;
+};
+template <typename Fields>
+CookieSplit SplitCookies(const Fields& fields) {
+  CookieSplit out;
+  for (const auto& f : fields) {
+    if (f.name() != http::field::cookie) continue;
+    std::string_view v = f.value();
+    while (!v.empty()) {
+      size_t semi = v.find(';');
+      std::string_view item = v.substr(0, semi);
+      v = semi == std::string_view::npos ? std::string_view() : v.substr(semi + 1);
+      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+      if (item.empty()) continue;
+      size_t eq = item.find('=');
+      if (item.substr(0, eq) == kTokenCookie) {
+        if (eq != std::string_view::npos) out.token = PercentDecode(item.substr(eq + 1), false);
+        continue;
+      }
+      if (!out.others.empty()) out.others += "; ";
+      out.others += item;
+    }
+  }
+  return out;
+}
+
+// Hop-by-hop fields (RFC 9110 7.6.1) and the framing the proxy sets itself: never copied across.
+bool HopByHop(http::field f, std::string_view name) {
+  switch (f) {
+    case http::field::connection:
+    case http::field::keep_alive:
+    case http::field::proxy_authenticate:
+    case http::field::proxy_authorization:
+    case http::field::proxy_connection:
+    case http::field::te:
+    case http::field::trailer:
+    case http::field::transfer_encoding:
+    case http::field::upgrade:
+    case http::field::content_length:
+      return true;
+    default:
+      return beast::iequals(name, "keep-alive");
+  }
+}
+
+// One direction of an upgraded connection: bytes until the end, then the end passed on as a
+// shutdown of the other side's sending half; an error closes both.
+template <typename From, typename To>
+asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& to) {
+  std::vector<char> buf(64u << 10);
+  for (;;) {
+    auto [ec, n] = co_await from.async_read_some(asio::buffer(buf), kTuple);
+    if (ec) {
+      boost::system::error_code ignored;
+      if (ec == asio::error::eof) {
+        to.shutdown(asio::socket_base::shutdown_send, ignored);
+      } else {
+        to.close(ignored);
+      }
+      co_return;
+    }
+    auto [wec, written] = co_await asio::async_write(to, asio::buffer(buf.data(), n), kTuple);
+    (void)written;
+    if (wec) {
+      boost::system::error_code ignored;
+      from.close(ignored);
+      co_return;
+    }
+  }
+}
+
 // "replace=1" (or true, or a bare "replace") in a query string; anything else is false.
 bool QueryFlag(std::string_view query, std::string_view name) {
   auto v = QueryValue(query, name);
@@ -622,10 +760,15 @@ class Daemon {
         registry_(registry),
         token_(std::move(token)),
         log_limits_(log_limits),
-        retention_(retention) {}
+        retention_(retention),
+        ports_(io, metrics_, [this](std::shared_ptr<SandboxEntry> entry) {
+          return InnerSocket(std::move(entry));
+        }) {}
 
   asio::awaitable<void> AcceptLoop(Acceptor& acceptor, bool tcp);
   void Shutdown(std::vector<Acceptor*> acceptors);
+  // Re-opens the exposed ports of every sandbox (ports.json) at the start; blocks.
+  void RestorePorts();
 
  private:
   // What one request's handler works with.
@@ -750,6 +893,15 @@ class Daemon {
   asio::awaitable<bool> Images(Ctx& c, const std::vector<std::string>& segs,
                                std::string_view query);
   asio::awaitable<bool> ImportImage(Ctx& c, const std::string& name, bool replace);
+  // Exposed ports (runtime/ports.h): GET/POST .../ports, DELETE .../ports/{port}.
+  asio::awaitable<bool> Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                              const std::vector<std::string>& segs);
+  asio::awaitable<void> SavePorts(std::shared_ptr<SandboxEntry> entry);
+  // .../ports/{port}/http/{rest}: a reverse proxy to 127.0.0.1:port inside (WebSocket upgrades
+  // too). Always ends the client's connection.
+  asio::awaitable<bool> HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> entry, uint16_t port);
+  // A fresh TCP socket in the sandbox's network namespace (started when stopped).
+  asio::awaitable<ApiOutcome<int>> InnerSocket(std::shared_ptr<SandboxEntry> entry);
 
   asio::io_context& io_;
   Registry& registry_;
@@ -760,6 +912,7 @@ class Daemon {
   const ExecLogLimits log_limits_;
   const std::chrono::seconds retention_;
   bool shutting_down_ = false;
+  PortForwarder ports_;
 };
 
 template <typename F>
@@ -803,6 +956,7 @@ void Daemon::Shutdown(std::vector<Acceptor*> acceptors) {
     boost::system::error_code ec;
     a->close(ec);
   }
+  ports_.CloseEverything();  // ports.json stays: the next daemon re-opens them
   asio::co_spawn(
       io_,
       [this]() -> asio::awaitable<void> {
@@ -885,11 +1039,42 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
 
 asio::awaitable<bool> Daemon::Handle(Ctx& c) {
   auto& req = c.parser.get();
+  std::string_view target = req.target();
+  std::string_view path = target;
+  std::string_view query;
+  if (auto q = target.find('?'); q != std::string_view::npos) {
+    path = target.substr(0, q);
+    query = target.substr(q + 1);
+  }
   if (c.tcp) {
     std::string_view auth = req[http::field::authorization];
     constexpr std::string_view kBearer = "Bearer ";
     bool ok = auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer &&
               TokenMatches(auth.substr(kBearer.size()), token_);
+    // Browsers cannot send a bearer header: under .../ports/{port}/http/, ?nsbox_token= once
+    // (answered with a cookie for that path only), then the cookie.
+    const std::string prefix = ok ? std::string() : ProxyPrefix(path);
+    if (!prefix.empty()) {
+      const auto presented = QueryValue(query, kTokenCookie);
+      if (presented && TokenMatches(*presented, token_)) {
+        const std::string rest = QueryWithout(query, kTokenCookie);
+        http::response<http::string_body> res{http::status::found, 11};
+        res.set(http::field::server, std::string("nsboxd/") + kVersion);
+        res.set(http::field::location,
+                std::string(path) + (rest.empty() ? std::string() : "?" + rest));
+        res.set(http::field::set_cookie, std::string(kTokenCookie) + "=" + CookieEncode(token_) +
+                                             "; Path=" + prefix + "; HttpOnly; SameSite=Strict");
+        res.set(http::field::cache_control, "no-store");
+        res.keep_alive(false);
+        res.prepare_payload();
+        c.status = 302;
+        c.must_close = true;
+        (void)co_await http::async_write(c.socket, res, kTuple);
+        co_return false;
+      }
+      const CookieSplit cookies = SplitCookies(req);
+      ok = cookies.token && TokenMatches(*cookies.token, token_);
+    }
     if (!ok) {
       {
         const ApiError reply_error =
@@ -913,13 +1098,6 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
       c.must_close = true;  // where this request ends is not known: nothing after it is read
       co_return co_await ReplyError(c, reply_error);
     }
-  }
-  std::string_view target = req.target();
-  std::string_view path = target;
-  std::string_view query;
-  if (auto q = target.find('?'); q != std::string_view::npos) {
-    path = target.substr(0, q);
-    query = target.substr(q + 1);
   }
   if (path.empty() || path[0] != '/') {
     {
@@ -953,6 +1131,8 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
       method == http::verb::put ||
       (method == http::verb::post && n >= 4 && (segs[3] == "exec" || segs[3] == "fs")) ||
       (method == http::verb::post && n == 6 && segs[3] == "execs") ||
+      (method == http::verb::post && n == 4 && segs[3] == "ports") ||
+      (n >= 6 && segs[1] == "sandboxes" && segs[3] == "ports" && segs[5] == "http") ||
       (method == http::verb::post && n == 3 && segs[1] == "images");
   if (!uses_body && !c.body_done) {
     auto drained = co_await ReadBody(c);
@@ -1021,6 +1201,12 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     allow = "POST";
   } else if (n == 4 && segs[3] == "files") {
     allow = "GET, PUT";
+  } else if (n == 4 && segs[3] == "ports") {
+    allow = "GET, POST";
+  } else if (n == 5 && segs[3] == "ports") {
+    allow = "DELETE";
+  } else if (n >= 6 && segs[3] == "ports" && segs[5] == "http") {
+    allow = "*";  // any method: the HTTP path through the API
   } else if (n == 5 && segs[3] == "fs" &&
              (segs[4] == "stat" || segs[4] == "readdir" || segs[4] == "exists" ||
               segs[4] == "mkdir" || segs[4] == "rm")) {
@@ -1028,8 +1214,9 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   } else {
     co_return co_await ReplyError(c, not_found);
   }
-  if (allow.find(std::string_view(c.parser.get().method_string())) == std::string_view::npos ||
-      c.parser.get().method_string().empty()) {
+  if (allow != "*" &&
+      (allow.find(std::string_view(c.parser.get().method_string())) == std::string_view::npos ||
+       c.parser.get().method_string().empty())) {
     co_return co_await MethodNotAllowed(c, allow);
   }
   if (auto reason = InvalidIdReason(id)) {
@@ -1123,7 +1310,370 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   }
   if (segs[3] == "files" && method == http::verb::get) co_return co_await GetFile(c, entry, query);
   if (segs[3] == "files") co_return co_await PutFile(c, entry, query);
+  if (segs[3] == "ports" && n >= 6) {
+    const std::string& text = segs[4];
+    const bool digits = !text.empty() && text.size() <= 5 &&
+                        text.find_first_not_of("0123456789") == std::string::npos;
+    const unsigned long number = digits ? std::stoul(text) : 0;
+    if (!digits || number < 1 || number > 65535) {
+      const ApiError reply_error = ApiError::Invalid(
+          "port must be an integer from 1 to 65535, not '" + text.substr(0, 64) + "'");
+      co_return co_await ReplyError(c, reply_error);
+    }
+    co_return co_await HttpProxy(c, entry, static_cast<uint16_t>(number));
+  }
+  if (segs[3] == "ports") co_return co_await Ports(c, entry, segs);
   co_return co_await FsVerb(c, entry, segs[4]);
+}
+
+// ---- exposed ports ----
+
+asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                        uint16_t port) {
+  auto& req = c.parser.get();
+  c.must_close = true;
+  const std::string_view target = req.target();
+  const size_t q = target.find('?');
+  const std::string_view path = target.substr(0, q);
+  const std::string prefix = ProxyPrefix(path);  // with its trailing '/'
+  std::string upstream_target =
+      prefix.empty() ? std::string("/") : std::string(path.substr(prefix.size() - 1));
+  if (q != std::string_view::npos) upstream_target += target.substr(q);
+
+  auto connected = co_await ports_.ConnectInside(entry, port);
+  if (!connected.ok()) {
+    const ApiError reply_error = connected.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  std::shared_ptr<asio::ip::tcp::socket> up = connected.value();
+  const bool upgrade = websocket::is_upgrade(req);
+
+  // The request upstream: the client's fields less the hop-by-hop ones and every secret of ours.
+  http::request<http::buffer_body> ureq;
+  ureq.method_string(req.method_string());
+  ureq.target(upstream_target);
+  ureq.version(11);
+  for (const auto& f : req) {
+    if (HopByHop(f.name(), f.name_string()) || f.name() == http::field::authorization ||
+        f.name() == http::field::cookie || f.name() == http::field::host ||
+        beast::iequals(f.name_string(), "x-forwarded-for") ||
+        beast::iequals(f.name_string(), "x-forwarded-prefix") ||
+        beast::iequals(f.name_string(), "x-forwarded-proto") ||
+        beast::iequals(f.name_string(), "x-forwarded-host")) {
+      continue;
+    }
+    ureq.insert(f.name_string(), f.value());
+  }
+  const CookieSplit cookies = SplitCookies(req);
+  if (!cookies.others.empty()) ureq.set(http::field::cookie, cookies.others);
+  ureq.set(http::field::host, "127.0.0.1:" + std::to_string(port));
+  ureq.set("X-Forwarded-Prefix", prefix.empty() ? prefix : prefix.substr(0, prefix.size() - 1));
+  std::string peer = "unix";
+  if (c.tcp) {
+    boost::system::error_code ec;
+    auto ep = c.socket.remote_endpoint(ec);
+    char text[INET6_ADDRSTRLEN] = {};
+    if (!ec && ep.size() >= sizeof(sockaddr_in) && ep.data()->sa_family == AF_INET) {
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(ep.data());
+      ::inet_ntop(AF_INET, &sin->sin_addr, text, sizeof text);
+      peer = text;
+    } else if (!ec && ep.size() >= sizeof(sockaddr_in6) && ep.data()->sa_family == AF_INET6) {
+      const auto* sin6 = reinterpret_cast<const sockaddr_in6*>(ep.data());
+      ::inet_ntop(AF_INET6, &sin6->sin6_addr, text, sizeof text);
+      peer = text;
+    }
+  }
+  ureq.set("X-Forwarded-For", peer);
+  ureq.set("X-Forwarded-Proto", "http");
+  ureq.set("X-Forwarded-Host", req[http::field::host]);
+  if (upgrade) {
+    ureq.set(http::field::connection, "Upgrade");
+    ureq.set(http::field::upgrade, req[http::field::upgrade]);
+  } else {
+    ureq.set(http::field::connection, "close");
+  }
+  const bool has_body = !c.body_done || req.has_content_length() || req.chunked();
+  if (req.has_content_length()) {
+    ureq.content_length(c.parser.content_length().value_or(0));
+  } else if (req.chunked()) {
+    ureq.chunked(true);
+  }
+  std::vector<char> buf(64u << 10);
+  ureq.body().data = nullptr;
+  ureq.body().size = 0;
+  ureq.body().more = has_body;
+  http::request_serializer<http::buffer_body> usr{ureq};
+  bool upstream_failed = false;
+  {
+    auto [ec, n] = co_await http::async_write_header(*up, usr, kTuple);
+    (void)n;
+    upstream_failed = static_cast<bool>(ec);
+  }
+  while (!upstream_failed && has_body && !c.parser.is_done()) {
+    std::string hangup;
+    auto got = co_await ReadBodyPiece(c, buf, &hangup);
+    if (!got) co_return false;  // the client went away
+    if (*got == 0) continue;
+    ureq.body().data = buf.data();
+    ureq.body().size = *got;
+    ureq.body().more = true;
+    auto [ec, n] = co_await http::async_write(*up, usr, kTuple);
+    (void)n;
+    if (ec && ec != http::error::need_buffer) upstream_failed = true;
+  }
+  c.body_done = c.parser.is_done();
+  if (!upstream_failed && has_body) {
+    ureq.body().data = nullptr;
+    ureq.body().size = 0;
+    ureq.body().more = false;
+    auto [ec, n] = co_await http::async_write(*up, usr, kTuple);
+    (void)n;
+    if (ec && ec != http::error::need_buffer) upstream_failed = true;
+  }
+  if (upstream_failed) {
+    const ApiError reply_error = ApiError::Of(
+        502, "upstream_unreachable",
+        "the server on port " + std::to_string(port) + " inside closed the connection");
+    co_return co_await ReplyError(c, reply_error);
+  }
+
+  // The answer, streamed back.
+  beast::flat_buffer ubuf;
+  http::response_parser<http::buffer_body> p;
+  p.header_limit(kHeaderLimit);
+  p.body_limit(boost::none);
+  if (req.method() == http::verb::head) p.skip(true);
+  {
+    auto [ec, n] = co_await http::async_read_header(*up, ubuf, p, kTuple);
+    (void)n;
+    if (ec) {
+      const ApiError reply_error =
+          ApiError::Of(502, "upstream_unreachable",
+                       "the server on port " + std::to_string(port) +
+                           " inside sent no valid HTTP answer: " + ec.message());
+      co_return co_await ReplyError(c, reply_error);
+    }
+  }
+  const auto& ures = p.get();
+  c.status = static_cast<int>(ures.result_int());
+  if (upgrade && ures.result() == http::status::switching_protocols) {
+    http::response<http::empty_body> res{http::status::switching_protocols, 11};
+    for (const auto& f : ures) res.insert(f.name_string(), f.value());
+    auto [ec, n] = co_await http::async_write(c.socket, res, kTuple);
+    (void)n;
+    if (ec) co_return false;
+    // What either side sent beyond the headers goes first, then raw bytes both ways.
+    if (ubuf.size() > 0) {
+      auto [wec, w] = co_await asio::async_write(c.socket, ubuf.data(), kTuple);
+      (void)w;
+      if (wec) co_return false;
+    }
+    if (c.buffer.size() > 0) {
+      auto [wec, w] = co_await asio::async_write(*up, c.buffer.data(), kTuple);
+      (void)w;
+      if (wec) co_return false;
+      c.buffer.consume(c.buffer.size());
+    }
+    auto done = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::time_point::max());
+    auto keep = std::shared_ptr<void>(nullptr, [done](void*) { done->cancel(); });
+    asio::co_spawn(io_, PipeBytes(keep, c.socket, *up), asio::detached);
+    asio::co_spawn(io_, PipeBytes(keep, *up, c.socket), asio::detached);
+    keep.reset();
+    (void)co_await done->async_wait(kTuple);
+    co_return false;
+  }
+  http::response<http::buffer_body> res;
+  res.result(ures.result_int());
+  res.version(11);
+  for (const auto& f : ures) {
+    if (HopByHop(f.name(), f.name_string())) continue;
+    // The sandbox's pages share the daemon's origin: they may not plant the token cookie.
+    if (f.name() == http::field::set_cookie &&
+        beast::iequals(f.value().substr(0, kTokenCookie.size() + 1),
+                       std::string(kTokenCookie) + "=")) {
+      continue;
+    }
+    res.insert(f.name_string(), f.value());
+  }
+  const unsigned code = ures.result_int();
+  const bool bodyless =
+      req.method() == http::verb::head || code == 204 || code == 304 || (code >= 100 && code < 200);
+  if (!bodyless && p.content_length()) {
+    res.content_length(*p.content_length());
+  } else if (!bodyless) {
+    res.chunked(true);
+  } else if (ures.has_content_length()) {
+    res.set(http::field::content_length, ures[http::field::content_length]);
+  }
+  res.keep_alive(false);
+  res.body().data = nullptr;
+  res.body().size = 0;
+  res.body().more = !bodyless;
+  http::response_serializer<http::buffer_body> sr{res};
+  {
+    auto [ec, n] = co_await http::async_write_header(c.socket, sr, kTuple);
+    (void)n;
+    if (ec) co_return false;
+  }
+  while (!bodyless && !p.is_done()) {
+    p.get().body().data = buf.data();
+    p.get().body().size = buf.size();
+    auto [ec, n] = co_await http::async_read(*up, ubuf, p, kTuple);
+    (void)n;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) co_return false;  // cut short: the client sees the answer end early
+    const size_t got = buf.size() - p.get().body().size;
+    if (got == 0) continue;
+    res.body().data = buf.data();
+    res.body().size = got;
+    res.body().more = true;
+    metrics_.BytesOut(got);
+    auto [wec, w] = co_await http::async_write(c.socket, sr, kTuple);
+    (void)w;
+    if (wec && wec != http::error::need_buffer) co_return false;
+  }
+  if (!bodyless) {
+    res.body().data = nullptr;
+    res.body().size = 0;
+    res.body().more = false;
+    auto [ec, n] = co_await http::async_write(c.socket, sr, kTuple);
+    (void)n;
+  }
+  co_return false;
+}
+
+asio::awaitable<ApiOutcome<int>> Daemon::InnerSocket(std::shared_ptr<SandboxEntry> entry) {
+  auto running = co_await EnsureRunning(entry);
+  if (!running.ok()) co_return running.error();
+  std::shared_ptr<Sandbox> box = running.value();
+  auto work = [box]() -> ApiOutcome<int> {
+    auto sock = SocketInNetns(box->netns_fd(), AF_INET, SOCK_STREAM | SOCK_NONBLOCK);
+    if (!sock.ok()) return ApiError::Internal(sock.error().message());
+    return std::move(sock).value().release();
+  };
+  co_return co_await Blocking(std::move(work));
+}
+
+asio::awaitable<void> Daemon::SavePorts(std::shared_ptr<SandboxEntry> entry) {
+  auto snapshot = ports_.SnapshotOf(entry->config().id);
+  auto work = [this, entry, snapshot] {
+    auto st = ports_.WritePorts(entry->config().id, entry->dir(), snapshot);
+    if (!st.ok()) {
+      log::error("sandbox={} write ports.json: {}", entry->config().id, st.error().message());
+    }
+    return true;
+  };
+  co_await Blocking(std::move(work));
+}
+
+void Daemon::RestorePorts() {
+  for (const auto& entry : registry_.List()) {
+    const std::string file = entry->dir() + "/ports.json";
+    if (::access(file.c_str(), F_OK) != 0) continue;
+    auto text = ReadFile(file);
+    auto ports = text.ok() ? DecodePorts(*text) : Result<std::vector<PortExposure>>(text.error());
+    if (!ports.ok()) {
+      log::error("sandbox={} {}: {}; its ports are dropped", entry->config().id, file,
+                 ports.error().message());
+      (void)ports_.WritePorts(entry->config().id, entry->dir(),
+                              ports_.SnapshotOf(entry->config().id));
+      continue;
+    }
+    bool dropped = false;
+    for (const auto& p : *ports) {
+      auto exposed = ports_.Expose(entry, p.port, p.host_port, p.address);
+      if (!exposed.ok()) {
+        log::error("sandbox={} port {} not re-opened on {}:{}: {}; dropped", entry->config().id,
+                   p.port, p.address, p.host_port, exposed.error().message);
+        dropped = true;
+      }
+    }
+    if (dropped) {
+      auto st = ports_.WritePorts(entry->config().id, entry->dir(),
+                                  ports_.SnapshotOf(entry->config().id));
+      if (!st.ok())
+        log::error("sandbox={} write ports.json: {}", entry->config().id, st.error().message());
+    }
+  }
+}
+
+json::object PortJson(const PortExposure& p) {
+  json::object o;
+  o["port"] = p.port;
+  o["address"] = p.address;
+  o["hostPort"] = p.host_port;
+  o["url"] = "http://" + p.address + ":" + std::to_string(p.host_port) + "/";
+  return o;
+}
+
+asio::awaitable<bool> Daemon::Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
+                                    const std::vector<std::string>& segs) {
+  const http::verb method = c.parser.get().method();
+  const std::string& id = entry->config().id;
+  if (segs.size() == 4 && method == http::verb::get) {
+    json::array list;
+    for (const auto& p : ports_.List(id)) list.push_back(PortJson(p));
+    json::object o;
+    o["ports"] = std::move(list);
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (segs.size() == 4) {  // POST
+    auto body = co_await ReadJson(c, false);
+    if (!body.ok()) {
+      const ApiError reply_error = body.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    const json::object& o = body.value();
+    for (const auto& [key, value] : o) {
+      if (key != "port" && key != "hostPort" && key != "address") {
+        const ApiError reply_error = ApiError::Invalid("unknown field '" + std::string(key) + "'");
+        co_return co_await ReplyError(c, reply_error);
+      }
+    }
+    auto port = ParsePortNumber(o.if_contains("port"), "port", false);
+    const json::value* hp = o.if_contains("hostPort");
+    const json::value zero(0);
+    auto host_port = ParsePortNumber(hp == nullptr || hp->is_null() ? &zero : hp, "hostPort", true);
+    auto address = ParseHostAddress(o.if_contains("address"));
+    if (!port.ok()) {
+      const ApiError reply_error = port.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    if (!host_port.ok()) {
+      const ApiError reply_error = host_port.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    if (!address.ok()) {
+      const ApiError reply_error = address.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    auto exposed = ports_.Expose(entry, port.value(), host_port.value(), address.value());
+    if (!exposed.ok()) {
+      const ApiError reply_error = exposed.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    co_await SavePorts(entry);
+    const json::value reply_json = PortJson(exposed.value());
+    co_return co_await ReplyJson(c, 201, reply_json);
+  }
+  // DELETE .../ports/{port}
+  const std::string& text = segs[4];
+  const bool digits =
+      !text.empty() && text.size() <= 5 &&
+      std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  const unsigned long number = digits ? std::stoul(text) : 0;
+  if (!digits || number < 1 || number > 65535) {
+    const ApiError reply_error = ApiError::Invalid(
+        "port must be an integer from 1 to 65535, not '" + text.substr(0, 64) + "'");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  if (!ports_.Close(id, static_cast<uint16_t>(number))) {
+    const ApiError reply_error =
+        ApiError::Of(404, "not_found", "port " + text + " of sandbox '" + id + "' is not exposed");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  co_await SavePorts(entry);
+  co_return co_await ReplyNoContent(c);
 }
 
 // ---- answers ----
@@ -1531,6 +2081,7 @@ asio::awaitable<bool> Daemon::SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntr
 
 asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
   std::shared_ptr<SandboxEntry> entry = registry_.Find(id);
+  ports_.CloseAll(id);  // every listener and connection of it
   auto work4 = [this, id] { return registry_.Delete(id); };
   auto deleted = co_await Blocking(std::move(work4));
   if (!deleted.ok()) {
@@ -2845,6 +3396,7 @@ int Serve(const ServeOptions& options) {
   {
     Daemon daemon(io, **registry, token, log_limits,
                   std::chrono::seconds(options.exec_retention_seconds));
+    daemon.RestorePorts();
     std::vector<Acceptor*> acceptors{unix_acceptor->get()};
     asio::co_spawn(io, daemon.AcceptLoop(**unix_acceptor, false), asio::detached);
     if (tcp_acceptor) {

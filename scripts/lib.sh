@@ -10,8 +10,8 @@ NSBOX_PACKAGES=(
   libldns-dev
   libarchive-dev nettle-dev zlib1g-dev libzstd-dev liblzma-dev libbz2-dev liblz4-dev libacl1-dev
   clang-format
-  busybox-static debootstrap tmux
-  libldns-dev nftables iproute2
+  busybox-static debootstrap tmux perl
+  nftables iproute2
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

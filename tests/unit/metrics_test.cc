@@ -99,13 +99,17 @@ TEST(Metrics, FreshExpositionHasEveryFamilyAtZero) {
   EXPECT_EQ(e.types.at("nsbox_errors_total"), "counter");
   EXPECT_EQ(e.types.at("nsbox_http_requests_total"), "counter");
   EXPECT_EQ(e.types.at("nsbox_exec_sessions_retained"), "gauge");
-  EXPECT_EQ(e.types.size(), 12u);
+  EXPECT_EQ(e.types.at("nsbox_ports_exposed"), "gauge");
+  EXPECT_EQ(e.types.at("nsbox_port_connections_total"), "counter");
+  EXPECT_EQ(e.types.size(), 14u);
 
   EXPECT_EQ(e.at("nsbox_sandboxes{state=\"running\"}"), "0");
   EXPECT_EQ(e.at("nsbox_sandboxes{state=\"stopped\"}"), "0");
   EXPECT_EQ(e.at("nsbox_execs_started_total"), "0");
   EXPECT_EQ(e.at("nsbox_execs_running"), "0");
   EXPECT_EQ(e.at("nsbox_exec_sessions_retained"), "0");
+  EXPECT_EQ(e.at("nsbox_ports_exposed"), "0");
+  EXPECT_EQ(e.at("nsbox_port_connections_total"), "0");
   EXPECT_EQ(e.at("nsbox_bytes_in_total"), "0");
   EXPECT_EQ(e.at("nsbox_bytes_out_total"), "0");
   for (const char* reason :

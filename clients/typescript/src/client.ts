@@ -163,6 +163,21 @@ export interface HealthResult {
   version: string;
 }
 
+/** An exposed port (`POST .../ports`): the daemon listens on `address:hostPort` on the host. */
+export interface ExposedPort {
+  port: number;
+  address: string;
+  hostPort: number;
+  url: string;
+}
+
+export interface ExposePortOptions {
+  /** The host port; 0 or absent for a free one. */
+  hostPort?: number;
+  /** An IPv4 address of the host; default 127.0.0.1. */
+  address?: string;
+}
+
 export type FileContent = string | Uint8Array | Readable | AsyncIterable<Uint8Array>;
 
 interface SendOptions {
@@ -564,6 +579,26 @@ export class NsboxClient {
   async listExecs(id: string, options: { all?: boolean } = {}): Promise<RunningExec[]> {
     const answer = await this.#json<{ execs: RunningExec[] } | RunningExec[]>('GET', `${sandboxUrl(id)}/execs${options.all ? '?all=1' : ''}`);
     return Array.isArray(answer) ? answer : answer.execs;
+  }
+
+  // ---- ports -----------------------------------------------------------------------------
+
+  /**
+   * `POST .../ports`: listen on the host for `port` inside (127.0.0.1 in the sandbox); each
+   * connection is relayed byte for byte. `port_already_exposed`, `address_in_use` on conflicts.
+   */
+  exposePort(id: string, port: number, options: ExposePortOptions = {}): Promise<ExposedPort> {
+    return this.#json('POST', `${sandboxUrl(id)}/ports`, { port, ...options });
+  }
+
+  /** `GET .../ports`, sorted by port. */
+  async listPorts(id: string): Promise<ExposedPort[]> {
+    return (await this.#json<{ ports: ExposedPort[] }>('GET', `${sandboxUrl(id)}/ports`)).ports;
+  }
+
+  /** `DELETE .../ports/{port}`: closes the listener and its connections. */
+  async closePort(id: string, port: number): Promise<void> {
+    await this.#request({ method: 'DELETE', path: `${sandboxUrl(id)}/ports/${port}` });
   }
 
   // ---- files -----------------------------------------------------------------------------

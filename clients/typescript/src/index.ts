@@ -18,5 +18,7 @@ export type {
   DirEntry,
   HealthResult,
   FileContent,
+  ExposedPort,
+  ExposePortOptions,
 } from './client.js';
 export { NsboxError } from './errors.js';

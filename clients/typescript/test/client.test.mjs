@@ -386,3 +386,34 @@ test('deleteSandbox: 204 then sandbox_not_found', async () => {
   await rejects(c.getSandbox(ID), 'sandbox_not_found');
   await rejects(c.deleteSandbox(ID), 'sandbox_not_found');
 });
+
+test('exposePort / listPorts / closePort: a host port relayed into the sandbox', async () => {
+  const id = 'ports';
+  await c.putSandbox(id);
+  await c.exec(id, 'busybox nc -ll -p 3000 -e cat </dev/null >/dev/null 2>&1 &');
+  const p = await c.exposePort(id, 3000);
+  assert.equal(p.port, 3000);
+  assert.equal(p.address, '127.0.0.1');
+  assert.ok(p.hostPort > 0);
+  assert.equal(p.url, `http://127.0.0.1:${p.hostPort}/`);
+  assert.deepEqual(await c.listPorts(id), [p]);
+  await rejects(c.exposePort(id, 3000), 'port_already_exposed');
+  await rejects(c.exposePort(id, 70000), 'invalid_request');
+  const net = await import('node:net');
+  let echoed = '';
+  for (let i = 0; i < 50 && echoed !== 'ping'; i++) {
+    echoed = await new Promise((resolve) => {
+      const s = net.connect(p.hostPort, '127.0.0.1', () => s.end('ping'));
+      let got = '';
+      s.on('data', (b) => (got += b.toString()));
+      s.on('close', () => resolve(got));
+      s.on('error', () => resolve(''));
+    });
+    if (echoed !== 'ping') await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.equal(echoed, 'ping');
+  await c.closePort(id, 3000);
+  assert.deepEqual(await c.listPorts(id), []);
+  await rejects(c.closePort(id, 3000), 'not_found');
+  await c.deleteSandbox(id);
+});
