@@ -383,6 +383,17 @@ TEST_F(ResolverTest, DeniedNameIsNxdomainWithoutAskingUpstream) {
   EXPECT_EQ(resolver_->stats().denied, 1u);
 }
 
+TEST_F(ResolverTest, LabelWithADotIsNotBelowTheWildcard) {
+  upstream_.records["a\\.cdn.example.net."] = {"a\\.cdn.example.net. 60 IN A 10.9.9.9"};
+  Start();
+  // The labels "a.cdn", "example", "net": below example.net, not below cdn.example.net.
+  Pkt reply = Ask("a\\.cdn.example.net.");
+  ASSERT_TRUE(reply);
+  EXPECT_EQ(ldns_pkt_get_rcode(reply.get()), LDNS_RCODE_NXDOMAIN);
+  EXPECT_EQ(upstream_.udp_queries, 0);
+  EXPECT_TRUE(Opens().empty());
+}
+
 TEST_F(ResolverTest, AaaaIsAnEmptyNoerror) {
   Start();
   Pkt reply = Ask("example.com.", LDNS_RR_TYPE_AAAA);
