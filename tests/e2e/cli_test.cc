@@ -525,7 +525,7 @@ TEST_F(CliTest, CreateWithAnAllowlistAndReplaceIt) {
   r = Nsbox({"network", id, "none"});
   EXPECT_EQ(r.code, 0) << r.Describe();
   EXPECT_EQ(r.out, "network: none\naddress: none (stopped, or no network)\n");
-  EXPECT_EQ(Sh(id, "ls /sys/class/net"), "lo\n");
+  EXPECT_EQ(Sh(id, "ip -o link show | cut -d: -f2"), " lo\n");
 }
 
 TEST_F(CliTest, NetworkRejectsBadPolicies) {

@@ -341,7 +341,7 @@ test('network: policy at creation, replaced while running, bad entries named', a
   const none = await c.setNetwork(id, 'none');
   assert.equal(none.network, 'none');
   assert.equal(none.address, null);
-  const gone = await c.exec(id, 'test -e /sys/class/net/eth0 && echo has-eth0 || echo no-eth0');
+  const gone = await c.exec(id, 'ip -o link show dev eth0 >/dev/null 2>&1 && echo has-eth0 || echo no-eth0');
   assert.equal(gone.stdout.trim(), 'no-eth0');
   const e = await rejects(c.setNetwork(id, { allow: ['ok.example', 'foo..com'] }), 'invalid_request');
   assert.match(e.message, /foo\.\.com/);
