@@ -113,10 +113,37 @@ Result<std::unique_ptr<NetHelper>> NetHelper::Start(const Options& options) {
     return std::move(parsed).error();
   }
   h->gateway_ = Text(*parsed, "gateway");
+  int wake[2];
+  if (::pipe2(wake, O_CLOEXEC) != 0) return Error::Sys("pipe2", "nsbox-net watcher", errno);
+  h->wake_read_.reset(wake[0]);
+  h->wake_write_.reset(wake[1]);
+  h->on_death_ = options.on_death;
+  h->watcher_ = std::thread([helper = h.get()] { helper->Watch(); });
   return h;
 }
 
+void NetHelper::Watch() {
+  // Events 0 on the channel: only its hang-up (POLLHUP) is reported, never the answers that
+  // Call reads.
+  pollfd fds[2] = {{channel_.get(), 0, 0}, {wake_read_.get(), POLLIN, 0}};
+  for (;;) {
+    int n = ::poll(fds, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || (fds[1].revents & POLLIN) != 0) return;  // destroyed
+    if ((fds[0].revents & (POLLHUP | POLLERR)) != 0) break;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dead_ = true;
+  }
+  if (on_death_) on_death_();
+}
+
 NetHelper::~NetHelper() {
+  if (watcher_.joinable()) {
+    (void)!::write(wake_write_.get(), "x", 1);
+    watcher_.join();
+  }
   channel_.reset();
   if (pid_ <= 0) return;
   // It cleans up and exits when the channel closes.

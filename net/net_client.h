@@ -7,10 +7,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -27,6 +29,9 @@ class NetHelper {
     std::string tag;  // 1 to 8 hex digits
     std::vector<std::string> dns_upstreams;
     std::string log_level = "info";
+    // Called once, on a thread of the helper's own, when nsbox-net exits unasked (not when the
+    // NetHelper is destroyed).
+    std::function<void()> on_death;
   };
   // Spawns nsbox-net and waits until it is ready (its error when it cannot be).
   static Result<std::unique_ptr<NetHelper>> Start(const Options& options);
@@ -59,8 +64,13 @@ class NetHelper {
   // One request and its answer (an {"error": ...} answer is an Error).
   Result<std::string> Call(const std::string& request, int fd = -1);
 
+  // Waits for the channel to hang up (nsbox-net gone) or for wake_ (the destructor).
+  void Watch();
   mutable std::mutex mu_;
   UniqueFd channel_;
+  UniqueFd wake_read_, wake_write_;
+  std::thread watcher_;
+  std::function<void()> on_death_;
   pid_t pid_ = -1;
   std::string gateway_;
   bool dead_ = false;

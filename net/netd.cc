@@ -182,6 +182,7 @@ class Netd {
   std::optional<Firewall> firewall_;
   std::unique_ptr<Resolver> resolver_;
   std::map<int, Attachment> slots_;
+  int next_slot_ = 1;
   std::map<std::string, int> by_key_;
   std::map<uint32_t, int> by_address_;
   mnl_socket* nflog_ = nullptr;
@@ -363,12 +364,16 @@ Result<json::object> Netd::Attach(const json::object& request, UniqueFd netns) {
   NSBOX_ASSIGN_OR_RETURN(NetworkPolicy policy, ParsePolicy(*policy_json));
   const std::string k(key->as_string());
   if (by_key_.count(k) != 0) return Error::Msg("sandbox " + k + " is attached already");
-  int slot = 1;
-  while (slots_.count(slot) != 0) ++slot;
-  if (slot > range_.max_slot()) {
+  // Round robin, not the lowest free slot: an address just given up is not handed out again at
+  // once, so that a late answer of the resolver or a stale conntrack entry of the old sandbox
+  // never opens anything for the new one.
+  if (static_cast<int>(slots_.size()) >= range_.max_slot()) {
     return Error::Msg("the network range is full (" + std::to_string(range_.max_slot()) +
                       " sandboxes with a network); give the daemon a larger --network-range");
   }
+  int slot = next_slot_;
+  while (slots_.count(slot) != 0) slot = slot % range_.max_slot() + 1;
+  next_slot_ = slot % range_.max_slot() + 1;
   Attachment a;
   a.key = k;
   a.id = std::string(id->as_string());

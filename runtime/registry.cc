@@ -199,6 +199,8 @@ bool SandboxEntry::running() const {
 std::shared_ptr<Sandbox> SandboxEntry::running_box() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (deleted_ || box_ == nullptr || !box_->client().connected()) return nullptr;
+  // Its network was lost (nsbox-net died): Registry::Running attaches it again.
+  if (network_.networked() && address_.empty()) return nullptr;
   return box_;
 }
 
@@ -391,13 +393,17 @@ Status Registry::Load() {
 }
 
 ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(SandboxConfig config) {
+  // A policy the host cannot enforce is refused, never silently widened (docs/network.md).
+  // Checked before the registry's lock: starting nsbox-net takes a while, and Net() takes that
+  // lock itself.
+  if (config.network.networked() && Find(config.id) == nullptr) {
+    if (auto ok = CheckNetwork(config.network); !ok.ok()) return ok.error();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = by_id_.find(config.id); it != by_id_.end()) return std::pair{it->second, false};
   const std::string hash = IdHash(config.id);
   const std::string dir = sandboxes_dir_ + "/" + hash;
   config.created_at = NowRfc3339();
-  // A policy the host cannot enforce is refused, never silently widened (docs/network.md).
-  if (auto ok = CheckNetwork(config.network); !ok.ok()) return ok.error();
   // An imported image is looked up under the registry's lock, which RemoveImage also takes: the
   // content a new sandbox is built on cannot be collected under it.
   std::optional<images::ImageInfo> image;
@@ -490,15 +496,38 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   {
     std::lock_guard<std::mutex> lock(entry.mu_);
     if (entry.deleted_) return ApiError::SandboxNotFound(entry.config_.id);
-    if (entry.box_ != nullptr && entry.box_->client().connected()) return entry.box_;
+    // A sandbox whose network went with a dead nsbox-net takes the slow path: attached again.
+    const bool lost_network = entry.network_.networked() && entry.address_.empty();
+    if (entry.box_ != nullptr && entry.box_->client().connected() && !lost_network) {
+      return entry.box_;
+    }
   }
   std::lock_guard<std::mutex> lifecycle(entry.lifecycle_mu_);
   std::shared_ptr<Sandbox> dead;
+  std::shared_ptr<Sandbox> running;
   {
     std::lock_guard<std::mutex> lock(entry.mu_);
     if (entry.deleted_) return ApiError::SandboxNotFound(entry.config_.id);
-    if (entry.box_ != nullptr && entry.box_->client().connected()) return entry.box_;
-    dead = std::move(entry.box_);
+    if (entry.box_ != nullptr && entry.box_->client().connected()) {
+      if (!entry.network_.networked() || !entry.address_.empty()) return entry.box_;
+      running = entry.box_;
+    } else {
+      dead = std::move(entry.box_);
+    }
+  }
+  if (running != nullptr) {
+    // Its network was lost with nsbox-net (Net() started a new one): attached again, with the
+    // policy in force, before anything else reaches the sandbox.
+    const net::NetworkPolicy policy = entry.network();
+    if (auto st = AttachLocked(entry, *running, policy); !st.ok()) {
+      log::error("sandbox={} network: {}", entry.config_.id, st.error().message());
+      return ApiError::Of(422, "network_unavailable",
+                          "sandbox '" + entry.config_.id + "' lost its network (" +
+                              net::PolicySummary(policy) +
+                              ") and it could not be restored: " + st.error().message());
+    }
+    log::warn("sandbox={} network restored after nsbox-net restarted", entry.config_.id);
+    return running;
   }
   if (dead != nullptr) {
     log::warn("sandbox={} nsbox-init had exited; starting it again", entry.config_.id);
@@ -571,7 +600,17 @@ Status Registry::StopLocked(SandboxEntry& entry) {
 
 Result<net::NetHelper*> Registry::Net() {
   std::lock_guard<std::mutex> lock(net_mu_);
-  if (net_ != nullptr) return net_.get();
+  if (net_ != nullptr && net_->alive()) return net_.get();
+  if (net_ != nullptr) {
+    // It died: a new one removes what it left (its table, the sandboxes' links). The running
+    // sandboxes with a network are attached again at their next use (Running).
+    log::error("nsbox-net (pid {}) is gone; starting a new one", net_->pid());
+    net_.reset();
+    for (const auto& e : List()) {
+      std::lock_guard<std::mutex> entry_lock(e->mu_);
+      e->address_.clear();
+    }
+  }
   net::NetHelper::Options o;
   o.binary = options_.net_binary;
   o.range = options_.network_range;
@@ -580,6 +619,15 @@ Result<net::NetHelper*> Registry::Net() {
   o.tag = cgroup_prefix_.substr(6, 8);
   o.dns_upstreams = options_.dns_upstreams;
   o.log_level = options_.log_level;
+  // Its death is noticed at once (not at the next call): every sandbox loses its network
+  // record, so that its next use attaches it to a new nsbox-net (Running).
+  o.on_death = [this] {
+    log::error("nsbox-net exited; sandboxes with a network get it back at their next use");
+    for (const auto& e : List()) {
+      std::lock_guard<std::mutex> entry_lock(e->mu_);
+      e->address_.clear();
+    }
+  };
   auto started = net::NetHelper::Start(o);
   if (!started.ok()) return std::move(started).error().Context("start nsbox-net");
   net_ = std::move(started).value();

@@ -6,6 +6,7 @@
 // logged; a policy replaced on a running sandbox applies to new connections at once; DELETE
 // leaves no interface and no nftables chain behind.
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -471,6 +472,30 @@ TEST_F(NetworkTest, TwoSandboxesHaveTheirOwnAddressesAndCannotReachEachOther) {
       SetPolicy(b, json::object{{"open", true}, {"allow", json::array{json::value(addr_a)}}});
   ASSERT_EQ(r.status, 200) << r.Describe();
   ExpectReaches(b, Url(addr_a, 8000, "/index.html"), "peer-a");
+}
+
+// nsbox-net dies (SIGKILL): the filter it left stays in the kernel meanwhile, and the next use
+// of the sandbox starts a new nsbox-net, which removes the old table and links and gives the
+// sandbox its network again, with its policy.
+TEST_F(NetworkTest, ASandboxGetsItsNetworkBackAfterNsboxNetDies) {
+  const std::string id = NewId();
+  CreateNet(id, Allow({"allowed.test"}));
+  ExpectReaches(id, "http://allowed.test/", "allowed.test");
+  std::vector<e2e::ProcessId> helpers;
+  for (const auto& p : e2e::Descendants(daemon().pid())) {
+    if (p.comm == "nsbox-net") helpers.push_back(p);
+  }
+  ASSERT_EQ(helpers.size(), 1u) << "one nsbox-net under the daemon";
+  ASSERT_EQ(::kill(helpers[0].pid, SIGKILL), 0);
+  for (int i = 0; i < 100 && e2e::StillAlive(helpers[0]); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ExpectReaches(id, "http://allowed.test/", "allowed.test");
+  ExpectRefused(id, Url(inet().denied_address()));
+  EXPECT_FALSE(AddressOf(id).empty());
+  int now = 0;
+  for (const auto& p : e2e::Descendants(daemon().pid())) now += p.comm == "nsbox-net" ? 1 : 0;
+  EXPECT_EQ(now, 1) << "a new nsbox-net";
 }
 
 TEST_F(NetworkTest, DeleteLeavesNoInterfaceNorChain) {
