@@ -7,7 +7,7 @@ NSBOX_PACKAGES=(
   g++ cmake ninja-build pkg-config
   libseccomp-dev libcap-dev liburing-dev
   libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libboost1.81-dev
-  libldns-dev
+  libldns-dev libnftables-dev libmnl-dev
   libarchive-dev nettle-dev zlib1g-dev libzstd-dev liblzma-dev libbz2-dev liblz4-dev libacl1-dev
   clang-format
   busybox-static debootstrap tmux perl
