@@ -116,4 +116,19 @@ std::string RandomHex(size_t digits) {
   return out;
 }
 
+Result<std::string> FindBesideSelf(std::initializer_list<const char*> relatives,
+                                   std::string_view name) {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n < 0) return Error::Sys("readlink", "/proc/self/exe", errno);
+  std::string self(buf, static_cast<size_t>(n));
+  auto slash = self.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
+  for (const char* relative : relatives) {
+    std::string path = dir + relative;
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+  return Error(ENOENT, std::string(name) + " not found beside " + self);
+}
+
 }  // namespace nsbox

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
@@ -29,6 +30,12 @@ Status FsyncPath(const std::string& path);
 Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data);
 // A whole tree, without following symlinks. Only for trees nothing else is using.
 Status RemoveTree(const std::string& path);
+
+// The first of `relatives` (each "/name" or "/../dir/name", appended to the running executable's
+// directory) that is an executable file: how nsbox finds nsbox-init and nsbox-net, installed
+// beside it or in the build tree.
+Result<std::string> FindBesideSelf(std::initializer_list<const char*> relatives,
+                                   std::string_view name);
 // `digits` random hex digits, for unique temp names (not for secrets).
 std::string RandomHex(size_t digits);
 

@@ -14,6 +14,8 @@
 #include <cstring>
 #include <thread>
 
+#include "base/files.h"
+
 extern char** environ;
 
 namespace nsbox::net {
@@ -60,17 +62,7 @@ std::string Text(const json::object& o, const char* key) {
 }  // namespace
 
 Result<std::string> DefaultNetBinary() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n < 0) return Error::Sys("readlink", "/proc/self/exe", errno);
-  std::string self(buf, static_cast<size_t>(n));
-  auto slash = self.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
-  for (const char* candidate : {"/nsbox-net", "/../net/nsbox-net"}) {
-    std::string path = dir + candidate;
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return Error(ENOENT, "nsbox-net not found beside " + self);
+  return FindBesideSelf({"/nsbox-net", "/../net/nsbox-net"}, "nsbox-net");
 }
 
 Result<std::unique_ptr<NetHelper>> NetHelper::Start(const Options& options) {

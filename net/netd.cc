@@ -36,18 +36,6 @@ namespace json = boost::json;
 
 namespace {
 
-// Calls f on each attribute of `h` after its `offset`-byte header (mnl_attr_for_each, which is
-// C: its void* does not convert in C++).
-template <typename F>
-void ForEachAttr(const nlmsghdr* h, size_t offset, F f) {
-  const char* tail = static_cast<const char*>(mnl_nlmsg_get_payload_tail(h));
-  for (auto* a = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(h, offset));
-       mnl_attr_ok(a, static_cast<int>(tail - reinterpret_cast<const char*>(a)));
-       a = mnl_attr_next(a)) {
-    f(a);
-  }
-}
-
 constexpr size_t kMaxMessage = 1 << 20;
 // What a name the resolver returned stays open for, at least.
 constexpr uint32_t kMinLearnSeconds = 10;

@@ -22,18 +22,6 @@
 namespace nsbox::net {
 namespace {
 
-// Calls f on each attribute of `h` after its `offset`-byte header (mnl_attr_for_each, which is
-// C: its void* does not convert in C++).
-template <typename F>
-void ForEachAttr(const nlmsghdr* h, size_t offset, F f) {
-  const char* tail = static_cast<const char*>(mnl_nlmsg_get_payload_tail(h));
-  for (auto* a = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(h, offset));
-       mnl_attr_ok(a, static_cast<int>(tail - reinterpret_cast<const char*>(a)));
-       a = mnl_attr_next(a)) {
-    f(a);
-  }
-}
-
 constexpr size_t kBufSize = 16384;
 
 nlmsghdr* Start(char* buf, uint16_t type, uint16_t flags, uint32_t seq) {
@@ -109,6 +97,19 @@ Status Netlink::Ack(void* buf, const std::string& what) {
     if (n < 0) return Error::Sys("netlink receive", what, errno);
     int rc = mnl_cb_run(reply.data(), static_cast<size_t>(n), nlh->nlmsg_seq,
                         mnl_socket_get_portid(socket_), nullptr, nullptr);
+    if (rc < 0) return Error::Sys("netlink", what, errno);
+    if (rc == MNL_CB_STOP) return Ok();
+  }
+}
+
+Status Netlink::ReadDump(uint32_t seq, int (*cb)(const nlmsghdr*, void*), void* data,
+                         const std::string& what) {
+  std::vector<char> reply(MNL_SOCKET_BUFFER_SIZE);
+  for (;;) {
+    ssize_t n = mnl_socket_recvfrom(socket_, reply.data(), reply.size());
+    if (n < 0) return Error::Sys("netlink receive", what, errno);
+    int rc = mnl_cb_run(reply.data(), static_cast<size_t>(n), seq, mnl_socket_get_portid(socket_),
+                        cb, data);
     if (rc < 0) return Error::Sys("netlink", what, errno);
     if (rc == MNL_CB_STOP) return Ok();
   }
@@ -264,15 +265,7 @@ Result<std::vector<std::string>> Netlink::LinksWithPrefix(const std::string& pre
     });
     return MNL_CB_OK;
   };
-  std::vector<char> reply(MNL_SOCKET_BUFFER_SIZE);
-  for (;;) {
-    ssize_t n = mnl_socket_recvfrom(socket_, reply.data(), reply.size());
-    if (n < 0) return Error::Sys("netlink receive", "list links", errno);
-    int rc = mnl_cb_run(reply.data(), static_cast<size_t>(n), nlh->nlmsg_seq,
-                        mnl_socket_get_portid(socket_), cb, &collect);
-    if (rc < 0) return Error::Sys("netlink", "list links", errno);
-    if (rc == MNL_CB_STOP) break;
-  }
+  NSBOX_TRY(ReadDump(nlh->nlmsg_seq, cb, &collect, "list links"));
   return collect.names;
 }
 
@@ -303,15 +296,7 @@ Result<std::string> Netlink::ConflictingRoute(uint32_t network, uint8_t prefix,
     r->oif.push_back(oif);
     return MNL_CB_OK;
   };
-  std::vector<char> reply(MNL_SOCKET_BUFFER_SIZE);
-  for (;;) {
-    ssize_t n = mnl_socket_recvfrom(socket_, reply.data(), reply.size());
-    if (n < 0) return Error::Sys("netlink receive", "list routes", errno);
-    int rc = mnl_cb_run(reply.data(), static_cast<size_t>(n), nlh->nlmsg_seq,
-                        mnl_socket_get_portid(socket_), cb, &routes);
-    if (rc < 0) return Error::Sys("netlink", "list routes", errno);
-    if (rc == MNL_CB_STOP) break;
-  }
+  NSBOX_TRY(ReadDump(nlh->nlmsg_seq, cb, &routes, "list routes"));
   auto mask = [](uint8_t len) { return len == 0 ? 0u : ~uint32_t{0} << (32 - len); };
   for (size_t i = 0; i < routes.dst.size(); ++i) {
     const auto [dst, len] = routes.dst[i];

@@ -13,9 +13,21 @@
 #include "base/error.h"
 #include "base/unique_fd.h"
 
-struct mnl_socket;
+#include <libmnl/libmnl.h>
 
 namespace nsbox::net {
+
+// Calls f on each attribute of `h` after its `offset`-byte header (libmnl's mnl_attr_for_each is
+// C: its void* does not convert in C++).
+template <typename F>
+void ForEachAttr(const nlmsghdr* h, size_t offset, F f) {
+  const char* tail = static_cast<const char*>(mnl_nlmsg_get_payload_tail(h));
+  for (auto* a = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(h, offset));
+       mnl_attr_ok(a, static_cast<int>(tail - reinterpret_cast<const char*>(a)));
+       a = mnl_attr_next(a)) {
+    f(a);
+  }
+}
 
 using Mac = std::array<uint8_t, 6>;
 
@@ -52,6 +64,9 @@ class Netlink {
   explicit Netlink(mnl_socket* socket) : socket_(socket) {}
   // Sends a request built in `buf` and waits for its acknowledgement.
   Status Ack(void* buf, const std::string& what);
+  // Reads the answers of a dump request until its end, calling `cb` on each message.
+  Status ReadDump(uint32_t seq, int (*cb)(const nlmsghdr*, void*), void* data,
+                  const std::string& what);
   Result<int> IndexOf(const std::string& name);
   mnl_socket* socket_ = nullptr;
   uint32_t seq_ = 1;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "base/files.h"
 #include "isolate/capabilities.h"
 #include "isolate/seccomp.h"
 #include "policy/capabilities.h"
@@ -28,17 +29,7 @@ std::string ProgramBytes(const isolate::SeccompProgram& program) {
 }  // namespace
 
 Result<std::string> DefaultInitBinary() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n < 0) return Error::Sys("readlink", "/proc/self/exe", errno);
-  std::string self(buf, static_cast<size_t>(n));
-  auto slash = self.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
-  for (const char* candidate : {"/nsbox-init", "/../runtime/nsbox-init"}) {
-    std::string path = dir + candidate;
-    if (::access(path.c_str(), X_OK) == 0) return path;
-  }
-  return Error(ENOENT, "nsbox-init not found beside " + self);
+  return FindBesideSelf({"/nsbox-init", "/../runtime/nsbox-init"}, "nsbox-init");
 }
 
 Result<fs::proto::Hello> MakeHello(const PreparedJail& prepared) {
