@@ -220,7 +220,6 @@ class NetworkTest : public E2eTest {
     return -1;
   }
 
- private:
   std::unique_ptr<TestInternet> inet_;
 };
 
@@ -592,6 +591,36 @@ TEST_F(NetworkTest, RefusedAndAllowedConnectionsAreCountedAndLogged) {
   CreateNet(none, "none");
   CurlIn(none, Url(inet().denied_address()), 2);
   EXPECT_LE(ConnectionsMetric(none, "refused"), 0) << client().Get("/metrics").body;
+}
+
+// A host that cannot enforce a policy (here: the daemon's range overlaps a route of the host, the
+// test internet's link, so nsbox-net refuses to start) refuses it with 422 network_unavailable,
+// never runs the sandbox with a wider network, and keeps serving sandboxes with "none".
+class NetworkUnavailableTest : public NetworkTest {
+ protected:
+  std::vector<std::string> DaemonArgs() const override {
+    const std::string a = inet_->host_address();
+    return {"--network-range", a.substr(0, a.rfind('.')) + ".0/24", "--dns-upstream",
+            inet_->dns_upstream()};
+  }
+};
+
+TEST_F(NetworkUnavailableTest, APolicyThatCannotBeEnforcedIsRefused) {
+  const std::string id = NewId();
+  Response r = client().PutJson(SbPath(id), json::object{{"network", Allow({"allowed.test"})}});
+  EXPECT_EQ(r.status, 422) << r.Describe();
+  EXPECT_EQ(r.ErrorCode(), "network_unavailable") << r.Describe();
+  EXPECT_NE(r.body.find("in use on this host"), std::string::npos) << r.Describe();
+  EXPECT_EQ(client().Get(SbPath(id)).status, 404) << "not created";
+
+  const std::string plain = NewId("plain");
+  r = client().PutJson(SbPath(plain), json::object{{"network", "none"}});
+  ASSERT_EQ(r.status, 201) << r.Describe();
+  EXPECT_EQ(Sh(plain, "echo ok"), "ok\n");
+  r = SetPolicy(plain, "open");
+  EXPECT_EQ(r.status, 422) << r.Describe();
+  EXPECT_EQ(Field(Obj(client().Get(SbPath(plain))), "network"), json::value("none"));
+  EXPECT_EQ(Sh(plain, "ip -o link show | cut -d: -f2"), " lo\n");
 }
 
 }  // namespace
