@@ -13,6 +13,8 @@
 #include <boost/uuid/name_generator_sha1.hpp>
 #include <boost/uuid/uuid_io.hpp>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "base/files.h"
@@ -43,6 +45,8 @@ std::string FormatCpus(double cpus) {
 }
 
 }  // namespace
+
+double CanonicalCpus(double cpus) { return std::strtod(FormatCpus(cpus).c_str(), nullptr); }
 
 std::optional<std::string> InvalidIdReason(std::string_view id) {
   if (id.empty()) return "a sandbox id must not be empty";
@@ -164,10 +168,10 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
     if (const json::value* cpu = l.if_contains("cpus"); cpu != nullptr && !cpu->is_null()) {
       boost::system::error_code number_ec;
       double cpus = cpu->is_number() ? cpu->to_number<double>(number_ec) : 0;
-      if (!cpu->is_number() || number_ec || !(cpus > 0)) {
-        return Error(EINVAL, "config.json: limits.cpus is not a positive number");
+      if (!cpu->is_number() || number_ec || !(cpus >= 0.01 && cpus <= 4096)) {
+        return Error(EINVAL, "config.json: limits.cpus is not a number of CPUs from 0.01 to 4096");
       }
-      c.limits.cpus = cpus;
+      c.limits.cpus = CanonicalCpus(cpus);
     }
   }
   return c;

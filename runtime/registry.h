@@ -66,6 +66,11 @@ std::string IdHash(std::string_view id);
 // The hostname inside: the id when it is a valid host name label (letters, digits and inner
 // '-', at most 63), else "sb-" and 12 hex digits of its hash.
 std::string HostnameFor(std::string_view id, std::string_view hash);
+
+// A CPU limit as nsbox keeps it: the value with the 6 significant digits it is applied with
+// (cpu.max). config.json stores this, so that reading it back (Boost.JSON's parser may be one
+// unit in the last place off) gives the same value again (case found by fuzz_config).
+double CanonicalCpus(double cpus);
 // config.json, both ways. Decode checks every field (the file may have been edited by hand).
 std::string EncodeConfig(const SandboxConfig& config);
 Result<SandboxConfig> DecodeConfig(std::string_view json);

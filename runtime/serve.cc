@@ -1976,7 +1976,7 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
           co_return co_await ReplyError(c, reply_error);
         }
       }
-      config.limits.cpus = value;
+      config.limits.cpus = CanonicalCpus(value);
     }
     if (const json::value* disk = l.if_contains("diskBytes"); disk != nullptr && !disk->is_null()) {
       {
