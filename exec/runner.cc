@@ -47,6 +47,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -445,13 +446,32 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   for (const auto& a : spec.argv) argv.push_back(a.c_str());
   argv.push_back(nullptr);
   std::vector<const char*> envp;
-  envp.reserve(spec.env.size() + 1);
+  envp.reserve(spec.env.size() + 2);
   for (const auto& e : spec.env) envp.push_back(e.c_str());
+  // A direct command's PWD, which the child completes (a path of up to PATH_MAX bytes).
+  std::string pwd_env;
+  std::vector<const char*> fallback_argv, fallback_envp;
+  if (!spec.file.empty() && !spec.fallback_argv.empty()) {
+    pwd_env.assign(4 + PATH_MAX, '\0');
+    pwd_env.replace(0, 4, "PWD=");
+    envp.push_back(pwd_env.data());
+    for (const auto& a : spec.fallback_argv) fallback_argv.push_back(a.c_str());
+    fallback_argv.push_back(nullptr);
+    for (const auto& e : spec.fallback_env) fallback_envp.push_back(e.c_str());
+    fallback_envp.push_back(nullptr);
+  }
   envp.push_back(nullptr);
 
   SpawnRequest request;
   request.argv = argv.data();
   request.envp = envp.data();
+  if (!spec.file.empty()) request.file = spec.file.c_str();
+  if (!fallback_argv.empty()) {
+    request.fallback_argv = fallback_argv.data();
+    request.fallback_envp = fallback_envp.data();
+    request.pwd_env = pwd_env.data();
+    request.pwd_env_size = pwd_env.size();
+  }
   request.cwd = spec.cwd.empty() ? "/" : spec.cwd.c_str();
   if (tty_slave.valid()) {
     request.stdin_fd = request.stdout_fd = request.stderr_fd = tty_slave.get();
@@ -487,7 +507,9 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     // As bash says it; the child has exited with 1 (api.md: "cannot be started").
     cmd->start_failure = "nsbox: cd: " + spec.cwd + ": " + strerrordesc_np(spawned->err) + "\n";
   } else if (spawned->failed_step == SpawnStep::kExec) {
-    cmd->start_failure = DescribeExecFailure(spec.argv[0], spawned->err).message + "\n";
+    // With a fallback, its failure is the one the child reported.
+    const std::string& name = spec.fallback_argv.empty() ? spec.argv[0] : spec.fallback_argv[0];
+    cmd->start_failure = DescribeExecFailure(name, spawned->err).message + "\n";
   }
 
   commands.emplace(cmd->id, cmd);

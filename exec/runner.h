@@ -44,7 +44,14 @@ struct TerminalSize {
 struct CommandSpec {
   std::vector<std::string> argv;  // argv[0] is the path executed: "/bin/bash", "-c", command
   std::vector<std::string> env;   // "K=V", final
-  std::string cwd;                // absolute, inside the jail
+  // A direct command (exec/direct.h): `file` is executed with argv (argv[0] then only the
+  // program's name) and env plus PWD=<the working directory>; when that cannot be done, the
+  // child executes `fallback_argv` with `fallback_env` instead (bash -c, as without it).
+  // Empty `file`: argv[0] with env, nothing else.
+  std::string file;
+  std::vector<std::string> fallback_argv;
+  std::vector<std::string> fallback_env;
+  std::string cwd;  // absolute, inside the jail
   // Fed first. Then, without stdin_stream, stdin is closed (nullopt and no stream: /dev/null).
   std::optional<std::string> stdin_data;
   // stdin stays open after stdin_data and is fed by Runner::Input until an Input closes it.

@@ -175,11 +175,22 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
   // (runc's verifyCwd): the kernel's getcwd prefixes a path it cannot reach from the root with
   // "(unreachable)" (fs/d_path.c). ERANGE for a cwd deeper than the buffer is no verdict: it
   // passes.
-  char cwd_buf[512];
-  // SAFETY: getcwd writes at most sizeof cwd_buf bytes into the child's own stack buffer.
-  if (::syscall(SYS_getcwd, cwd_buf, sizeof cwd_buf) > 0 && cwd_buf[0] != '/') {
+  // A direct command's PWD is that directory, written into its envp entry after "PWD=".
+  char own_buf[512];
+  char* cwd_buf = own_buf;
+  size_t cwd_size = sizeof own_buf;
+  if (req.pwd_env != nullptr && req.fallback_argv != nullptr && req.pwd_env_size > 4) {
+    cwd_buf = req.pwd_env + 4;
+    cwd_size = req.pwd_env_size - 4;
+  }
+  // SAFETY: getcwd writes at most cwd_size bytes into cwd_buf: the child's own stack buffer, or
+  // the part after "PWD=" of the parent's buffer for it, which the parent does not touch until
+  // this child has called execve or exited (CLONE_VFORK).
+  const long cwd_len = ::syscall(SYS_getcwd, cwd_buf, cwd_size);
+  if (cwd_len > 0 && cwd_buf[0] != '/') {
     ChildFail(report, SpawnStep::kChdir, ENOENT, kExitNotStarted);
   }
+  const bool direct = req.fallback_argv == nullptr || req.pwd_env == nullptr || cwd_len > 0;
   // SAFETY: umask only sets the child's file mode creation mask (api.md: umask 022).
   ::syscall(SYS_umask, 022);
 
@@ -195,10 +206,17 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
   // SAFETY: rt_sigprocmask reads 8 bytes of `empty_mask`, the kernel's sigset size.
   ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, empty_mask, nullptr, 8);
 
-  // SAFETY: argv and envp are NULL-terminated arrays of NUL-terminated strings the parent built;
-  // execve only reads them.
-  ::syscall(SYS_execve, req.argv[0], req.argv, req.envp);
+  // SAFETY: argv and envp (and the fallback's) are NULL-terminated arrays of NUL-terminated
+  // strings the parent built; execve only reads them.
+  if (direct) {
+    ::syscall(SYS_execve, req.file != nullptr ? req.file : req.argv[0], req.argv, req.envp);
+  }
   int exec_err = errno;
+  if (req.fallback_argv != nullptr) {
+    // SAFETY: as above.
+    ::syscall(SYS_execve, req.fallback_argv[0], req.fallback_argv, req.fallback_envp);
+    exec_err = errno;
+  }
   ChildFail(report, SpawnStep::kExec, exec_err,
             exec_err == ENOENT || exec_err == ENOTDIR ? kExitNotFound : kExitNotExecutable);
 }

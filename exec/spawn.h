@@ -63,6 +63,16 @@ class ChildStack {
 struct SpawnRequest {
   const char* const* argv = nullptr;  // NULL-terminated; argv[0] is the path executed
   const char* const* envp = nullptr;  // NULL-terminated
+  const char* file = nullptr;         // executed instead of argv[0] when set
+  // Executed when execve of the above fails, or when `pwd_env` cannot be completed: the command
+  // as bash runs it (exec/direct.h). A failure of this one is the one reported.
+  const char* const* fallback_argv = nullptr;  // NULL-terminated, argv[0] the path; or NULL
+  const char* const* fallback_envp = nullptr;
+  // An entry of envp that starts "PWD=" and has room after it: the child writes its working
+  // directory there, as the kernel's getcwd gives it (only with a fallback: a directory too deep
+  // for it goes to the fallback). NULL: none.
+  char* pwd_env = nullptr;
+  size_t pwd_env_size = 0;
   const char* cwd = nullptr;
   // The child's stdio; any value (also 0, 1, 2): the child moves them out of the way first.
   int stdin_fd = -1;

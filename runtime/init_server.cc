@@ -8,17 +8,21 @@
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "base/files.h"
 #include "base/syscalls.h"
 #include "exec/command.h"
+#include "exec/direct.h"
 
 namespace nsbox::runtime {
 
@@ -65,6 +69,13 @@ Result<isolate::SeccompProgram> ProgramFromBytes(const std::string& bytes) {
   std::vector<struct sock_filter> insns(bytes.size() / sizeof(struct sock_filter));
   std::memcpy(insns.data(), bytes.data(), bytes.size());
   return isolate::SeccompProgram(std::move(insns));
+}
+
+// What bash's PATH search accepts: a file that exists, is not a directory and may be executed.
+bool IsExecutableFile(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode) &&
+         ::access(path.c_str(), X_OK) == 0;
 }
 
 // argv[0] as execvp finds it in the PATH of the command's own environment; the name itself when
@@ -350,7 +361,19 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
   }
   exec::CommandSpec spec;
   if (req.argv.empty()) {
+    // A plain command runs without bash, as bash would run it (exec/direct.h). Not on a
+    // terminal: a session there is long and interactive, the millisecond saved is nothing.
+    std::optional<exec::DirectCommand> direct;
+    if (!req.tty.has_value()) {
+      direct = exec::DirectForm(req.command, hello_.shell, req.env, IsExecutableFile);
+    }
     spec.argv = {hello_.shell, "-c", std::move(req.command)};
+    if (direct.has_value()) {
+      spec.file = std::move(direct->file);
+      spec.fallback_argv = std::exchange(spec.argv, std::move(direct->argv));
+      spec.fallback_env = req.env;
+      req.env = std::move(direct->env);
+    }
   } else {
     spec.argv = std::move(req.argv);
     spec.argv[0] = FindExecutable(spec.argv[0], req.env);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,69 @@ TEST_F(InitExecTest, EnvIsExactlyWhatWasSent) {
   ::unsetenv("NSBOX_ITEST_LEAK");
   // umask 022.
   EXPECT_EQ(Sh("umask"), "0022\n");
+}
+
+// A plain command runs without bash (exec/direct.h); whatever it looks at must be what bash
+// would have given it. Each command is run twice: as it is, and with its first word quoted, which
+// makes it bash's (the quotes are shell syntax) without changing what bash then executes.
+TEST_F(InitExecTest, DirectCommandsSeeWhatBashWouldGiveThem) {
+  Sh("mkdir -p real/dir && ln -s real/dir link && printf 'echo via-bash $0 $1\\n' > noshebang"
+     " && chmod +x noshebang && printf '#!/bin/sh\\necho script $0 $1\\n' > script.sh"
+     " && chmod +x script.sh");
+  auto both = [&](const std::string& first, const std::string& rest,
+                  const std::vector<std::string>& extra_env, const std::string& cwd) {
+    std::vector<ExecRun> runs;
+    for (const std::string& command : {first + rest, "\"" + first + "\"" + rest}) {
+      auto req = Request(command);
+      req.env.insert(req.env.end(), extra_env.begin(), extra_env.end());
+      req.cwd = cwd;
+      runs.push_back(Run(req));
+    }
+    return runs;
+  };
+  auto lines = [](const std::string& text) {
+    std::multiset<std::string> out;
+    size_t start = 0;
+    for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+      out.insert(text.substr(start, nl - start));
+    }
+    return out;
+  };
+  struct Case {
+    std::string first, rest;
+    std::vector<std::string> env;
+    std::string cwd;
+  };
+  for (const Case& c : std::vector<Case>{
+           // The environment (bash's order aside): SHLVL, _ and PWD as bash sets them.
+           {"/usr/bin/env", "", {}, "/workspace"},
+           {"env", "", {"SHLVL=3", "_=/before", "CI=1", "EMPTY=", "A-B=x"}, "/workspace"},
+           {"env", "", {}, "/workspace/link"},  // PWD: the physical directory
+           {"env", "", {}, "/"},
+           // argv: the words, argv[0] as typed.
+           {"cat", " /proc/self/cmdline", {}, "/workspace"},
+           {"/usr/bin/cat", " /proc/self/cmdline", {}, "/workspace"},
+           {"./script.sh", " a=b", {}, "/workspace"},
+           // What execve cannot run, bash runs or reports.
+           {"./noshebang", " x", {}, "/workspace"},
+           {"./missing", " x", {}, "/workspace"},
+           {"/workspace/real", "", {}, "/workspace"},
+           {"nosuchprogram", " x", {}, "/workspace"}}) {
+    auto runs = both(c.first, c.rest, c.env, c.cwd);
+    const std::string what = c.first + c.rest + " in " + c.cwd;
+    ASSERT_TRUE(runs[0].ok && runs[1].ok) << what << ": " << runs[0].Describe();
+    EXPECT_EQ(lines(runs[0].out), lines(runs[1].out)) << what << "\ndirect:\n"
+                                                      << runs[0].out << "bash:\n"
+                                                      << runs[1].out;
+    EXPECT_EQ(runs[0].err, runs[1].err) << what;
+    EXPECT_EQ(runs[0].exit.exit_code, runs[1].exit.exit_code) << what << ": " << runs[0].err;
+  }
+  // The environment case compared something: bash's own variables are there.
+  ExecRun env = Run("env");
+  env.out.insert(0, "\n");
+  EXPECT_NE(env.out.find("\nSHLVL=0\n"), std::string::npos) << env.out;
+  EXPECT_NE(env.out.find("\nPWD=/workspace\n"), std::string::npos) << env.out;
+  EXPECT_NE(env.out.find("\n_=/usr/bin/env\n"), std::string::npos) << env.out;
 }
 
 TEST_F(InitExecTest, TimeoutKillsTheTreeAndSaysSo) {
