@@ -402,7 +402,7 @@ int main(int argc, char** argv) {
   Row("  floor of the PUT: mkdir + write, fsync, rename of 200 B + 2 directory fsyncs",
       Summarize(t_fsync));
   Row("  in-process Sandbox::Start (jail + nsbox-init up; no HTTP, no daemon)", Summarize(t_start));
-  Row("  in-process first exec `bash -c /bin/true` in that new sandbox", Summarize(t_exec1));
+  Row("  in-process first exec of the command `/bin/true` in that new sandbox", Summarize(t_exec1));
   Row("`bwrap --unshare-all ... /bin/true`", s_bwrap);
   std::printf("| ratio bwrap / API (medians) | %.2fx | | | target >= 2x, API <= 2500 us |\n",
               s_bwrap.median / s_first.median);
@@ -466,7 +466,8 @@ int main(int argc, char** argv) {
               s_nsenter.median / s_warm.median);
   Row("  floor: vfork + execve + waitpid of `/bin/true` on the host", Summarize(t_vfork));
   Row("  floor: `bash -c /bin/true` on the host (posix_spawn)", Summarize(t_bash));
-  Row("  in-process InitClient exec `bash -c /bin/true` (no HTTP, no daemon)", Summarize(t_init));
+  Row("  in-process InitClient exec of the command `/bin/true` (no HTTP, no daemon)",
+      Summarize(t_init));
   Row("  GET /v1/health (HTTP round trip alone)", Summarize(t_health));
 
   // 3. 4 KiB file read.

@@ -2,8 +2,9 @@
 //
 //   sudo build/bench/nsbox-bench [--sandboxes N] [--runs N]
 //
-// - exec of /bin/true through the control channel (argv, no shell), and the same through
-//   `bash -c`, against a bare vfork + execve + waitpid of /bin/true on the host;
+// - exec of /bin/true through the control channel (argv, no shell), as the command `/bin/true`
+//   (run without bash, exec/direct.h) and as `'/bin/true'` (through `bash -c`), against a bare
+//   vfork + execve + waitpid of /bin/true on the host;
 // - a 4 KiB readFile round trip;
 // - stdout capture of 1 GiB written in 64 KiB chunks;
 // - idle nsbox-init memory: PSS plus kernel memory per sandbox with N sandboxes idle.
@@ -111,10 +112,14 @@ int main(int argc, char** argv) {
   direct.argv = {"/bin/true"};
   direct.cwd = "/workspace";
   direct.env = {"PATH=/usr/bin:/bin"};
-  ExecRequest shell = direct;
-  shell.argv.clear();
-  shell.command = "/bin/true";
-  std::vector<double> t_direct, t_shell, t_vfork;
+  // The API's form: a command. A plain one runs without bash (exec/direct.h); quoted, the same
+  // program goes through `bash -c`.
+  ExecRequest plain = direct;
+  plain.argv.clear();
+  plain.command = "/bin/true";
+  ExecRequest shell = plain;
+  shell.command = "'/bin/true'";
+  std::vector<double> t_direct, t_plain, t_shell, t_vfork;
   for (int i = 0; i < runs; ++i) {
     auto t0 = Clock::now();
     auto r = client.Exec(direct);
@@ -125,13 +130,17 @@ int main(int argc, char** argv) {
     }
     t_vfork.push_back(VforkExecTrue());
     t0 = Clock::now();
+    (void)client.Exec(plain);
+    t_plain.push_back(Micros(Clock::now() - t0));
+    t0 = Clock::now();
     (void)client.Exec(shell);
     t_shell.push_back(Micros(Clock::now() - t0));
   }
   auto s_direct = Summarize(t_direct);
   auto s_vfork = Summarize(t_vfork);
   Print("exec `/bin/true` through nsbox-init (argv)", s_direct);
-  Print("exec `bash -c /bin/true` through nsbox-init", Summarize(t_shell));
+  Print("exec of the command `/bin/true` (plain: no bash)", Summarize(t_plain));
+  Print("exec of the command `'/bin/true'` (quoted: bash -c)", Summarize(t_shell));
   Print("bare vfork + execve + waitpid of /bin/true on the host", s_vfork);
 
   // The channel alone: a ping round trip (the floor under every verb).
