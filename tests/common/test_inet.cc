@@ -72,23 +72,6 @@ std::vector<std::string> NetnsNames() {
   return out;
 }
 
-// Names of the host's links ("ip -o link": "3: name@peer: <...").
-std::vector<std::string> LinkNames() {
-  std::string out;
-  RunCommand({"ip", "-o", "link", "show"}, &out);
-  std::vector<std::string> names;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t a = line.find(": ");
-    if (a == std::string::npos) continue;
-    const size_t b = line.find_first_of(":@", a + 2);
-    if (b == std::string::npos) continue;
-    names.push_back(line.substr(a + 2, b - a - 2));
-  }
-  return names;
-}
-
 // The /29 slots that an IPv4 address of a host interface falls into.
 std::set<uint32_t> UsedSlots() {
   std::string out;
@@ -108,6 +91,23 @@ std::set<uint32_t> UsedSlots() {
 }
 
 }  // namespace
+
+// "ip -o link" lines are "3: name@peer: <...".
+std::vector<std::string> LinkNames() {
+  std::string out;
+  RunCommand({"ip", "-o", "link", "show"}, &out);
+  std::vector<std::string> names;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t a = line.find(": ");
+    if (a == std::string::npos) continue;
+    const size_t b = line.find_first_of(":@", a + 2);
+    if (b == std::string::npos) continue;
+    names.push_back(line.substr(a + 2, b - a - 2));
+  }
+  return names;
+}
 
 int RunCommand(const std::vector<std::string>& argv, std::string* output, milliseconds timeout) {
   int pipefd[2];

@@ -93,6 +93,9 @@ class TestInternet {
 int RunCommand(const std::vector<std::string>& argv, std::string* output = nullptr,
                std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
 
+// Names of the host's network links (`ip -o link show`; a veth's "name@peer" gives "name").
+std::vector<std::string> LinkNames();
+
 struct DnsAnswer {
   bool answered = false;           // false: no reply in time (error says why)
   int rcode = -1;                  // 0 NOERROR, 3 NXDOMAIN

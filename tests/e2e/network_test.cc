@@ -54,18 +54,9 @@ std::set<std::string> Lines(const std::string& text, const std::string& must_con
 
 // The names of the host's interfaces that start with `prefix`.
 std::set<std::string> HostLinks(const std::string& prefix) {
-  std::string out;
-  testinet::RunCommand({"ip", "-o", "link", "show"}, &out);
   std::set<std::string> names;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    const size_t a = line.find(": ");
-    if (a == std::string::npos) continue;
-    const size_t b = line.find_first_of(":@", a + 2);
-    if (b == std::string::npos) continue;
-    const std::string name = line.substr(a + 2, b - a - 2);
-    if (name.rfind(prefix, 0) == 0) names.insert(name);
+  for (auto& name : testinet::LinkNames()) {
+    if (name.rfind(prefix, 0) == 0) names.insert(std::move(name));
   }
   return names;
 }
