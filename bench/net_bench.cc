@@ -3,8 +3,9 @@
 // internet and its own daemon (a network range of its own, the test internet's DNS server as
 // the upstream) on a private socket and state directory.
 //
-//   sudo build/bench/nsbox-net-bench [--runs N] [--downloads N] [--bytes N] [--nsbox PATH]
-//                                    [--dir DIR (default /var/tmp)] [--log-level LEVEL]
+//   sudo build/bench/nsbox-net-bench [--runs N] [--downloads N] [--bytes N] [--held N]
+//                                    [--nsbox PATH] [--dir DIR (default /var/tmp)]
+//                                    [--log-level LEVEL]
 //
 // Medians with p10/p90; in each run the sandbox and the host are measured one after the other
 // (order alternating), so that the machine's noise hits both:
@@ -14,6 +15,7 @@
 // 2. a download of --bytes (1 GiB) with `curl -o /dev/null`, sandbox vs host: MB/s;
 // 3. creation + first exec (PUT a new id + POST exec `true`) of a networked sandbox vs a "none"
 //    one.
+// With --held N, N other sandboxes with an allowlist run throughout (what grows with them shows).
 
 #include <unistd.h>
 
@@ -81,7 +83,7 @@ std::vector<double> Fields(const std::string& text, size_t n) {
 
 int main(int argc, char** argv) {
   nsbox::bench::g_program = "nsbox-net-bench";
-  int runs = 50, downloads = 5;
+  int runs = 50, downloads = 5, held = 0;
   unsigned long long bytes = 1ULL << 30;
   std::string nsbox, log_level = "info", base = "/var/tmp";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -98,13 +100,16 @@ int main(int argc, char** argv) {
       log_level = argv[i + 1];
     } else if (a == "--dir") {
       base = argv[i + 1];
+    } else if (a == "--held") {
+      held = std::atoi(argv[i + 1]);
     } else {
       Die("unknown flag " + a +
-          " (--runs N --downloads N --bytes N --nsbox PATH --log-level L --dir D)");
+          " (--runs N --downloads N --bytes N --held N --nsbox PATH --log-level L --dir D)");
     }
   }
   if (geteuid() != 0) Die("run as root");
   if (runs < 1 || downloads < 1) Die("--runs and --downloads must be at least 1");
+  if (held < 0 || held > 3000) Die("--held is 0 to 3000");
   auto self = std::filesystem::read_symlink("/proc/self/exe").parent_path();
   if (nsbox.empty()) nsbox = (self / "../runtime/nsbox").lexically_normal().string();
   if (access(nsbox.c_str(), X_OK) != 0) Die("no nsbox at " + nsbox + " (--nsbox PATH)");
@@ -113,7 +118,9 @@ int main(int argc, char** argv) {
   static nsbox::testinet::TestInternet inet;
   std::atexit([] { inet.Stop(); });
   if (!inet.Start()) Die("the test internet: " + inet.error());
-  const std::string range = "10.216." + std::to_string(getpid() % 250 + 1) + ".0/24";
+  // A /24 holds 253 sandboxes; with --held, a /20 (4093) of 10.216.0.0/16.
+  const std::string range = held == 0 ? "10.216." + std::to_string(getpid() % 250 + 1) + ".0/24"
+                                      : "10.216." + std::to_string(getpid() % 16 * 16) + ".0/20";
   const std::string dir = base + "/nsbox-net-bench-" + std::to_string(getpid());
   std::filesystem::create_directories(dir);
   Daemon daemon;
@@ -125,6 +132,15 @@ int main(int argc, char** argv) {
   allow_body["network"] = boost::json::parse(R"({"allow": ["allowed.test"]})");
   const std::string sb = "net-bench";
   Must(api.Call(Method::kPut, SandboxTarget(sb), allow_body), "PUT", 201);
+  // --held N: that many other sandboxes with an allowlist, running, during every measurement
+  // (each has its chain, sets and counters in the table; what grows with them shows).
+  for (int i = 0; i < held; ++i) {
+    const std::string id = "held-" + std::to_string(i);
+    Must(api.Call(Method::kPut, SandboxTarget(id), allow_body), "PUT", 201);
+    Must(api.Call(Method::kPost, SandboxTarget(id, "/exec"),
+                  boost::json::object{{"command", "true"}}),
+         "exec");
+  }
   const std::string resolve = "allowed.test:80:" + inet.allowed_address();
   const std::string w = "%{time_namelookup} %{time_connect} %{time_total}";
   // Warm-up: both paths once (the first exec, the resolver's first query).
@@ -133,8 +149,9 @@ int main(int argc, char** argv) {
            "http://allowed.test/"});
 
   std::printf(
-      "nsbox-net-bench: %d runs, %d downloads of %llu bytes; range %s, test internet %s\n\n", runs,
-      downloads, bytes, range.c_str(), inet.allowed_address().c_str());
+      "nsbox-net-bench: %d runs, %d downloads of %llu bytes, %d other networked sandboxes held; "
+      "range %s, test internet %s\n\n",
+      runs, downloads, bytes, held, range.c_str(), inet.allowed_address().c_str());
   std::printf("| measurement | median | p10 | p90 | unit |\n|---|---|---|---|---|\n");
 
   // 1. GET latency.
@@ -211,6 +228,9 @@ int main(int argc, char** argv) {
   Row("PUT + first exec `true`, \"none\"", Summarize(none_ms), "ms");
 
   Must(api.Call(Method::kDelete, SandboxTarget(sb)), "DELETE", 204);
+  for (int i = 0; i < held; ++i) {
+    Must(api.Call(Method::kDelete, SandboxTarget("held-" + std::to_string(i))), "DELETE", 204);
+  }
   const bool clean = daemon.Stop();
   std::filesystem::remove_all(dir);
   inet.Stop();

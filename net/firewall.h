@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ struct FirewallConfig {
   uint32_t gateway = 0;    // the resolver and gateway, the range's first address
   uint16_t log_group = 0;  // NFLOG group of the refusals
 };
+
+class NftElements;
 
 class Firewall {
  public:
@@ -57,12 +60,13 @@ class Firewall {
   const std::string& table() const { return table_; }
 
  private:
-  Firewall(nft_ctx* ctx, FirewallConfig config);
+  Firewall(nft_ctx* ctx, std::unique_ptr<NftElements> elements, FirewallConfig config);
   // Runs nft commands (one atomic batch); the error carries nft's message.
   Status Run(const std::string& commands, std::string* output = nullptr);
   std::string Rules(int slot, uint32_t address, const NetworkPolicy& policy) const;
 
   nft_ctx* ctx_ = nullptr;
+  std::unique_ptr<NftElements> elements_;  // the learned sets' writes (nft_elements.h)
   FirewallConfig config_;
   std::string table_;      // "inet nsbox_<tag>"
   std::string if_prefix_;  // "nsb<tag>"

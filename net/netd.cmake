@@ -8,6 +8,7 @@ pkg_check_modules(NFTABLES REQUIRED IMPORTED_TARGET libnftables)
 pkg_check_modules(MNL REQUIRED IMPORTED_TARGET libmnl)
 add_library(nsbox_net_host STATIC ${CMAKE_CURRENT_SOURCE_DIR}/netlink.cc
                                   ${CMAKE_CURRENT_SOURCE_DIR}/firewall.cc
+                                  ${CMAKE_CURRENT_SOURCE_DIR}/nft_elements.cc
                                   ${CMAKE_CURRENT_SOURCE_DIR}/netd.cc)
 nsbox_target_defaults(nsbox_net_host)
 target_link_libraries(nsbox_net_host PUBLIC nsbox_net_policy nsbox_net_resolver nsbox_http_deps

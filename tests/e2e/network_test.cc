@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <memory>
 #include <set>
@@ -582,6 +583,51 @@ TEST_F(NetworkTest, RefusedAndAllowedConnectionsAreCountedAndLogged) {
   CreateNet(none, "none");
   CurlIn(none, Url(inet().denied_address()), 2);
   EXPECT_LE(ConnectionsMetric(none, "refused"), 0) << client().Get("/metrics").body;
+}
+
+// Seconds left of an nft duration ("29s812ms", "1m5s", "750ms").
+double NftSeconds(const std::string& text) {
+  double total = 0;
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    size_t end = i;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    const double n = std::stod(text.substr(i, end - i));
+    size_t unit_end = end;
+    while (unit_end < text.size() && std::isalpha(static_cast<unsigned char>(text[unit_end]))) {
+      ++unit_end;
+    }
+    const std::string unit = text.substr(end, unit_end - end);
+    total += unit == "ms" ? n / 1000 : unit == "s" ? n : unit == "m" ? n * 60 : n * 3600;
+    i = unit_end;
+  }
+  return total;
+}
+
+// The resolver opens an address it answered for the answer's TTL (the test DNS server gives 30
+// s), in the sandbox's own set of the daemon's table; a later answer starts that time again.
+TEST_F(NetworkTest, LearnedAddressesLastTheirTtlAndALaterAnswerRenewsThem) {
+  const std::string id = NewId();
+  CreateNet(id, Allow({"allowed.test"}));
+  ASSERT_EQ(Getent(id, "allowed.test").first, 0);
+  const std::string element = inet().allowed_address() + " timeout 30s expires ";
+  // What is left of the element's time, from `nft list ruleset` (-1: not there).
+  auto left = [&]() {
+    const std::string tables = OwnTables(NftRuleset());
+    const size_t at = tables.find(element);
+    if (at == std::string::npos) return -1.0;
+    return NftSeconds(tables.substr(at + element.size(), 20));
+  };
+  const double first = left();
+  ASSERT_GT(first, 25) << OwnTables(NftRuleset());
+  EXPECT_LE(first, 30);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  const double later = left();
+  EXPECT_LT(later, first - 2) << OwnTables(NftRuleset());
+  ASSERT_EQ(Getent(id, "allowed.test").first, 0);
+  const double renewed = left();
+  EXPECT_GT(renewed, later + 2) << OwnTables(NftRuleset());
+  EXPECT_LE(renewed, 30);
 }
 
 // A host that cannot enforce a policy (here: the daemon's range overlaps a route of the host, the
