@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace nsbox::net {
@@ -52,6 +53,17 @@ std::string NftElements::Ipv4PortKey(uint32_t address, uint16_t port) {
 Status NftElements::Refresh(const std::string& table, const std::string& set,
                             const std::vector<std::string>& keys, uint64_t timeout_ms) {
   if (keys.empty()) return Ok();
+  // A netlink attribute's length is 16 bits: the element list of one message stays well under
+  // 64 KiB (≈ 32 bytes a key) by writing a long answer's keys in parts.
+  constexpr size_t kMaxKeys = 1024;
+  if (keys.size() > kMaxKeys) {
+    for (size_t at = 0; at < keys.size(); at += kMaxKeys) {
+      const size_t end = std::min(keys.size(), at + kMaxKeys);
+      NSBOX_TRY(Refresh(table, set, std::vector<std::string>(keys.begin() + at, keys.begin() + end),
+                        timeout_ms));
+    }
+    return Ok();
+  }
   if (seq_ == 0) seq_ = static_cast<uint32_t>(::time(nullptr));
   // Three messages of at most ~64 bytes per key, plus headers and names.
   size_t size = 512 + 3 * (table.size() + set.size());

@@ -1,6 +1,6 @@
 // Which commands nsbox-init runs without bash (exec/direct.h), and what it gives them. That the
 // program then sees what bash would have given it is checked against bash itself, in a real
-// sandbox, by the integration case InitExec.DirectCommandsSeeWhatBashWouldGiveThem.
+// sandbox, by the integration case InitExecTest.DirectCommandsSeeWhatBashWouldGiveThem.
 
 #include "exec/direct.h"
 
