@@ -69,8 +69,10 @@ bool PlainShellLevel(std::string_view value) {
 }
 
 // Whether bash would hand `env` on unchanged (but for SHLVL, PWD and _, which DirectForm sets),
-// with nothing in it that changes what bash runs. `*has_shlvl` says whether SHLVL is in it.
-bool EnvPassesThroughBash(const std::vector<std::string>& env, bool* has_shlvl) {
+// with nothing in it that changes what bash runs. `*has_shlvl` says whether SHLVL is in it,
+// `*path` is its PATH.
+bool EnvPassesThroughBash(const std::vector<std::string>& env, bool* has_shlvl,
+                          std::string_view* path_out) {
   std::vector<std::string_view> names;
   names.reserve(env.size());
   *has_shlvl = false;
@@ -90,6 +92,7 @@ bool EnvPassesThroughBash(const std::vector<std::string>& env, bool* has_shlvl) 
       // Every directory absolute: nsbox-init searches from its own working directory, not the
       // command's, so a relative one ("" is ".") is bash's to search.
       const std::string_view path = std::string_view(kv).substr(eq + 1);
+      *path_out = path;
       size_t start = 0;
       for (;;) {
         const size_t colon = path.find(':', start);
@@ -139,7 +142,8 @@ std::optional<DirectCommand> DirectForm(
   auto words = PlainWords(command);
   if (!words.has_value()) return std::nullopt;
   bool has_shlvl = false;
-  if (!EnvPassesThroughBash(env, &has_shlvl)) return std::nullopt;
+  std::string_view path;
+  if (!EnvPassesThroughBash(env, &has_shlvl, &path)) return std::nullopt;
 
   DirectCommand out;
   const std::string& word = words->front();
@@ -148,7 +152,7 @@ std::optional<DirectCommand> DirectForm(
     // non-executable file fails execve in the child, which then runs bash for its message.
     out.file = word;
   } else {
-    for (auto& candidate : CommandCandidates(word, PathOf(env))) {
+    for (auto& candidate : CommandCandidates(word, std::string(path))) {
       if (is_executable(candidate)) {
         out.file = std::move(candidate);
         break;

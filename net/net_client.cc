@@ -9,12 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/json.hpp>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
 #include "base/files.h"
+#include "base/syscalls.h"
 
 extern char** environ;
 
@@ -34,7 +36,10 @@ Result<std::string> ReceiveAnswer(int fd, int timeout_ms) {
   } while (ready < 0 && errno == EINTR);
   if (ready < 0) return Error::Sys("poll", "nsbox-net channel", errno);
   if (ready == 0) return Error(ETIMEDOUT, "nsbox-net did not answer within 10 s");
-  std::string buf(kMaxAnswer, '\0');
+  // The answer's length first (a peek with MSG_TRUNC): a buffer of its size, not of the most.
+  const ssize_t size = ::recv(fd, nullptr, 0, MSG_PEEK | MSG_TRUNC);
+  if (size < 0) return Error::Sys("recv", "nsbox-net channel", errno);
+  std::string buf(std::min(static_cast<size_t>(size), kMaxAnswer), '\0');
   ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
   if (n < 0) return Error::Sys("recv", "nsbox-net channel", errno);
   if (n == 0) return Error(EPIPE, "nsbox-net exited (its log says why)");
@@ -163,16 +168,8 @@ Result<std::string> NetHelper::Call(const std::string& request, int fd) {
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  }
+  sys::FdControl control;
+  if (fd >= 0) sys::AttachFd(&msg, &control, fd);
   if (::sendmsg(channel_.get(), &msg, MSG_NOSIGNAL) < 0) {
     const int e = errno;
     dead_ = true;

@@ -97,7 +97,13 @@ Status SendJson(int fd, const json::object& o) {
 
 // One message and the fd it carried (if any); nullopt at the end of the channel.
 Result<std::optional<std::pair<std::string, UniqueFd>>> Receive(int fd) {
-  std::string buf(kMaxMessage, '\0');
+  // The message's length first (a peek with MSG_TRUNC): a buffer of its size, not of the most.
+  const ssize_t size = ::recv(fd, nullptr, 0, MSG_PEEK | MSG_TRUNC | MSG_DONTWAIT);
+  if (size < 0) {
+    if (errno == EAGAIN || errno == EINTR) return Error(EAGAIN, "no message");
+    return Error::Sys("recv", "channel", errno);
+  }
+  std::string buf(std::min(static_cast<size_t>(size), kMaxMessage), '\0');
   iovec iov{buf.data(), buf.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   msghdr msg{};

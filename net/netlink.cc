@@ -19,6 +19,8 @@
 #include <cstring>
 #include <vector>
 
+#include "net/policy.h"
+
 namespace nsbox::net {
 namespace {
 
@@ -33,13 +35,6 @@ nlmsghdr* Start(char* buf, uint16_t type, uint16_t flags, uint32_t seq) {
 }
 
 uint32_t Net(uint32_t host_order) { return htonl(host_order); }
-
-std::string Ipv4(uint32_t a) {
-  char text[INET_ADDRSTRLEN];
-  const uint32_t n = htonl(a);
-  inet_ntop(AF_INET, &n, text, sizeof text);
-  return text;
-}
 
 }  // namespace
 
@@ -208,7 +203,8 @@ Status Netlink::AddAddress(const std::string& name, uint32_t address, uint8_t pr
   ifa->ifa_index = static_cast<uint32_t>(index);
   mnl_attr_put_u32(nlh, IFA_LOCAL, Net(address));
   mnl_attr_put_u32(nlh, IFA_ADDRESS, Net(address));
-  return Ack(buf, "add address " + Ipv4(address) + "/" + std::to_string(prefix) + " to " + name);
+  return Ack(buf,
+             "add address " + Ipv4Text(address) + "/" + std::to_string(prefix) + " to " + name);
 }
 
 Status Netlink::AddRoute(const std::string& name, uint32_t dst, uint8_t prefix, uint32_t gateway) {
@@ -226,8 +222,8 @@ Status Netlink::AddRoute(const std::string& name, uint32_t dst, uint8_t prefix, 
   if (prefix != 0) mnl_attr_put_u32(nlh, RTA_DST, Net(dst));
   if (gateway != 0) mnl_attr_put_u32(nlh, RTA_GATEWAY, Net(gateway));
   mnl_attr_put_u32(nlh, RTA_OIF, static_cast<uint32_t>(index));
-  return Ack(buf, "add route " + Ipv4(dst) + "/" + std::to_string(prefix) +
-                      (gateway != 0 ? " via " + Ipv4(gateway) : "") + " dev " + name);
+  return Ack(buf, "add route " + Ipv4Text(dst) + "/" + std::to_string(prefix) +
+                      (gateway != 0 ? " via " + Ipv4Text(gateway) : "") + " dev " + name);
 }
 
 Status Netlink::AddPermanentNeighbour(const std::string& name, uint32_t address, const Mac& mac) {
@@ -240,7 +236,7 @@ Status Netlink::AddPermanentNeighbour(const std::string& name, uint32_t address,
   ndm->ndm_state = NUD_PERMANENT;
   mnl_attr_put_u32(nlh, NDA_DST, Net(address));
   mnl_attr_put(nlh, NDA_LLADDR, mac.size(), mac.data());
-  return Ack(buf, "add neighbour " + Ipv4(address) + " on " + name);
+  return Ack(buf, "add neighbour " + Ipv4Text(address) + " on " + name);
 }
 
 Result<std::vector<std::string>> Netlink::LinksWithPrefix(const std::string& prefix) {
@@ -305,7 +301,7 @@ Result<std::string> Netlink::ConflictingRoute(uint32_t network, uint8_t prefix,
     char name[IF_NAMESIZE] = "?";
     if (routes.oif[i] > 0) ::if_indextoname(static_cast<unsigned>(routes.oif[i]), name);
     if (std::string(name).rfind(own_prefix, 0) == 0) continue;  // ours (a dead predecessor's)
-    return Ipv4(dst) + "/" + std::to_string(len) + " dev " + name;
+    return Ipv4Text(dst) + "/" + std::to_string(len) + " dev " + name;
   }
   return std::string();
 }

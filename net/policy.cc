@@ -256,6 +256,7 @@ NameVerdict MatchName(const NetworkPolicy& p, std::string_view raw) {
     v.all_ports = true;
     return v;
   }
+  if (raw.find('\\') != std::string_view::npos) return v;  // escaped: see policy.h
   std::string name = Lower(raw);
   if (!name.empty() && name.back() == '.') name.pop_back();
   for (const auto& e : p.allow) {

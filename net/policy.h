@@ -66,7 +66,10 @@ boost::json::value PolicyToJson(const NetworkPolicy& policy);
 // Short text for logs and the CLI: "none", "open", "allow(3)", "open+allow(2)".
 std::string PolicySummary(const NetworkPolicy& policy);
 
-// What the resolver may answer for `name` (any case, trailing dot or not).
+// What the resolver may answer for `name` (any case, trailing dot or not), a name as ldns writes
+// it: a name with an escape ("\." for a dot inside a label, "\DDD" for other bytes) is
+// allowed only by an open policy, since "a\.cdn.example.net" (the labels "a.cdn", "example",
+// "net") would read as a name below "cdn.example.net".
 struct NameVerdict {
   bool allowed = false;
   bool all_ports = false;       // an entry without a port matched (or the policy is open)

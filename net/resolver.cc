@@ -597,13 +597,7 @@ void Resolver::Impl::HandleQuery(uint32_t source, const uint8_t* data, size_t si
     return;
   }
   const std::string name = NameText(ldns_rr_owner(question));
-  // ldns escapes what is not plain in a label ("\." for a dot inside one, "\DDD" for other
-  // bytes). MatchName reads text, where "a\.cdn.example.net" (the labels "a.cdn", "example",
-  // "net") would pass for a name below "cdn.example.net": such names are denied outright, unless
-  // the policy is open to every name anyway.
-  const bool escaped = name.find('\\') != std::string::npos;
-  NameVerdict verdict;
-  if (!escaped || policy->mode == NetworkPolicy::Mode::kOpen) verdict = MatchName(*policy, name);
+  const NameVerdict verdict = MatchName(*policy, name);  // escaped names too (policy.h)
   if (!verdict.allowed) {
     ++counters.denied;
     log::debug("resolver: {} asked for {}: not allowed", Ipv4Text(source), name);

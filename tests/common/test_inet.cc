@@ -21,6 +21,8 @@
 
 #include <ldns/ldns.h>
 
+#include "net/policy.h"
+
 namespace nsbox::testinet {
 namespace {
 
@@ -33,13 +35,6 @@ constexpr uint32_t kRangeBase = (198u << 24) | (18u << 16);  // 198.18.0.0/15
 constexpr uint32_t kSlots = (1u << 17) / 8;                  // /29s in it
 
 std::atomic<int> g_instances{0};
-
-std::string Ipv4(uint32_t host_order) {
-  in_addr a{htonl(host_order)};
-  char buf[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, &a, buf, sizeof(buf));
-  return buf;
-}
 
 std::string Trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
@@ -172,7 +167,7 @@ std::vector<std::string> TestInternet::RemoveLeftovers() {
 }
 
 std::string TestInternet::Address(int offset) const {
-  return Ipv4(base_ + static_cast<uint32_t>(offset));
+  return net::Ipv4Text(base_ + static_cast<uint32_t>(offset));
 }
 
 bool TestInternet::Fail(const std::string& message) {
