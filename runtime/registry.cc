@@ -641,12 +641,9 @@ Result<net::NetHelper*> Registry::Net() {
 
 Status Registry::AttachLocked(SandboxEntry& entry, Sandbox& box, const net::NetworkPolicy& policy) {
   NSBOX_ASSIGN_OR_RETURN(net::NetHelper * net, Net());
-  // The init is this daemon's child, not yet reaped: its pid names it and nothing else.
-  const std::string path = "/proc/" + std::to_string(box.init_pid()) + "/ns/net";
-  UniqueFd netns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!netns.valid()) return Error::Sys("open", path, errno);
+  // The namespace's fd the sandbox holds since its start (Sandbox::netns_fd).
   NSBOX_ASSIGN_OR_RETURN(auto attached,
-                         net->Attach(entry.hash_, entry.config_.id, netns.get(), policy));
+                         net->Attach(entry.hash_, entry.config_.id, box.netns_fd(), policy));
   {
     std::lock_guard<std::mutex> lock(entry.mu_);
     entry.address_ = attached.address;
@@ -741,8 +738,8 @@ ApiOutcome<bool> Registry::SetNetwork(SandboxEntry& entry, const net::NetworkPol
   return true;
 }
 
-std::map<std::string, Registry::NetCounts> Registry::NetworkCounters() {
-  std::map<std::string, NetCounts> out;
+std::map<std::string, NetworkConnections> Registry::NetworkCounters() {
+  std::map<std::string, NetworkConnections> out;
   net::NetHelper* net = nullptr;
   {
     std::lock_guard<std::mutex> lock(net_mu_);

@@ -34,6 +34,7 @@
 #include "images/store.h"
 #include "net/policy.h"
 #include "runtime/api_error.h"
+#include "runtime/metrics.h"
 #include "runtime/sandbox.h"
 
 namespace nsbox::runtime {
@@ -175,11 +176,7 @@ class Registry {
   // Whether the host can enforce a policy with a network: starts nsbox-net if it is not running.
   ApiOutcome<bool> CheckNetwork(const net::NetworkPolicy& policy);
   // Connections allowed and refused per sandbox id, of the sandboxes with a network now.
-  struct NetCounts {
-    uint64_t allowed = 0;
-    uint64_t refused = 0;
-  };
-  std::map<std::string, NetCounts> NetworkCounters();
+  std::map<std::string, NetworkConnections> NetworkCounters();
 
   // Images. Removing one that a sandbox uses is refused (409 image_in_use, naming them);
   // content no name and no sandbox refers to any more is deleted.

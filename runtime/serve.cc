@@ -136,6 +136,16 @@ std::string SignalName(int sig) {
 
 // ---- JSON shapes of api.md ----
 
+// A sandbox's "network" (its policy) and "address" (null unless it runs with a network).
+void AddNetworkJson(json::object& o, const SandboxEntry& e) {
+  o["network"] = net::PolicyToJson(e.network());
+  if (std::string address = e.address(); !address.empty()) {
+    o["address"] = address;
+  } else {
+    o["address"] = nullptr;
+  }
+}
+
 json::object SandboxJson(const SandboxEntry& e) {
   const SandboxConfig& c = e.config();
   json::object o;
@@ -149,12 +159,7 @@ json::object SandboxJson(const SandboxEntry& e) {
   if (c.limits.pids) limits["pids"] = *c.limits.pids;
   if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
   o["limits"] = std::move(limits);
-  o["network"] = net::PolicyToJson(e.network());
-  if (std::string address = e.address(); !address.empty()) {
-    o["address"] = address;
-  } else {
-    o["address"] = nullptr;
-  }
+  AddNetworkJson(o, e);
   json::object env;
   for (const auto& [k, v] : c.env) env[k] = v;
   o["env"] = std::move(env);
@@ -527,22 +532,6 @@ std::string QueryWithout(std::string_view query, std::string_view name) {
 }
 
 constexpr std::string_view kTokenCookie = "nsbox_token";
-
-// A cookie value: letters, digits and "-._~" as they are, every other byte %XX.
-std::string CookieEncode(std::string_view v) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char ch : v) {
-    if (std::isalnum(ch) != 0 || ch == '-' || ch == '.' || ch == '_' || ch == '~') {
-      out += static_cast<char>(ch);
-    } else {
-      out += '%';
-      out += kHex[ch >> 4];
-      out += kHex[ch & 15];
-    }
-  }
-  return out;
-}
 
 // The Cookie headers split: the nsbox_token value (decoded; nullopt when absent) and the other
 // cookies, joined again for the upstream.
@@ -1062,7 +1051,7 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
         res.set(http::field::server, std::string("nsboxd/") + kVersion);
         res.set(http::field::location,
                 std::string(path) + (rest.empty() ? std::string() : "?" + rest));
-        res.set(http::field::set_cookie, std::string(kTokenCookie) + "=" + CookieEncode(token_) +
+        res.set(http::field::set_cookie, std::string(kTokenCookie) + "=" + PercentEncode(token_) +
                                              "; Path=" + prefix + "; HttpOnly; SameSite=Strict");
         res.set(http::field::cache_control, "no-store");
         res.keep_alive(false);
@@ -1149,11 +1138,8 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
     {
       auto work = [this] {
-        std::map<std::string, NetworkConnections> network;
-        for (const auto& [id, counts] : registry_.NetworkCounters()) {
-          network[id] = {counts.allowed, counts.refused};
-        }
-        return metrics_.Render(registry_.CountByState()) + RenderNetworkConnections(network);
+        return metrics_.Render(registry_.CountByState()) +
+               RenderNetworkConnections(registry_.NetworkCounters());
       };
       std::string reply_body = co_await Blocking(std::move(work));
       co_return co_await Reply(c, 200, std::move(reply_body),
@@ -2032,12 +2018,7 @@ asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> 
 asio::awaitable<bool> Daemon::SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
   if (c.parser.get().method() == http::verb::get) {
     json::object o;
-    o["network"] = net::PolicyToJson(entry->network());
-    if (std::string address = entry->address(); !address.empty()) {
-      o["address"] = address;
-    } else {
-      o["address"] = nullptr;
-    }
+    AddNetworkJson(o, *entry);
     co_return co_await ReplyJson(c, 200, o);
   }
   auto body = co_await ReadJson(c, false);
