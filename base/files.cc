@@ -21,13 +21,17 @@ Result<UniqueFd> OpenAt(int dirfd, const std::string& path, int flags, mode_t mo
 
 Result<std::string> ReadFileAt(int dirfd, const std::string& path) {
   NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(dirfd, path, O_RDONLY | O_NOCTTY));
+  return ReadFd(fd.get(), path);
+}
+
+Result<std::string> ReadFd(int fd, std::string_view what) {
   std::string out;
   char buf[4096];
   for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return Error::Sys("read", path, errno);
+      return Error::Sys("read", what, errno);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));

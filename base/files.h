@@ -15,6 +15,8 @@ namespace nsbox {
 Result<UniqueFd> OpenAt(int dirfd, const std::string& path, int flags, mode_t mode = 0);
 // The whole content of a small file (a /proc or /sys entry, a config file).
 Result<std::string> ReadFileAt(int dirfd, const std::string& path);
+// The rest of an open file, from its offset to EOF; `what` names it in the error.
+Result<std::string> ReadFd(int fd, std::string_view what);
 inline Result<std::string> ReadFile(const std::string& path) { return ReadFileAt(-100, path); }
 // Writes `content` to an existing file (a cgroup knob, /proc/PID/uid_map) in one write(2), as
 // those kernel interfaces require.

@@ -107,6 +107,9 @@ class Runner {
   // `cgroup_dir`: an O_DIRECTORY fd of the delegated cgroup v2 directory under which every
   // command gets its own child cgroup, or -1 where there is none (then kills go to the process
   // group and to every process found with the command's session, through pidfds).
+  // The cgroup directories of the next command are made, and those of ended ones removed, on a
+  // thread of the runner's own (started on demand, ended when idle), so that a request does not
+  // wait for them.
   Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks, RunnerV1Cgroups v1 = {});
   ~Runner();
   Runner(const Runner&) = delete;

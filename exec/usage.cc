@@ -1,6 +1,8 @@
 #include "exec/usage.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <charconv>
 #include <limits>
@@ -26,22 +28,43 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
                                                       : a + b;
 }
 
-// The text of a cgroup file of `dir`; nullopt when there is no such file (the controller is not
-// enabled there) or it cannot be read (logged: the figure is then unknown, not zero).
-std::optional<std::string> ReadCgroupFile(int dir, const char* file) {
-  if (dir < 0) return std::nullopt;
-  auto text = ReadFileAt(dir, file);
+// A cgroup file of `dir`, opened for reading; invalid when there is no such file (the controller
+// is not enabled there) or it cannot be opened (logged: the figure is then unknown, not zero).
+UniqueFd OpenCgroupFile(int dir, const char* file) {
+  if (dir < 0) return UniqueFd();
+  auto fd = OpenAt(dir, file, O_RDONLY | O_NOCTTY);
+  if (!fd.ok()) {
+    if (fd.error().code() != ENOENT) log::warn("exec usage: {}", fd.error().message());
+    return UniqueFd();
+  }
+  return std::move(fd).value();
+}
+
+// The whole text of an opened cgroup file, read from its start.
+std::optional<std::string> ReadCgroupFile(const UniqueFd& fd, const char* file) {
+  if (!fd.valid()) return std::nullopt;
+  if (::lseek(fd.get(), 0, SEEK_SET) < 0) {
+    log::warn("exec usage: lseek {}: {}", file, ErrnoText(errno));
+    return std::nullopt;
+  }
+  auto text = ReadFd(fd.get(), file);
   if (!text.ok()) {
-    if (text.error().code() != ENOENT) log::warn("exec usage: {}", text.error().message());
+    log::warn("exec usage: {}", text.error().message());
     return std::nullopt;
   }
   return std::move(text).value();
 }
 
-std::optional<uint64_t> ReadSingle(int dir, const char* file) {
-  auto text = ReadCgroupFile(dir, file);
+std::optional<uint64_t> ReadSingle(const UniqueFd& fd, const char* file) {
+  auto text = ReadCgroupFile(fd, file);
   if (!text.has_value()) return std::nullopt;
   return ParseSingleValue(*text);
+}
+
+// The first of two candidates that exists.
+UniqueFd OpenEither(int dir_a, const char* file_a, int dir_b, const char* file_b) {
+  UniqueFd fd = OpenCgroupFile(dir_a, file_a);
+  return fd.valid() ? std::move(fd) : OpenCgroupFile(dir_b, file_b);
 }
 
 }  // namespace
@@ -105,22 +128,28 @@ uint64_t ParseOomKillCount(std::string_view text) {
   return FindKeyedValue(text, "oom_kill").value_or(0);
 }
 
-CommandUsage ReadUsage(const UsageDirs& dirs) {
-  CommandUsage u;
+UsageFiles OpenUsageFiles(const UsageDirs& dirs) {
+  UsageFiles f;
   // cpu.stat is a core file of every v2 cgroup: there even without the cpu controller.
-  if (auto text = ReadCgroupFile(dirs.v2, "cpu.stat")) {
+  f.cpu_stat = OpenCgroupFile(dirs.v2, "cpu.stat");
+  f.memory_peak = OpenEither(dirs.v2, "memory.peak", dirs.memory_v1, "memory.max_usage_in_bytes");
+  f.pids_peak = OpenEither(dirs.v2, "pids.peak", dirs.pids_v1, "pids.peak");
+  // Only v2: v1 blkio charges buffered writeback to whoever flushes it, not to the writer.
+  f.io_stat = OpenCgroupFile(dirs.v2, "io.stat");
+  f.oom = OpenEither(dirs.v2, "memory.events", dirs.memory_v1, "memory.oom_control");
+  return f;
+}
+
+CommandUsage ReadUsage(const UsageFiles& files) {
+  CommandUsage u;
+  if (auto text = ReadCgroupFile(files.cpu_stat, "cpu.stat")) {
     CpuStat cpu = ParseCpuStat(*text);
     u.cpu_user_us = cpu.user_us;
     u.cpu_system_us = cpu.system_us;
   }
-  u.memory_peak_bytes = ReadSingle(dirs.v2, "memory.peak");
-  if (!u.memory_peak_bytes.has_value()) {
-    u.memory_peak_bytes = ReadSingle(dirs.memory_v1, "memory.max_usage_in_bytes");
-  }
-  u.pids_peak = ReadSingle(dirs.v2, "pids.peak");
-  if (!u.pids_peak.has_value()) u.pids_peak = ReadSingle(dirs.pids_v1, "pids.peak");
-  // Only v2: v1 blkio charges buffered writeback to whoever flushes it, not to the writer.
-  if (auto text = ReadCgroupFile(dirs.v2, "io.stat")) {
+  u.memory_peak_bytes = ReadSingle(files.memory_peak, "memory peak");
+  u.pids_peak = ReadSingle(files.pids_peak, "pids.peak");
+  if (auto text = ReadCgroupFile(files.io_stat, "io.stat")) {
     if (auto io = ParseIoStat(*text)) {
       u.io_read_bytes = io->read;
       u.io_write_bytes = io->write;
@@ -129,14 +158,13 @@ CommandUsage ReadUsage(const UsageDirs& dirs) {
   return u;
 }
 
-bool OomKilledIn(const UsageDirs& dirs) {
-  if (auto events = ReadCgroupFile(dirs.v2, "memory.events")) {
-    return ParseOomKillCount(*events) > 0;
-  }
-  if (auto control = ReadCgroupFile(dirs.memory_v1, "memory.oom_control")) {
-    return ParseOomKillCount(*control) > 0;
-  }
-  return false;
+bool OomKilledIn(const UsageFiles& files) {
+  auto text = ReadCgroupFile(files.oom, "memory events");
+  return text.has_value() && ParseOomKillCount(*text) > 0;
 }
+
+CommandUsage ReadUsage(const UsageDirs& dirs) { return ReadUsage(OpenUsageFiles(dirs)); }
+
+bool OomKilledIn(const UsageDirs& dirs) { return OomKilledIn(OpenUsageFiles(dirs)); }
 
 }  // namespace nsbox::exec

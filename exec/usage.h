@@ -9,6 +9,8 @@
 #include <optional>
 #include <string_view>
 
+#include "base/unique_fd.h"
+
 namespace nsbox::exec {
 
 struct CommandUsage {
@@ -29,11 +31,27 @@ struct UsageDirs {
   int pids_v1 = -1;
 };
 
-// Reads every figure the directories give; a file that is missing (its controller is not
-// enabled there) or malformed leaves its figure unset.
-CommandUsage ReadUsage(const UsageDirs& dirs);
+// The files the figures come from, opened once while the cgroups are made (before the command
+// runs: a cgroup file's text is made when it is read, not when it is opened), so that reading
+// them when the command ends costs one read each. Invalid where the hierarchy has no such file
+// (its controller is not enabled there).
+struct UsageFiles {
+  UniqueFd cpu_stat;     // v2 cpu.stat
+  UniqueFd memory_peak;  // v2 memory.peak, else v1 memory.max_usage_in_bytes
+  UniqueFd pids_peak;    // v2 pids.peak, else v1 pids.peak
+  UniqueFd io_stat;      // v2 io.stat
+  UniqueFd oom;          // v2 memory.events, else v1 memory.oom_control
+};
+UsageFiles OpenUsageFiles(const UsageDirs& dirs);
+
+// Reads every figure the files give; a file that is missing or malformed leaves its figure
+// unset. Each file is read from its start, every time.
+CommandUsage ReadUsage(const UsageFiles& files);
 // Whether the OOM killer killed a process of the command: v2 memory.events "oom_kill", else v1
 // memory.oom_control "oom_kill". False when neither is there.
+bool OomKilledIn(const UsageFiles& files);
+// The same, opening the files of `dirs` first.
+CommandUsage ReadUsage(const UsageDirs& dirs);
 bool OomKilledIn(const UsageDirs& dirs);
 
 // ---- Parsers --------------------------------------------------------------------------------
