@@ -69,6 +69,15 @@ struct OpenedFile {
 };
 FsOutcome<OpenedFile> OpenForRead(int root, const std::string& path);
 
+// readFile of a small file without ever blocking, for an event loop: the whole of a regular file
+// of at most `limit` bytes when everything it takes is in memory now (the lookup in the dentry
+// cache, RESOLVE_CACHED; the bytes in the page cache, RWF_NOWAIT; tmpfs read plainly), on a
+// local file system (ext4, xfs, btrfs, overlayfs, tmpfs: never FUSE or a network file system,
+// whose open may wait for someone). nullopt for anything else (a component or page not cached,
+// a larger file, not a regular file, another file system, any error): the caller then takes the
+// blocking way (OpenForRead on a worker thread), which gives the exact answer.
+std::optional<std::string> ReadCachedFile(int root, const std::string& path, size_t limit);
+
 // writeFile, in three steps so that large files stream: Begin finds the target (a symlink at
 // `path` is followed, in-root, up to 40 links, as Node's open(O_CREAT) does: a dangling one
 // names the file to create), and if that fails with ENOENT makes the parent directories (Node's

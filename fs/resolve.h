@@ -24,6 +24,11 @@ namespace nsbox::fs {
 // each symlink itself and resolves it in-root.
 int OpenInRoot(int root, std::string_view path, int flags, UniqueFd& out);
 
+// OpenInRoot from the kernel's caches alone (openat2 RESOLVE_CACHED, Linux 5.12): EAGAIN where a
+// component is not in the dentry cache, or where openat2 is not used, so that an event loop can
+// try it without ever blocking on a disk; other errors as OpenInRoot's.
+int OpenInRootCached(int root, std::string_view path, int flags, UniqueFd& out);
+
 // Whether OpenInRoot uses openat2 (the default, while the kernel has it).
 void SetUseOpenat2(bool enabled);
 bool UsesOpenat2();

@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "base/unique_fd.h"
+#include "base/worker_pool.h"
 #include "exec/reactor.h"
 #include "exec/runner.h"
 #include "fs/file_ops.h"
@@ -47,8 +48,6 @@ class InitServer {
   Status Run();
 
  private:
-  class Workers;
-
   void ReadControl();
   void OnFrame(fs::proto::FrameReader::Frame frame);
   void HandleExec(uint64_t tag, std::string_view payload);
@@ -76,7 +75,9 @@ class InitServer {
   struct ChildSecurity;
   std::unique_ptr<ChildSecurity> security_;
   std::unique_ptr<exec::Runner> runner_;
-  std::unique_ptr<Workers> workers_;
+  // The file verbs block on the file system; they run here so that one slow or large
+  // operation never stalls the loop or the other verbs.
+  std::unique_ptr<WorkerPool> workers_;
 
   fs::proto::FrameReader frames_;
   // Not zero-filled: an idle sandbox touches only the pages its requests filled (density).

@@ -4,17 +4,20 @@
 #include <gtest/gtest.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -159,6 +162,79 @@ TEST_P(FileOpsTest, ReadFileRefusesFifoSocketAndDeviceWithoutBlocking) {
   } else {
     std::cerr << "SKIPPED the device case: mknod: " << strerror(errno) << "\n";
   }
+}
+
+// --- readFile on the event loop: only what is in memory ----------------------------------
+
+TEST_P(FileOpsTest, ReadCachedFileGivesTheBytesOrLeavesItToTheBlockingWay) {
+  File("/a.txt", std::string("hi\0there\xff", 9));
+  Link("/a.txt", "/abs");
+  File("/empty", "");
+  File("/big", std::string(5000, 'b'));
+  Dir("/d");
+  ASSERT_EQ(::mkfifo(Host("/fifo").c_str(), 0644), 0);
+  // An escape attempt: "/.." is the root itself, so this names /outside/secret in the jail.
+  Link("/../../outside/secret", "/escape");
+  // Warm: what OpenForRead looks up and reads is then in the caches.
+  for (const char* p : {"/a.txt", "/abs", "/empty", "/big", "/escape"}) (void)Read(p);
+
+  const bool cached_lookup = GetParam();  // RESOLVE_CACHED is openat2's; the walk never is
+  auto cached = [&](const std::string& path, size_t limit = 4096) {
+    return ReadCachedFile(root_.get(), path, limit);
+  };
+  if (cached_lookup) {
+    EXPECT_EQ(cached("/a.txt"), std::string("hi\0there\xff", 9));
+    EXPECT_EQ(cached("/abs"), std::string("hi\0there\xff", 9));
+    EXPECT_EQ(cached("/empty"), std::string());
+    EXPECT_EQ(cached("/big", 5000), std::string(5000, 'b'));
+  } else {
+    EXPECT_EQ(cached("/a.txt"), std::nullopt);
+  }
+  EXPECT_EQ(cached("/big", 4999), std::nullopt) << "over the limit";
+  // What is not a regular file, missing or refused: never read here, never blocking (a FIFO
+  // with no writer would hang a plain open).
+  EXPECT_EQ(cached("/d"), std::nullopt);
+  EXPECT_EQ(cached("/fifo"), std::nullopt);
+  EXPECT_EQ(cached("/missing"), std::nullopt);
+  EXPECT_EQ(cached("/escape"), std::nullopt);
+  EXPECT_EQ(cached(std::string("/a.txt\0x", 8)), std::nullopt);
+  ExpectOutsideUntouched();
+}
+
+// A file whose pages are not in memory is not read on the loop (RWF_NOWAIT): the loop never
+// waits for a disk. Needs a disk-backed directory whose clean pages POSIX_FADV_DONTNEED drops.
+TEST_P(FileOpsTest, ReadCachedFileNeverWaitsForTheDisk) {
+  if (!GetParam()) GTEST_SKIP() << "the walk never reads on the loop";
+  std::string tmpl = "/var/tmp/nsbox-cached-read-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) GTEST_SKIP() << "no /var/tmp: " << strerror(errno);
+  const std::string dir = tmpl;
+  const std::string content(64 * 1024, 'd');
+  Put(dir + "/cold", content);
+  UniqueFd root(::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(root.valid());
+  UniqueFd fd(::open((dir + "/cold").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(fd.valid());
+  ASSERT_EQ(::fsync(fd.get()), 0);
+  ASSERT_EQ(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  // Still resident (tmpfs, or pages the kernel kept): nothing to learn here.
+  void* map = ::mmap(nullptr, content.size(), PROT_READ, MAP_SHARED, fd.get(), 0);
+  ASSERT_NE(map, MAP_FAILED);
+  std::vector<unsigned char> resident(content.size() / 4096);
+  ASSERT_EQ(::mincore(map, content.size(), resident.data()), 0);
+  ::munmap(map, content.size());
+  const bool any_resident =
+      std::any_of(resident.begin(), resident.end(), [](unsigned char c) { return c & 1; });
+  if (!any_resident) {
+    EXPECT_EQ(ReadCachedFile(root.get(), "/cold", content.size()), std::nullopt)
+        << "read from the disk on the loop";
+  }
+  // Read the blocking way (pages come in), then the loop may have it.
+  std::string warm(content.size(), '\0');
+  ASSERT_EQ(::pread(fd.get(), warm.data(), warm.size(), 0), static_cast<ssize_t>(warm.size()));
+  EXPECT_EQ(ReadCachedFile(root.get(), "/cold", content.size()), content);
+  std::error_code ec;
+  stdfs::remove_all(dir, ec);
+  if (any_resident) GTEST_SKIP() << "the file's pages stayed resident after DONTNEED";
 }
 
 // --- writeFile ----------------------------------------------------------------------------
