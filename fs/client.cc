@@ -338,21 +338,66 @@ void InitClient::KillExec(uint64_t tag, uint8_t reason) {
   (void)Send(Type::kExecKill, tag, proto::Encode(proto::ExecKill{reason}));
 }
 
-FsOutcome<InitClient::OpenedRead> InitClient::OpenRead(const std::string& path) {
-  OpenedRead opened;
-  auto r = Call(Type::kReadFile, proto::Encode(proto::PathRequest{path}), &opened.fd);
-  if (!r.ok()) return r.error();
-  if (r.value().type == Type::kFileData) {
-    opened.fd.reset();
-    opened.size = r.value().payload.size();
-    opened.data = std::move(r.value().payload);
+namespace {
+
+// The answer to a readFile: the bytes inline, or the fd of a large file and its size.
+FsOutcome<InitClient::OpenedRead> DecodeOpenedRead(const InitClient::RawReply& reply, UniqueFd fd) {
+  InitClient::OpenedRead opened;
+  if (reply.type == Type::kFileData) {
+    opened.size = reply.payload.size();
+    opened.data = reply.payload;
     return opened;
   }
-  if (r.value().type != Type::kFileFd || !proto::DecodeU64(r.value().payload, &opened.size) ||
-      !opened.fd.valid()) {
-    return ReplyError(r.value(), "file-data");
+  if (reply.type != Type::kFileFd || !proto::DecodeU64(reply.payload, &opened.size) ||
+      !fd.valid()) {
+    return ReplyError(reply, "file-data");
   }
+  opened.fd = std::move(fd);
   return opened;
+}
+
+}  // namespace
+
+FsOutcome<InitClient::OpenedRead> InitClient::OpenRead(const std::string& path) {
+  UniqueFd fd;
+  auto r = Call(Type::kReadFile, proto::Encode(proto::PathRequest{path}), &fd);
+  if (!r.ok()) return r.error();
+  return DecodeOpenedRead(r.value(), std::move(fd));
+}
+
+void InitClient::StartOpenRead(const std::string& path,
+                               std::function<void(FsOutcome<OpenedRead>)> done) {
+  auto callback = std::make_shared<std::function<void(FsOutcome<OpenedRead>)>>(std::move(done));
+  SendAsync(
+      Type::kReadFile, proto::Encode(proto::PathRequest{path}),
+      [callback](const proto::FrameReader::FrameView& frame, UniqueFd fd) {
+        (*callback)(
+            DecodeOpenedRead({frame.header.type, std::string(frame.payload)}, std::move(fd)));
+        return true;
+      },
+      [callback](const FsError& e) { (*callback)(e); });
+}
+
+void InitClient::SendAsync(Type type, std::string_view payload, Handler handler,
+                           const std::function<void(const FsError&)>& fail) {
+  const uint64_t tag = Register(std::move(handler));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) {
+      handlers_.erase(tag);
+      fail(TransportError("the control channel is closed"));
+      return;
+    }
+  }
+  if (auto st = Send(type, tag, payload); !st.ok()) {
+    bool registered = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      registered = handlers_.erase(tag) > 0;
+    }
+    // Not registered any more: FailAll has answered it already.
+    if (registered) fail(TransportError(st.error().message()));
+  }
 }
 
 FsOutcome<std::string> InitClient::ReadFile(const std::string& path) {
@@ -464,32 +509,18 @@ FsOutcome<Unit> InitClient::StopAll() { return ExpectOk(Call(Type::kStopAll, "")
 void InitClient::SendInput(const proto::ExecInput& input,
                            std::function<void(FsOutcome<Unit>)> done) {
   auto callback = std::make_shared<std::function<void(FsOutcome<Unit>)>>(std::move(done));
-  const uint64_t tag = Register([callback](const proto::FrameReader::FrameView& frame, UniqueFd) {
-    RawReply reply{frame.header.type, std::string(frame.payload)};
-    if (reply.type == Type::kOk) {
-      (*callback)(Unit{});
-    } else {
-      (*callback)(ReplyError(reply, "ok"));
-    }
-    return true;
-  });
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) {
-      handlers_.erase(tag);
-      (*callback)(TransportError("the control channel is closed"));
-      return;
-    }
-  }
-  if (auto st = Send(Type::kExecInput, tag, proto::Encode(input)); !st.ok()) {
-    bool registered = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      registered = handlers_.erase(tag) > 0;
-    }
-    // Not registered any more: FailAll has answered it already.
-    if (registered) (*callback)(TransportError(st.error().message()));
-  }
+  SendAsync(
+      Type::kExecInput, proto::Encode(input),
+      [callback](const proto::FrameReader::FrameView& frame, UniqueFd) {
+        RawReply reply{frame.header.type, std::string(frame.payload)};
+        if (reply.type == Type::kOk) {
+          (*callback)(Unit{});
+        } else {
+          (*callback)(ReplyError(reply, "ok"));
+        }
+        return true;
+      },
+      [callback](const FsError& e) { (*callback)(e); });
 }
 
 FsOutcome<Unit> InitClient::Input(const proto::ExecInput& input) {

@@ -75,6 +75,9 @@ class InitClient {
     uint64_t size = 0;
   };
   FsOutcome<OpenedRead> OpenRead(const std::string& path);
+  // OpenRead without a waiting thread: `done` runs on the reader thread with the answer (or at
+  // once, on the caller, when the channel is closed).
+  void StartOpenRead(const std::string& path, std::function<void(FsOutcome<OpenedRead>)> done);
   // writeFile for streaming: Begin returns a write fd of the temp file nsbox-init made and the
   // tag that Commit (atomic replace) or Abort (nothing changes) takes.
   struct OpenedWrite {
@@ -117,6 +120,10 @@ class InitClient {
   uint64_t Register(Handler handler);
   void Register(uint64_t tag, Handler handler);
   Status Send(proto::Type type, uint64_t tag, std::string_view payload);
+  // Registers `handler` for the answer and sends the request; where it cannot be sent (the
+  // channel is closed), `fail` runs at once with why, unless FailAll has answered it already.
+  void SendAsync(proto::Type type, std::string_view payload, Handler handler,
+                 const std::function<void(const FsError&)>& fail);
   FsOutcome<RawReply> Call(proto::Type type, std::string_view payload, UniqueFd* fd = nullptr,
                            uint64_t tag = 0);
   void ReaderLoop();
