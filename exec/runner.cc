@@ -533,7 +533,8 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     });
   }
   // Commands in a row (this one within kIdleRelease of the last): the next one's cgroups are
-  // made ahead. A lone command makes none that would only be thrown away.
+  // made ahead and ended ones removed on the cgroup thread. A lone command makes no spare that
+  // would only be thrown away, and starts no thread.
   const Clock::time_point now = Clock::now();
   in_a_row = now - last_start < kIdleRelease;
   last_start = now;
