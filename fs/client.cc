@@ -1,10 +1,13 @@
 #include "fs/client.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "base/files.h"
 
@@ -15,6 +18,35 @@ namespace {
 using proto::Type;
 
 constexpr size_t kReadBufferSize = 1 << 20;
+// A partial frame kept between two ReadReady calls: its string's memory is given back above this.
+constexpr size_t kKeptPartial = 64 << 10;
+// ReadReady's reads before it returns to the caller's loop.
+constexpr int kReadsPerReady = 4;
+
+// What one thread reads into: a reader thread's own, or that of a caller's loop, shared by every
+// client the loop reads (one at a time). It grows for a frame larger than it, and stays grown.
+struct ReadBuffer {
+  std::unique_ptr<char[]> data;
+  size_t capacity = 0;
+  // At least `size` bytes, keeping the first `keep`.
+  void Reserve(size_t size, size_t keep) {
+    if (capacity >= size) return;
+    std::unique_ptr<char[]> bigger(new char[size]);
+    if (keep > 0) std::memcpy(bigger.get(), data.get(), keep);
+    data = std::move(bigger);
+    capacity = size;
+  }
+};
+thread_local ReadBuffer t_read_buffer;
+
+// Waits until `fd` is ready for `events` (or has hung up); false when poll fails.
+bool WaitFor(int fd, short events) {
+  struct pollfd p = {fd, events, 0};
+  for (;;) {
+    if (::poll(&p, 1, -1) >= 0) return true;
+    if (errno != EINTR) return false;
+  }
+}
 
 FsError TransportError(std::string_view what) {
   FsError e;
@@ -49,10 +81,17 @@ FsError ReplyError(const InitClient::RawReply& reply, std::string_view expected)
 }
 
 InitClient::InitClient(UniqueFd control) : control_(std::move(control)) {
-  reader_ = std::thread([this] { ReaderLoop(); });
+  reader_ = std::thread([this] { Receive(true); });
 }
 
-InitClient::~InitClient() { Close(); }
+InitClient::InitClient(UniqueFd control, CallerReads) : control_(std::move(control)) {}
+
+InitClient::~InitClient() {
+  Close();
+  // With CallerReads, the loop may not have seen the channel close: the pending calls fail here.
+  // Nothing reads any more (the owner has stopped watching before destroying the client).
+  if (connected()) FailAll(TransportError("the control channel is closed"));
+}
 
 void InitClient::Close() {
   std::lock_guard<std::mutex> lock(close_mu_);
@@ -62,29 +101,36 @@ void InitClient::Close() {
   if (reader_.joinable()) reader_.join();
 }
 
+void InitClient::ReadOnOwnThread() {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (reader_.joinable() || !connected()) return;
+  reader_ = std::thread([this] { Receive(true); });
+}
+
+bool InitClient::ReadReady() { return Receive(false); }
+
 bool InitClient::connected() const {
   std::lock_guard<std::mutex> lock(mu_);
   return !closed_;
 }
 
 Status InitClient::Send(Type type, uint64_t tag, std::string_view payload) {
-  std::string frame = proto::EncodeFrame(type, tag, payload);
-  std::lock_guard<std::mutex> lock(send_mu_);
-  size_t off = 0;
-  while (off < frame.size()) {
-    ssize_t n = ::send(control_.get(), frame.data() + off, frame.size() - off, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error::Sys("send", "nsbox-init control channel", errno);
-    }
-    off += static_cast<size_t>(n);
-  }
-  return Ok();
+  return SendRaw(proto::EncodeFrame(type, tag, payload));
 }
 
 Status InitClient::SendRaw(std::string_view bytes) {
   std::lock_guard<std::mutex> lock(send_mu_);
-  return WriteAll(control_.get(), bytes, "nsbox-init control channel");
+  while (!bytes.empty()) {
+    ssize_t n = ::send(control_.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // The fd is non-blocking when a caller's loop watches it (CallerReads): wait here.
+      if ((errno == EAGAIN || errno == EWOULDBLOCK) && WaitFor(control_.get(), POLLOUT)) continue;
+      return Error::Sys("send", "nsbox-init control channel", errno);
+    }
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return Ok();
 }
 
 void InitClient::Register(uint64_t tag, Handler handler) {
@@ -170,16 +216,24 @@ void InitClient::FailAll(const FsError& error) {
   }
 }
 
-void InitClient::ReaderLoop() {
-  std::deque<UniqueFd> fds;  // received in order; each belongs to the next fd-carrying frame
+bool InitClient::Receive(bool wait) {
+  ReadBuffer& buf = t_read_buffer;
   // Frames are parsed where they were received; only the partial frame at the end of a read is
   // moved to the front (the capture path's bytes are otherwise copied once more per frame).
-  std::unique_ptr<char[]> buf(new char[kReadBufferSize]);
-  size_t capacity = kReadBufferSize;
-  size_t have = 0;
-  for (;;) {
+  size_t have = partial_.size();
+  buf.Reserve(std::max(kReadBufferSize, have + proto::kHeaderSize), 0);
+  std::memcpy(buf.data.get(), partial_.data(), have);
+  partial_.clear();
+  if (partial_.capacity() > kKeptPartial) std::string().swap(partial_);
+  // Without waiting, a few reads at most: a sandbox that writes without pause must not hold the
+  // caller's loop from its other work. The loop comes back, since the channel is still readable.
+  for (int reads = 0;; ++reads) {
+    if (!wait && reads == kReadsPerReady) {
+      partial_.assign(buf.data.get(), have);
+      return true;
+    }
     struct iovec iov {
-      buf.get() + have, capacity - have
+      buf.data.get() + have, buf.capacity - have
     };
     alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)];
     struct msghdr msg {};
@@ -187,63 +241,69 @@ void InitClient::ReaderLoop() {
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
-    ssize_t n = ::recvmsg(control_.get(), &msg, MSG_CMSG_CLOEXEC);
+    ssize_t n = ::recvmsg(control_.get(), &msg, MSG_CMSG_CLOEXEC | (wait ? 0 : MSG_DONTWAIT));
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (!wait) {
+        partial_.assign(buf.data.get(), have);
+        return true;
+      }
+      // A reader thread on an fd a loop made non-blocking (ReadOnOwnThread): wait here.
+      if (WaitFor(control_.get(), POLLIN)) continue;
+    }
     for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
       for (size_t i = 0; i < count; ++i) {
         int fd;
         std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        fds.emplace_back(fd);
+        fds_.emplace_back(fd);
       }
     }
     if (n <= 0) {
       FailAll(TransportError(n == 0 ? "the control channel closed (nsbox-init exited)"
                                     : "reading the control channel failed: " + ErrnoText(errno)));
-      return;
+      return false;
     }
     have += static_cast<size_t>(n);
     size_t pos = 0;
     while (have - pos >= proto::kHeaderSize) {
-      proto::Header header = proto::DecodeHeader(buf.get() + pos);
+      proto::Header header = proto::DecodeHeader(buf.data.get() + pos);
       if (header.size > proto::kMaxPayload) {
         // nsbox-init never sends one: the stream cannot be trusted any more.
         FailAll(TransportError("nsbox-init sent a frame of " + std::to_string(header.size) +
                                " bytes, over the limit"));
-        return;
+        return false;
       }
       size_t whole = proto::kHeaderSize + header.size;
       if (have - pos < whole) {
-        if (whole > capacity) {
+        if (whole > buf.capacity) {
           // A frame larger than the buffer (up to kMaxPayload): grow once for it.
-          std::unique_ptr<char[]> bigger(new char[whole]);
-          std::memcpy(bigger.get(), buf.get() + pos, have - pos);
-          buf = std::move(bigger);
-          capacity = whole;
+          std::memmove(buf.data.get(), buf.data.get() + pos, have - pos);
           have -= pos;
           pos = 0;
+          buf.Reserve(whole, have);
         }
         break;
       }
       proto::FrameReader::FrameView frame{
-          header, std::string_view(buf.get() + pos + proto::kHeaderSize, header.size), false};
+          header, std::string_view(buf.data.get() + pos + proto::kHeaderSize, header.size), false};
       pos += whole;
-      Dispatch(frame, fds);
+      Dispatch(frame);
     }
     if (pos > 0) {
-      std::memmove(buf.get(), buf.get() + pos, have - pos);
+      std::memmove(buf.data.get(), buf.data.get() + pos, have - pos);
       have -= pos;
     }
   }
 }
 
-void InitClient::Dispatch(const proto::FrameReader::FrameView& frame, std::deque<UniqueFd>& fds) {
+void InitClient::Dispatch(const proto::FrameReader::FrameView& frame) {
   UniqueFd fd;
   if ((frame.header.type == Type::kFileFd || frame.header.type == Type::kWriteReady) &&
-      !fds.empty()) {
-    fd = std::move(fds.front());
-    fds.pop_front();
+      !fds_.empty()) {
+    fd = std::move(fds_.front());
+    fds_.pop_front();
   }
   std::shared_ptr<Handler> handler;
   {

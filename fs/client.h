@@ -1,9 +1,13 @@
 #pragma once
 
 // The host side of the control channel: what nsboxd (and the tests) use to drive a sandbox's
-// nsbox-init. Thread-safe; a reader thread dispatches responses by tag, so many requests are in
-// flight at once. Files larger than the inline limit arrive as fds (SCM_RIGHTS) and are read or
-// written here directly: no transfer passes whole through nsbox-init's memory.
+// nsbox-init. Thread-safe; responses are dispatched by tag, so many requests are in flight at
+// once. Files larger than the inline limit arrive as fds (SCM_RIGHTS) and are read or written
+// here directly: no transfer passes whole through nsbox-init's memory.
+//
+// Who reads the channel: by default a thread of the client's own. A caller with an event loop
+// (nsboxd) can read it there instead (CallerReads): the answers and callbacks then run on that
+// loop, which saves a thread per sandbox and a hand-off between threads per answer.
 
 #include <sys/types.h>
 
@@ -31,13 +35,30 @@ class InitClient {
  public:
   // Takes the host's end of the control channel and starts the reader thread.
   explicit InitClient(UniqueFd control);
+  // Takes the host's end of the control channel, which the caller's loop reads: it watches fd()
+  // and calls ReadReady() each time it is readable. The blocking calls (Ping, Stat, Exec...)
+  // then wait for that loop, so they must never be made on it.
+  struct CallerReads {};
+  InitClient(UniqueFd control, CallerReads);
   // Closes the channel (nsbox-init then ends every process of the sandbox and exits) and joins
   // the reader thread; every pending call fails with EPIPE.
   ~InitClient();
-  // The same, leaving the object in place: calls made after it (a request that still holds the
-  // sandbox while it is stopped) fail with EPIPE instead of reaching a destroyed client.
+  // Closes the channel, leaving the object in place: calls made after it (a request that still
+  // holds the sandbox while it is stopped) fail with EPIPE instead of reaching a destroyed
+  // client. With the client's own reader, the pending calls have failed when it returns; with
+  // CallerReads, when the loop's next ReadReady sees the channel closed (or at destruction).
   // Idempotent and thread-safe.
   void Close();
+
+  // CallerReads: the channel, to watch for reading (the client keeps it).
+  int fd() const { return control_.get(); }
+  // CallerReads: reads and dispatches whatever has arrived, without waiting; never call it on
+  // two threads at once. False once the channel has closed (every pending call then failed with
+  // EPIPE): stop watching.
+  bool ReadReady();
+  // CallerReads: hands the reading to a thread of the client's own, for a loop that ends while
+  // the sandbox lives on. Only when no ReadReady runs or will run any more.
+  void ReadOnOwnThread();
   InitClient(const InitClient&) = delete;
   InitClient& operator=(const InitClient&) = delete;
 
@@ -126,13 +147,19 @@ class InitClient {
                  const std::function<void(const FsError&)>& fail);
   FsOutcome<RawReply> Call(proto::Type type, std::string_view payload, UniqueFd* fd = nullptr,
                            uint64_t tag = 0);
-  void ReaderLoop();
-  std::mutex close_mu_;  // serialises Close
-  void Dispatch(const proto::FrameReader::FrameView& frame, std::deque<UniqueFd>& fds);
+  // Reads frames and dispatches them. `wait`: until the channel closes (the reader thread); else
+  // until nothing more has arrived (ReadReady). False once the channel has closed.
+  bool Receive(bool wait);
+  std::mutex close_mu_;  // serialises Close and ReadOnOwnThread
+  void Dispatch(const proto::FrameReader::FrameView& frame);
   void FailAll(const FsError& error);
 
   UniqueFd control_;
   std::thread reader_;
+  // What Receive keeps between two calls: the received fds not yet claimed (each belongs to the
+  // next fd-carrying frame) and, with CallerReads, the start of a frame not wholly arrived.
+  std::deque<UniqueFd> fds_;
+  std::string partial_;
   mutable std::mutex mu_;
   std::mutex send_mu_;
   std::map<uint64_t, std::shared_ptr<Handler>> handlers_;

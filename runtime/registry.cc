@@ -559,6 +559,7 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   o.jail.nameserver = nameserver_;
   o.cgroup_name = cgroup_prefix_ + entry.hash_.substr(0, 16);
   o.init_binary = init_binary_;
+  o.watch_channel = options_.watch_channel;
   auto started = Sandbox::Start(o);
   if (!started.ok()) {
     log::error("sandbox={} start: {}", c.id, started.error().message());

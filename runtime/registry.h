@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -142,6 +143,8 @@ struct RegistryOptions {
   std::vector<std::string> dns_upstreams;
   std::string net_binary;
   std::string log_level = "info";
+  // Who reads the sandboxes' control channels (SandboxOptions::watch_channel): nsboxd's loop.
+  std::function<void(std::shared_ptr<fs::InitClient>)> watch_channel;
 };
 
 class Registry {

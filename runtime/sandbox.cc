@@ -114,7 +114,13 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   box->prepared_.home_tree.reset();
   box->prepared_.workspace.reset();
   box->prepared_.home.reset();
-  box->client_ = std::make_unique<fs::InitClient>(box->jail_.TakeControl());
+  if (options.watch_channel) {
+    box->client_ =
+        std::make_shared<fs::InitClient>(box->jail_.TakeControl(), fs::InitClient::CallerReads{});
+    options.watch_channel(box->client_);
+  } else {
+    box->client_ = std::make_shared<fs::InitClient>(box->jail_.TakeControl());
+  }
   NSBOX_TRY_CTX(box->client_->SendHello(hello), "configure nsbox-init");
   auto pong = box->client_->Ping();
   if (!pong.ok()) {

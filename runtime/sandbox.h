@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,10 @@ struct SandboxOptions {
   // nsbox-init's event loop: "" (io_uring where the kernel allows it, else epoll), "epoll" or
   // "io_uring". Default: NSBOX_REACTOR of the caller's environment, so tests run on both.
   std::string reactor;
+  // Who reads nsbox-init's answers: empty for a thread of the client's own; else the client is
+  // made with fs::InitClient::CallerReads and handed to this, which has the caller's loop read it
+  // (Start's handshake waits for that loop, so Start must not run on it).
+  std::function<void(std::shared_ptr<fs::InitClient>)> watch_channel;
 };
 
 class Sandbox {
@@ -55,7 +60,7 @@ class Sandbox {
   PreparedJail prepared_;
   isolate::Cgroups cgroups_;
   isolate::Jail jail_;
-  std::unique_ptr<fs::InitClient> client_;
+  std::shared_ptr<fs::InitClient> client_;  // shared with the loop that reads it, if any
   UniqueFd netns_fd_;
   bool stopped_ = false;
 };

@@ -52,6 +52,7 @@
 #include "policy/environment.h"
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
+#include "runtime/channel_watch.h"
 #include "runtime/exec_session.h"
 #include "runtime/metrics.h"
 #include "runtime/netns.h"
@@ -3367,10 +3368,16 @@ int Serve(const ServeOptions& options) {
   ro.dns_upstreams = options.dns_upstreams;
   ro.net_binary = options.net_binary;
   ro.log_level = options.log_level;
+  // The loop, and what reads the sandboxes' control channels on it, outlive the registry: the
+  // sandboxes that the final StopAll ends are still answered.
+  asio::io_context io(1);
+  ChannelWatch channels(io);
+  ro.watch_channel = [&channels](std::shared_ptr<fs::InitClient> client) {
+    channels.Watch(std::move(client));
+  };
   auto registry = Registry::Open(ro);
   if (!registry.ok()) return fail(registry.error().message());
 
-  asio::io_context io(1);
   const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
   auto unix_acceptor = ListenUnix(io, socket_path);
   if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
@@ -3416,6 +3423,7 @@ int Serve(const ServeOptions& options) {
       log::error("the event loop failed: {}", e.what());
       exit_code = 1;
     }
+    channels.LoopEnded();
     // The sessions' timers belong to the loop: gone before it, spill files removed.
     for (const auto& entry : (*registry)->List()) {
       for (const auto& s : entry->TakeSessions()) s->Drop();

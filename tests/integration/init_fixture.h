@@ -200,6 +200,7 @@ class InitTest : public IntegrationTest {
     o.jail.warn_unwritable_workspace = false;
     o.cgroup_name = "nsbox-itest-init-" + std::to_string(::getpid());
     o.init_binary = NSBOX_INIT_BIN;
+    Configure(o);
     auto box = runtime::Sandbox::Start(o);
     ASSERT_TRUE(box.ok()) << box.error().message();
     box_ = std::move(*box);
@@ -210,6 +211,9 @@ class InitTest : public IntegrationTest {
     // workspace (and anything a test captured) is gone.
     box_.reset();
   }
+
+  // A subclass's changes to the sandbox's options.
+  virtual void Configure(runtime::SandboxOptions&) {}
 
   fs::InitClient& client() { return box_->client(); }
 
