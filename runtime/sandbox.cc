@@ -58,8 +58,11 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   JailOptions jail = options.jail;
   // A sandbox lives long: bind the host's /etc files rather than keep copies in its tmpfs.
   jail.copy_etc_files = false;
-  NSBOX_ASSIGN_OR_RETURN(box->prepared_, PrepareJail(jail));
-  auto& spec = box->prepared_.spec;
+  // Only for the start: a running sandbox keeps none of the plan (its mounts, its image's
+  // layout), which would cost the daemon memory for every sandbox it holds.
+  NSBOX_ASSIGN_OR_RETURN(PreparedJail prepared, PrepareJail(jail));
+  auto& spec = prepared.spec;
+  box->shell_ = prepared.image.shell;
 
   std::string init_binary = options.init_binary;
   if (init_binary.empty()) {
@@ -68,11 +71,11 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   // Opened here, on the host: the jail executes this very file, whatever its root holds.
   UniqueFd init_fd(::open(init_binary.c_str(), O_PATH | O_CLOEXEC));
   if (!init_fd.valid()) return Error::Sys("open", init_binary, errno).Context("nsbox-init");
-  NSBOX_ASSIGN_OR_RETURN(auto hello, MakeHello(box->prepared_));
+  NSBOX_ASSIGN_OR_RETURN(auto hello, MakeHello(prepared));
 
   NSBOX_ASSIGN_OR_RETURN(auto layout, isolate::LoadCgroupLayout());
   NSBOX_ASSIGN_OR_RETURN(auto plan,
-                         isolate::PlanCgroups(layout, box->prepared_.limits, options.cgroup_name));
+                         isolate::PlanCgroups(layout, prepared.limits, options.cgroup_name));
   NSBOX_ASSIGN_OR_RETURN(box->cgroups_, isolate::Cgroups::Create(plan));
   if (box->cgroups_.v2_dir_fd() >= 0) {
     // nsbox-init makes a cgroup per command under the sandbox's: hand the directory to the
@@ -109,11 +112,11 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   NSBOX_ASSIGN_OR_RETURN(box->jail_, isolate::Jail::Start(spec));
   // The jail has attached its mounts: the host's handles on them would only keep them (an
   // image's overlay above all, whose upper layer must be free for the next start) alive.
-  box->prepared_.root_tree.reset();
-  box->prepared_.workspace_tree.reset();
-  box->prepared_.home_tree.reset();
-  box->prepared_.workspace.reset();
-  box->prepared_.home.reset();
+  prepared.root_tree.reset();
+  prepared.workspace_tree.reset();
+  prepared.home_tree.reset();
+  prepared.workspace.reset();
+  prepared.home.reset();
   if (options.watch_channel) {
     box->client_ =
         std::make_shared<fs::InitClient>(box->jail_.TakeControl(), fs::InitClient::CallerReads{});

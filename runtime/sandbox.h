@@ -48,7 +48,7 @@ class Sandbox {
   int netns_fd() const { return netns_fd_.get(); }
   const isolate::Cgroups& cgroups() const { return cgroups_; }
   // The image's shell ("/bin/bash", else "/bin/sh"): what `command` runs under, and $SHELL.
-  const std::string& shell() const { return prepared_.image.shell; }
+  const std::string& shell() const { return shell_; }
 
   // Closes the channel: nsbox-init ends every process of the sandbox and exits (SIGKILL after a
   // grace if it does not); then the cgroups are removed. The workspace stays.
@@ -57,7 +57,7 @@ class Sandbox {
  private:
   Sandbox() = default;
 
-  PreparedJail prepared_;
+  std::string shell_;
   isolate::Cgroups cgroups_;
   isolate::Jail jail_;
   std::shared_ptr<fs::InitClient> client_;  // shared with the loop that reads it, if any
