@@ -52,9 +52,10 @@ class InitClient {
 
   // CallerReads: the channel, to watch for reading (the client keeps it).
   int fd() const { return control_.get(); }
-  // CallerReads: reads and dispatches whatever has arrived, without waiting; never call it on
-  // two threads at once. False once the channel has closed (every pending call then failed with
-  // EPIPE): stop watching.
+  // CallerReads: reads and dispatches what has arrived, without waiting, in at most four reads
+  // (a channel that never runs dry must not hold the loop: it stays readable, so the loop comes
+  // back to it). Never on two threads at once. False once the channel has closed (every pending
+  // call then failed with EPIPE): stop watching.
   bool ReadReady();
   // CallerReads: hands the reading to a thread of the client's own, for a loop that ends while
   // the sandbox lives on. Only when no ReadReady runs or will run any more.
