@@ -28,11 +28,11 @@ constexpr int kReadsPerReady = 4;
 struct ReadBuffer {
   std::unique_ptr<char[]> data;
   size_t capacity = 0;
-  // At least `size` bytes, keeping the first `keep`.
-  void Reserve(size_t size, size_t keep) {
+  // At least `size` bytes; when it grows, the `count` bytes at `from` move to the front.
+  void Reserve(size_t size, size_t from = 0, size_t count = 0) {
     if (capacity >= size) return;
     std::unique_ptr<char[]> bigger(new char[size]);
-    if (keep > 0) std::memcpy(bigger.get(), data.get(), keep);
+    if (count > 0) std::memcpy(bigger.get(), data.get() + from, count);
     data = std::move(bigger);
     capacity = size;
   }
@@ -221,7 +221,7 @@ bool InitClient::Receive(bool wait) {
   // Frames are parsed where they were received; only the partial frame at the end of a read is
   // moved to the front (the capture path's bytes are otherwise copied once more per frame).
   size_t have = partial_.size();
-  buf.Reserve(std::max(kReadBufferSize, have + proto::kHeaderSize), 0);
+  buf.Reserve(std::max(kReadBufferSize, have + proto::kHeaderSize));
   std::memcpy(buf.data.get(), partial_.data(), have);
   partial_.clear();
   if (partial_.capacity() > kKeptPartial) std::string().swap(partial_);
@@ -267,6 +267,7 @@ bool InitClient::Receive(bool wait) {
     }
     have += static_cast<size_t>(n);
     size_t pos = 0;
+    size_t partial_frame = 0;  // the size of the frame that has not wholly arrived
     while (have - pos >= proto::kHeaderSize) {
       proto::Header header = proto::DecodeHeader(buf.data.get() + pos);
       if (header.size > proto::kMaxPayload) {
@@ -277,13 +278,7 @@ bool InitClient::Receive(bool wait) {
       }
       size_t whole = proto::kHeaderSize + header.size;
       if (have - pos < whole) {
-        if (whole > buf.capacity) {
-          // A frame larger than the buffer (up to kMaxPayload): grow once for it.
-          std::memmove(buf.data.get(), buf.data.get() + pos, have - pos);
-          have -= pos;
-          pos = 0;
-          buf.Reserve(whole, have);
-        }
+        partial_frame = whole;
         break;
       }
       proto::FrameReader::FrameView frame{
@@ -291,10 +286,13 @@ bool InitClient::Receive(bool wait) {
       pos += whole;
       Dispatch(frame);
     }
-    if (pos > 0) {
+    if (partial_frame > buf.capacity) {
+      // A frame larger than the buffer (up to kMaxPayload): grow once for it.
+      buf.Reserve(partial_frame, pos, have - pos);
+    } else if (pos > 0) {
       std::memmove(buf.data.get(), buf.data.get() + pos, have - pos);
-      have -= pos;
     }
+    have -= pos;
   }
 }
 
