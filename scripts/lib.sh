@@ -12,6 +12,7 @@ NSBOX_PACKAGES=(
   clang-format
   busybox-static debootstrap tmux perl
   nftables iproute2
+  bubblewrap # the peer nsbox-api-bench compares with
 )
 
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
