@@ -143,6 +143,10 @@ Result<std::vector<JailFsConfig::EtcEntry>> ScanHostEtc(const std::string& host_
     } else if (S_ISREG(st.st_mode)) {
       e.type = JailFsConfig::EtcEntry::Type::kFile;
       e.size = static_cast<uint64_t>(st.st_size);
+      e.dev = static_cast<uint64_t>(st.st_dev);
+      e.ino = static_cast<uint64_t>(st.st_ino);
+      e.ctime_ns = static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+      e.mode = static_cast<uint32_t>(st.st_mode & 0777);
     } else {
       continue;  // a FIFO or device in /etc is nothing a program needs
     }
@@ -193,6 +197,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
     if (!config.root.binds.empty() || !config.root.symlinks.empty()) {
       return Error::Msg("an overlay root takes no binds or symlinks");
     }
+    if (!config.shared_etc.empty()) return Error::Msg("an overlay root has its own /etc");
     p.Add(Kind::kRootTree, "/").source_fd = config.root_tree_fd;
   } else {
     // 1. The new root: a small tmpfs holding only mount points, /etc and symlinks. It becomes
@@ -215,6 +220,30 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
     }
 
     // 3. /etc: generated files plus read-only binds of the allowlisted host entries.
+    if (!config.shared_etc.empty()) {
+      // One directory shared by the daemon's jails holds the generated files and copies of the
+      // host's files; only the host's directories and the sandbox's two own files are bound.
+      if (config.etc_hosts_file.empty() || config.etc_hostname_file.empty() ||
+          config.shared_etc_tree < 0 || config.etc_hosts_tree < 0 || config.etc_hostname_tree < 0) {
+        return Error::Msg("a shared /etc needs its tree and the sandbox's hosts and hostname");
+      }
+      auto attach = [&p](const std::string& source, int tree, const std::string& target) {
+        auto& op = p.Bind(source, target, kRo, false);
+        op.source_fd = tree;
+        op.source_is_tree = true;
+      };
+      p.Mkdir("/etc");
+      attach(config.shared_etc, config.shared_etc_tree, "/etc");
+      for (const auto& e : config.host_etc) {
+        if (e.type == JailFsConfig::EtcEntry::Type::kDirectory) {
+          p.Bind("/etc/" + e.name, "/etc/" + e.name, kRo, true);
+        }
+      }
+      attach(config.etc_hosts_file, config.etc_hosts_tree, "/etc/hosts");
+      attach(config.etc_hostname_file, config.etc_hostname_tree, "/etc/hostname");
+    }
+  }
+  if (!overlay && config.shared_etc.empty()) {
     p.Mkdir("/etc");
     for (const auto& file : GeneratedEtcFiles(config.hostname, config.nameserver)) {
       auto& op = p.Add(Kind::kWriteFile, "/etc/" + file.name);

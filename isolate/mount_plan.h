@@ -125,6 +125,12 @@ struct JailFsConfig {
     std::string name;     // "ld.so.cache"
     std::string pointee;  // kSymlink: the link's target
     uint64_t size = 0;    // kFile: its size
+    // kFile: which version of the file this is (lstat), for the shared /etc's cache key: a
+    // change of content or metadata changes the ctime, a replacement the inode.
+    uint64_t dev = 0;
+    uint64_t ino = 0;
+    int64_t ctime_ns = 0;
+    uint32_t mode = 0;  // permission bits
   };
   std::vector<EtcEntry> host_etc;  // allowlisted host /etc entries that exist
   bool home_tmpfs = true;          // /root as a tmpfs (one-shot runs)
@@ -132,6 +138,18 @@ struct JailFsConfig {
   // up and tear down (nsbox run), but their bytes then sit in the jail's tmpfs for its whole
   // life, so long-lived sandboxes set 0 and bind them all.
   uint64_t etc_copy_limit = 256 * 1024;
+  // A host directory made by PrepareSharedEtc (isolate/shared_etc.h), shared by the jails of
+  // one daemon: bound read-only at /etc in place of the per-jail assembly above, with the host's
+  // allowlisted directories bound on its empty ones and the sandbox's own hosts and hostname
+  // (these two host files) on its placeholders. Empty: /etc is assembled in the jail's root.
+  std::string shared_etc;
+  std::string etc_hosts_file;
+  std::string etc_hostname_file;
+  // Their open_tree(OPEN_TREE_CLONE) copies, made on the host: attached without walking the
+  // paths, which pass through directories the jail's root may not traverse (the state dir).
+  int shared_etc_tree = -1;
+  int etc_hosts_tree = -1;
+  int etc_hostname_tree = -1;
   std::string home_source;  // else: a host path bound read-write at /root
   int home_fd = -1;         // pinned like the workspace (an open_tree clone where possible)
   bool home_fd_is_tree = false;

@@ -14,6 +14,7 @@
 #include "base/syscalls.h"
 #include "exec/command.h"
 #include "fs/path.h"
+#include "isolate/shared_etc.h"
 #include "policy/environment.h"
 #include "policy/limits.h"
 #include "runtime/units.h"
@@ -153,6 +154,40 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
     fs.root = plan.image.root;
     NSBOX_TRY(PinWorkspaceAndHome(o, spec.ids, &plan, &fs));
     NSBOX_ASSIGN_OR_RETURN(fs.host_etc, isolate::ScanHostEtc("/etc"));
+    if (!o.shared_etc_dir.empty()) {
+      if (o.etc_files_dir.empty()) return Error::Msg("a shared /etc needs a directory for hosts");
+      isolate::SharedEtcRequest shared;
+      shared.cache_dir = o.shared_etc_dir;
+      shared.host_etc_dir = "/etc";
+      shared.entries = fs.host_etc;
+      shared.nameserver = o.nameserver;
+      shared.owner_uid = spec.ids.uid.outside;
+      shared.owner_gid = spec.ids.gid.outside;
+      NSBOX_ASSIGN_OR_RETURN(fs.shared_etc, isolate::PrepareSharedEtc(shared));
+      NSBOX_ASSIGN_OR_RETURN(
+          auto own, isolate::WriteSandboxEtcFiles(o.etc_files_dir, o.hostname, spec.ids.uid.outside,
+                                                  spec.ids.gid.outside));
+      fs.etc_hosts_file = std::move(own.hosts);
+      fs.etc_hostname_file = std::move(own.hostname);
+      // Attached from clones made here, with the daemon's rights: the state dir is not the
+      // jail's root's to traverse.
+      const std::string* sources[3] = {&fs.shared_etc, &fs.etc_hosts_file, &fs.etc_hostname_file};
+      for (int i = 0; i < 3; ++i) {
+        // SAFETY: open_tree only reads the path and returns a new fd.
+        int tree =
+            sys::OpenTree(AT_FDCWD, sources[i]->c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (tree < 0 && errno == ENOSYS) break;  // before 5.2: /etc is assembled in the jail
+        if (tree < 0) return Error::Sys("open_tree", *sources[i], errno).Context("shared /etc");
+        plan.etc_trees[i].reset(tree);
+      }
+      if (plan.etc_trees[2].valid()) {
+        fs.shared_etc_tree = plan.etc_trees[0].get();
+        fs.etc_hosts_tree = plan.etc_trees[1].get();
+        fs.etc_hostname_tree = plan.etc_trees[2].get();
+      } else {
+        fs.shared_etc.clear();
+      }
+    }
   }
   // The new root is assembled on a directory of the host that exists everywhere; nothing of it
   // is visible outside the jail's mount namespace.

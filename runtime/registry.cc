@@ -310,6 +310,9 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
   }
   r->cgroup_prefix_ = "nsbox-" + IdHash(real).substr(0, 8) + "-";
   NSBOX_TRY(r->RemoveStaleCgroups());
+  // The shared /etc is a cache of the host's: what a previous daemon made (maybe half-written by
+  // a crash) is not trusted, and nothing binds it any more.
+  NSBOX_TRY(RemoveTree(r->SharedEtcDir()));
   NSBOX_ASSIGN_OR_RETURN(r->images_, images::ImageStore::Open(r->state_dir_ + "/images", r->ids_));
   NSBOX_TRY(r->Load());
   // nsbox-net removes what a dead predecessor left (its table, interfaces) as it starts; with
@@ -550,6 +553,8 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   } else {
     o.jail.workspace = entry.dir_ + "/workspace";
     o.jail.home = entry.dir_ + "/home";
+    o.jail.shared_etc_dir = SharedEtcDir();
+    o.jail.etc_files_dir = entry.dir_ + "/etc";
   }
   o.jail.hostname = HostnameFor(c.id, entry.hash_);
   if (c.limits.memory_bytes) o.jail.memory = std::to_string(*c.limits.memory_bytes);

@@ -193,6 +193,8 @@ class Registry {
   std::string NewUploadPath() const;
 
   const std::string& state_dir() const { return state_dir_; }
+  // The host image's shared /etc versions (isolate/shared_etc.h); removed at every daemon start.
+  std::string SharedEtcDir() const { return state_dir_ + "/host-etc"; }
 
  private:
   Registry() = default;

@@ -59,10 +59,11 @@ TEST_F(ExecEscapeTest, MountTableIsExact) {
   }
   std::set<std::string> outside_etc_proc;
   for (const auto& [point, what] : mounts) {
-    if (point.rfind("/etc/", 0) == 0) {
-      // Only allowlisted host /etc entries, read-only.
-      const std::string name = point.substr(5);
-      bool listed = false;
+    if (point == "/etc" || point.rfind("/etc/", 0) == 0) {
+      // The daemon's shared /etc, and on it only allowlisted host entries and the sandbox's own
+      // hosts and hostname; all read-only.
+      const std::string name = point == "/etc" ? "" : point.substr(5);
+      bool listed = name.empty() || name == "hosts" || name == "hostname";
       for (const auto& rule : policy::EtcAllowlist()) listed = listed || name == rule.path;
       EXPECT_TRUE(listed) << point << " is not in the /etc allowlist";
       EXPECT_NE(what.find(" ro,"), std::string::npos) << point << ": " << what;
@@ -92,6 +93,7 @@ TEST_F(ExecEscapeTest, MountTableIsExact) {
   }
   // Read-only where nothing may change; the writable places are nosuid,nodev.
   EXPECT_EQ(mounts["/"].substr(0, 9), "tmpfs ro,");
+  EXPECT_EQ(mounts.count("/etc"), 1u) << "the shared /etc";
   EXPECT_NE(mounts["/usr"].find(" ro,nosuid,nodev"), std::string::npos) << mounts["/usr"];
   for (const char* rw : {"/workspace", "/root", "/tmp", "/dev/shm"}) {
     EXPECT_NE(mounts[rw].find(" rw,nosuid,nodev"), std::string::npos) << rw << mounts[rw];

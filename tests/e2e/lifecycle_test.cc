@@ -6,6 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,6 +91,42 @@ TEST_F(LifecycleTest, StopKeepsFilesAndNextCallStartsAgain) {
   ASSERT_EQ(client().Request("POST", SbPath(id, "/stop")).status, 200);
   Response st = Fs(id, "stat", json::object{{"path", "/workspace/kept.txt"}});
   EXPECT_EQ(st.status, 200) << st.Describe();
+}
+
+// The host image's /etc is one read-only directory shared by the daemon's sandboxes (copies of the
+// host's allowlisted files, docs/daemon.md "State on disk"), on which each binds only the host's
+// allowlisted directories and its own hosts and hostname. Each sandbox still sees its own name.
+TEST_F(LifecycleTest, EtcIsSharedReadOnlyAndNamesEachSandbox) {
+  const std::string a = "etc-a", b = "etc-b";
+  Create(a);
+  Create(b);
+  for (const std::string& id : {a, b}) {
+    EXPECT_EQ(Sh(id, "cat /etc/hostname"), id + "\n");
+    EXPECT_EQ(Sh(id, "grep 127.0.1.1 /etc/hosts"), "127.0.1.1\t" + id + "\n");
+    EXPECT_EQ(Sh(id, "cat /etc/services"), ReadHostFile("/etc/services"));
+    // Only /etc itself, its directories and the sandbox's two files are mount points.
+    EXPECT_EQ(Sh(id,
+                 "awk '$5 ~ \"^/etc(/|$)\" {print $5}' /proc/self/mountinfo | while read m; do "
+                 "[ -d \"$m\" ] && [ \"$m\" != /etc ] || echo \"$m\"; done"),
+              "/etc\n/etc/hosts\n/etc/hostname\n");
+    EXPECT_EQ(Sh(id,
+                 "touch /etc/new 2>&1 >/dev/null | grep -c Read-only; "
+                 "(echo x > /etc/hosts) 2>&1 | grep -c Read-only; stat -c '%U %a' /etc/passwd; "
+                 "stat -c %U /etc/services"),
+              "1\n1\nroot 644\nnobody\n")
+        << "generated files are the sandbox root's; the host's stay the host root's";
+  }
+  // Both bind the one version the daemon made.
+  int versions = 0;
+  for (const auto& e : std::filesystem::directory_iterator(daemon().state_dir() + "/host-etc")) {
+    versions += e.is_directory() ? 1 : 0;
+  }
+  EXPECT_EQ(versions, 1);
+  // A restarted daemon makes it again; the sandboxes still name themselves.
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  EXPECT_EQ(Sh(b, "cat /etc/hostname; ls /etc/ssl/certs | grep -c ."),
+            b + "\n" + Sh(a, "ls /etc/ssl/certs | grep -c ."));
 }
 
 TEST_F(LifecycleTest, StopEndsARunningExec) {

@@ -161,6 +161,44 @@ TEST(MountPlan, RefusesBadInput) {
   EXPECT_FALSE(PlanMounts(c).ok());
 }
 
+TEST(MountPlan, ASharedEtcIsBoundWithOnlyTheHostsDirectoriesAndTheSandboxsOwnFiles) {
+  JailFsConfig c = Config();
+  c.shared_etc = "/state/host-etc/0123";
+  c.etc_hosts_file = "/state/sandboxes/ab/etc/hosts";
+  c.etc_hostname_file = "/state/sandboxes/ab/etc/hostname";
+  c.shared_etc_tree = 11;
+  c.etc_hosts_tree = 12;
+  c.etc_hostname_tree = 13;
+  auto plan = PlanMounts(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  std::vector<std::string> etc;  // every step under /etc, in order
+  for (const auto& op : plan->ops) {
+    if (op.target == "/etc" || op.target.rfind("/etc/", 0) == 0) etc.push_back(op.Describe());
+  }
+  EXPECT_EQ(etc, (std::vector<std::string>{
+                     "mkdir /etc",
+                     "bind /state/host-etc/0123 -> /etc (ro,nosuid,nodev)",
+                     "rbind /etc/ssl -> /etc/ssl (ro,nosuid,nodev)",
+                     "bind /state/sandboxes/ab/etc/hosts -> /etc/hosts (ro,nosuid,nodev)",
+                     "bind /state/sandboxes/ab/etc/hostname -> /etc/hostname (ro,nosuid,nodev)",
+                 }));
+  // Attached from the host's clones, never by walking the state dir's paths.
+  for (const auto& op : plan->ops) {
+    if (op.kind != Kind::kBind || op.source.rfind("/state/", 0) != 0) continue;
+    EXPECT_TRUE(op.source_is_tree) << op.Describe();
+    EXPECT_GE(op.source_fd, 11) << op.Describe();
+  }
+  c.etc_hosts_tree = -1;
+  EXPECT_FALSE(PlanMounts(c).ok());
+  c = Config();
+  c.shared_etc = "/state/host-etc/0123";
+  c.root = {};
+  c.root_tree_fd = 9;
+  auto overlay = PlanMounts(c);
+  ASSERT_FALSE(overlay.ok());
+  EXPECT_EQ(overlay.error().message(), "an overlay root has its own /etc");
+}
+
 TEST(MountPlan, ScanHostEtcTakesOnlyTheAllowlist) {
   char tmpl[] = "/tmp/nsbox-etc-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
