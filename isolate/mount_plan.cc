@@ -577,6 +577,14 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
         if (sys::MoveMount(op.source_fd, "", AT_FDCWD, staged, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
           return errno;
         }
+        // A clone of a shared host mount (systemd makes / shared) is in the host mount's peer
+        // group, whatever the jail's own mounts are: private at once, before anything is mounted
+        // on it, or the binds made on it here would appear on the host and in every other jail
+        // that attached a clone of the same mount (and the host's mounts under it in here).
+        if (::mount(nullptr, staged, nullptr, MS_PRIVATE | (op.recursive ? MS_REC : 0), nullptr) <
+            0) {
+          return errno;
+        }
         return RestrictBind(staged, op.flags, op.recursive);
       }
       if (opened_fd < 0) {

@@ -129,6 +129,49 @@ TEST_F(LifecycleTest, EtcIsSharedReadOnlyAndNamesEachSandbox) {
             b + "\n" + Sh(a, "ls /etc/ssl/certs | grep -c ."));
 }
 
+// Where the host's / is a shared mount (systemd's default; not on the machines the suite usually
+// runs on), a tree the daemon clones for a jail (the shared /etc, hosts, hostname, the workspace)
+// is in the host mount's peer group. Unless the jail makes it private as it attaches it, the
+// binds it makes on the shared /etc appear on the host and in every other sandbox. A daemon run
+// in a mount namespace of its own, with / made shared there.
+TEST_F(LifecycleTest, JailMountsDoNotPropagateOnASharedHostRoot) {
+  const std::string dir = daemon().dir() + "/shared-root";
+  ASSERT_TRUE(std::filesystem::create_directory(dir));
+  const std::string nsbox = std::string(kNsboxBin) + " --socket " + dir + "/s.sock";
+  {
+    std::ofstream script(dir + "/run.sh");
+    script << "set -e\n"
+           << "mount --make-rshared /\n"
+           << kNsboxBin << " serve --socket " << dir << "/s.sock --state-dir " << dir << "/state > "
+           << dir << "/log 2>&1 &\n"
+           << "daemon=$!\n"
+           << "for i in $(seq 100); do " << nsbox
+           << " ls > /dev/null 2>&1 && break; sleep 0.1; done\n"
+           << nsbox << " create a > /dev/null\n"
+           << nsbox << " create b > /dev/null\n"
+           << nsbox << " exec a -- cat /etc/hostname\n"
+           << nsbox << " exec b -- cat /etc/hostname\n"
+           << nsbox << " exec a -- grep -c ' /etc' /proc/self/mountinfo\n"
+           << nsbox << " exec b -- grep -c ' /etc' /proc/self/mountinfo\n"
+           << "grep -c '" << dir << "/state' /proc/self/mountinfo || true\n"
+           << "kill $daemon; wait $daemon\n";
+  }
+  const std::string cmd = "unshare -m sh " + dir + "/run.sh 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0) << out << ReadHostFile(dir + "/log");
+  std::istringstream lines(out);
+  std::string host_a, host_b, etc_a, etc_b, on_host;
+  lines >> host_a >> host_b >> etc_a >> etc_b >> on_host;
+  EXPECT_EQ(host_a, "a") << out;
+  EXPECT_EQ(host_b, "b") << out;
+  EXPECT_EQ(etc_a, etc_b) << "b's start added mounts to a's /etc:\n" << out;
+  EXPECT_EQ(on_host, "0") << "jail mounts appeared on the host:\n" << out;
+}
+
 TEST_F(LifecycleTest, StopEndsARunningExec) {
   const std::string id = NewId();
   Create(id);
