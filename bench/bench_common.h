@@ -4,12 +4,16 @@
 // every exec figure (vfork + execve + waitpid of /bin/true on the host). Header-only: each
 // benchmark is one binary.
 
+#include <fcntl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace nsbox::bench {
@@ -45,5 +49,66 @@ inline double VforkExecTrue() {
   waitpid(pid, &status, 0);
   return Micros(Clock::now() - t0);
 }
+
+// /proc/meminfo, in KiB by name ("MemAvailable").
+inline std::map<std::string, long> MemInfo() {
+  std::ifstream in("/proc/meminfo");
+  std::map<std::string, long> m;
+  std::string key, unit;
+  long value;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    m[key.substr(0, key.size() - 1)] = value;
+  }
+  return m;
+}
+
+// KiB of the kernel's memory that a sandbox can grow: slab, kernel stacks, page tables, per-CPU,
+// and Shmem (the pages of its tmpfs mounts).
+inline long KernelKb() {
+  auto m = MemInfo();
+  return m["SUnreclaim"] + m["SReclaimable"] + m["KernelStack"] + m["PageTables"] + m["Percpu"] +
+         m["Shmem"];
+}
+
+// Has the kernel free its reclaimable dentries and inodes (drop_caches 2: no page cache, no
+// tmpfs page), so that what KernelKb says next is what is held, not what was merely looked up
+// and would go at the first memory pressure. Pinned ones (a mount point, an open file) stay.
+// False when it could not (not root).
+inline bool DropReclaimableCaches() {
+  sync();
+  int fd = open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = write(fd, "2", 1) == 1;
+  close(fd);
+  return ok;
+}
+
+// The kernel memory that N sandboxes made between Start() and Stop(), per sandbox: `grown`
+// counts the reclaimable dentry and inode caches their making left (what earlier figures in
+// docs/benchmarks.md counted), `held` only what stays once those are dropped.
+class KernelGrowth {
+ public:
+  void Start() {
+    dropped_ = DropReclaimableCaches();
+    before_ = KernelKb();
+  }
+  void Stop(double n) {
+    long after = KernelKb();
+    bool dropped = DropReclaimableCaches();
+    long held = KernelKb();
+    grown_ = static_cast<double>(after - before_) / n;
+    held_ = static_cast<double>(held - before_) / n;
+    dropped_ = dropped_ && dropped;
+  }
+  double grown() const { return grown_; }
+  double held() const { return held_; }
+  bool dropped() const { return dropped_; }  // false: `held` is `grown`
+
+ private:
+  long before_ = 0;
+  bool dropped_ = false;
+  double grown_ = 0, held_ = 0;
+};
 
 }  // namespace nsbox::bench

@@ -34,6 +34,7 @@
 namespace {
 
 using nsbox::bench::Clock;
+using nsbox::bench::KernelGrowth;
 using nsbox::bench::Micros;
 using nsbox::bench::Stats;
 using nsbox::bench::Summarize;
@@ -42,25 +43,6 @@ using nsbox::fs::proto::ExecRequest;
 
 void Print(const char* what, const Stats& s, const char* unit = "us") {
   std::printf("| %s | %.1f | %.1f | %.1f | %s |\n", what, s.median, s.p10, s.p90, unit);
-}
-
-// kB of the kernel's memory that a sandbox can grow: slab, stacks, page tables, per-CPU, and
-// the pages of its tmpfs mounts.
-long KernelKb() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  long value;
-  std::string unit;
-  long total = 0;
-  while (in >> key >> value) {
-    std::getline(in, unit);
-    // Shmem too: what a sandbox keeps in its tmpfs mounts is its memory.
-    if (key == "SUnreclaim:" || key == "SReclaimable:" || key == "KernelStack:" ||
-        key == "PageTables:" || key == "Percpu:" || key == "Shmem:") {
-      total += value;
-    }
-  }
-  return total;
 }
 
 long PssKb(pid_t pid) {
@@ -72,10 +54,16 @@ long PssKb(pid_t pid) {
   return -1;
 }
 
+// Outside the workspace (which every sandbox sees): the shared /etc and each sandbox's hosts and
+// hostname, as nsboxd lays them out (docs/daemon.md "State on disk").
+std::string StateDir() { return "/var/tmp/nsbox-bench-" + std::to_string(getpid()) + "-state"; }
+
 std::unique_ptr<nsbox::runtime::Sandbox> Start(const std::string& workspace,
                                                const std::string& name) {
   nsbox::runtime::SandboxOptions o;
   o.jail.workspace = workspace;
+  o.jail.shared_etc_dir = StateDir() + "/host-etc";
+  o.jail.etc_files_dir = StateDir() + "/" + name;
   o.jail.warn_unwritable_workspace = false;
   o.cgroup_name = name;
   auto box = nsbox::runtime::Sandbox::Start(o);
@@ -100,6 +88,7 @@ int main(int argc, char** argv) {
   std::string workspace = "/var/tmp/nsbox-bench-" + std::to_string(getpid());
   std::filesystem::create_directories(workspace);
   chown(workspace.c_str(), ids->uid.outside, ids->gid.outside);
+  std::filesystem::create_directories(StateDir());
 
   auto box = Start(workspace, "nsbox-bench-" + std::to_string(getpid()));
   auto& client = box->client();
@@ -189,8 +178,8 @@ int main(int argc, char** argv) {
   box.reset();
 
   // 4. Idle memory.
-  sync();
-  long kernel_before = KernelKb();
+  KernelGrowth kernel;
+  kernel.Start();
   std::vector<std::unique_ptr<nsbox::runtime::Sandbox>> boxes;
   for (int i = 0; i < sandboxes; ++i) {
     boxes.push_back(
@@ -199,17 +188,22 @@ int main(int argc, char** argv) {
   sleep(2);
   long pss = 0;
   for (auto& b : boxes) pss += PssKb(b->init_pid());
-  long kernel_after = KernelKb();
-  double per_box_kib =
-      (static_cast<double>(pss) + static_cast<double>(kernel_after - kernel_before)) / sandboxes;
+  kernel.Stop(sandboxes);
+  const double per_pss = static_cast<double>(pss) / sandboxes;
   std::printf(
-      "| idle nsbox-init, %d sandboxes: PSS %.1f KiB + kernel %.1f KiB | %.1f | | | KiB per "
-      "sandbox |\n",
-      sandboxes, static_cast<double>(pss) / sandboxes,
-      static_cast<double>(kernel_after - kernel_before) / sandboxes, per_box_kib);
+      "| idle nsbox-init, %d sandboxes: PSS %.1f KiB + kernel held %.1f KiB%s | %.1f | | | KiB "
+      "per sandbox |\n",
+      sandboxes, per_pss, kernel.held(),
+      kernel.dropped() ? "" : " (reclaimable caches not dropped: not root)",
+      per_pss + kernel.held());
+  std::printf(
+      "| the same with the dentry and inode caches their making left: kernel %.1f KiB | %.1f | | "
+      "| KiB per sandbox |\n",
+      kernel.grown(), per_pss + kernel.grown());
   std::printf("\nexec overhead over the bare vfork+execve (medians): %.1f us\n",
               s_direct.median - s_vfork.median);
   boxes.clear();
   std::filesystem::remove_all(workspace);
+  std::filesystem::remove_all(StateDir());
   return 0;
 }
