@@ -54,8 +54,8 @@ long PssKb(pid_t pid) {
   return -1;
 }
 
-// Outside the workspace (which every sandbox sees): the shared /etc and each sandbox's hosts and
-// hostname, as nsboxd lays them out (docs/daemon.md "State on disk").
+// Outside the workspace (which every sandbox sees): the shared /etc, as nsboxd lays it out
+// (docs/daemon.md "State on disk").
 std::string StateDir() { return "/var/tmp/nsbox-bench-" + std::to_string(getpid()) + "-state"; }
 
 std::unique_ptr<nsbox::runtime::Sandbox> Start(const std::string& workspace,
@@ -63,7 +63,6 @@ std::unique_ptr<nsbox::runtime::Sandbox> Start(const std::string& workspace,
   nsbox::runtime::SandboxOptions o;
   o.jail.workspace = workspace;
   o.jail.shared_etc_dir = StateDir() + "/host-etc";
-  o.jail.etc_files_dir = StateDir() + "/" + name;
   o.jail.warn_unwritable_workspace = false;
   o.cgroup_name = name;
   auto box = nsbox::runtime::Sandbox::Start(o);

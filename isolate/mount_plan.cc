@@ -223,24 +223,31 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
     if (!config.shared_etc.empty()) {
       // One directory shared by the daemon's jails holds the generated files and copies of the
       // host's files; only the host's directories and the sandbox's two own files are bound.
-      if (config.etc_hosts_file.empty() || config.etc_hostname_file.empty() ||
-          config.shared_etc_tree < 0 || config.etc_hosts_tree < 0 || config.etc_hostname_tree < 0) {
-        return Error::Msg("a shared /etc needs its tree and the sandbox's hosts and hostname");
-      }
-      auto attach = [&p](const std::string& source, int tree, const std::string& target) {
-        auto& op = p.Bind(source, target, kRo, false);
-        op.source_fd = tree;
-        op.source_is_tree = true;
-      };
+      if (config.shared_etc_tree < 0) return Error::Msg("a shared /etc needs its tree");
       p.Mkdir("/etc");
-      attach(config.shared_etc, config.shared_etc_tree, "/etc");
+      auto& etc = p.Bind(config.shared_etc, "/etc", kRo, false);
+      etc.source_fd = config.shared_etc_tree;
+      etc.source_is_tree = true;
       for (const auto& e : config.host_etc) {
         if (e.type == JailFsConfig::EtcEntry::Type::kDirectory) {
           p.Bind("/etc/" + e.name, "/etc/" + e.name, kRo, true);
         }
       }
-      attach(config.etc_hosts_file, config.etc_hosts_tree, "/etc/hosts");
-      attach(config.etc_hostname_file, config.etc_hostname_tree, "/etc/hostname");
+      // hosts and hostname name the sandbox: written into the jail's own root (a tmpfs: no disk
+      // and no journal on the start's path) and bound on the placeholders. They are kept under
+      // the mount point of /proc, which the jail's procfs covers below: out of sight, and not
+      // unlinked (a tmpfs with an unlinked file still in use refuses the final read-only
+      // remount).
+      const std::string own = "/proc/.nsbox-etc";
+      p.Mkdir("/proc", 0555);
+      p.Mkdir(own, 0700);
+      for (const auto& file : GeneratedEtcFiles(config.hostname, config.nameserver)) {
+        if (file.name != "hosts" && file.name != "hostname") continue;
+        auto& op = p.Add(Kind::kWriteFile, own + "/" + file.name);
+        op.data = file.content;
+        op.mode = 0644;
+        p.Bind(config.staging + own + "/" + file.name, "/etc/" + file.name, kRo, false);
+      }
     }
   }
   if (!overlay && config.shared_etc.empty()) {

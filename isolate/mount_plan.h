@@ -139,17 +139,14 @@ struct JailFsConfig {
   // life, so long-lived sandboxes set 0 and bind them all.
   uint64_t etc_copy_limit = 256 * 1024;
   // A host directory made by PrepareSharedEtc (isolate/shared_etc.h), shared by the jails of
-  // one daemon: bound read-only at /etc in place of the per-jail assembly above, with the host's
-  // allowlisted directories bound on its empty ones and the sandbox's own hosts and hostname
-  // (these two host files) on its placeholders. Empty: /etc is assembled in the jail's root.
+  // one daemon: attached read-only at /etc in place of the per-jail assembly above, with the
+  // host's allowlisted directories bound on its empty ones and the sandbox's own hosts and
+  // hostname (written in the jail's root, under /proc's mount point) on its placeholders.
+  // Empty: /etc is assembled in the jail's root.
   std::string shared_etc;
-  std::string etc_hosts_file;
-  std::string etc_hostname_file;
-  // Their open_tree(OPEN_TREE_CLONE) copies, made on the host: attached without walking the
-  // paths, which pass through directories the jail's root may not traverse (the state dir).
+  // Its open_tree(OPEN_TREE_CLONE) copy, made on the host: attached without walking the path,
+  // which passes through directories the jail's root may not traverse (the state dir).
   int shared_etc_tree = -1;
-  int etc_hosts_tree = -1;
-  int etc_hostname_tree = -1;
   std::string home_source;  // else: a host path bound read-write at /root
   int home_fd = -1;         // pinned like the workspace (an open_tree clone where possible)
   bool home_fd_is_tree = false;

@@ -158,32 +158,4 @@ Result<std::string> PrepareSharedEtc(const SharedEtcRequest& request) {
   return path;
 }
 
-Result<SandboxEtcFiles> WriteSandboxEtcFiles(const std::string& dir, const std::string& hostname,
-                                             uid_t owner_uid, gid_t owner_gid) {
-  NSBOX_TRY(MakeDir(dir, 0700));
-  SandboxEtcFiles out{dir + "/hosts", dir + "/hostname"};
-  for (const auto& file : GeneratedEtcFiles(hostname)) {
-    if (file.name != "hosts" && file.name != "hostname") continue;
-    const std::string path = dir + "/" + file.name;
-    // Unchanged (the same sandbox started again): nothing to write.
-    auto current = ReadFile(path);
-    struct stat st {};
-    if (current.ok() && *current == file.content && ::lstat(path.c_str(), &st) == 0 &&
-        st.st_uid == owner_uid && st.st_gid == owner_gid) {
-      continue;
-    }
-    // A new inode each time, renamed into place: a jail that still binds the old one (a stop
-    // that has not finished) keeps it whole.
-    const std::string temp = dir + "/." + file.name + ".tmp";
-    UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644));
-    if (!fd.valid()) return Error::Sys("open", temp, errno);
-    NSBOX_TRY(WriteAll(fd.get(), file.content, temp));
-    if (::fchown(fd.get(), owner_uid, owner_gid) != 0) return Error::Sys("fchown", temp, errno);
-    if (::fchmod(fd.get(), 0644) != 0) return Error::Sys("fchmod", temp, errno);
-    fd.reset();
-    if (::rename(temp.c_str(), path.c_str()) != 0) return Error::Sys("rename", path, errno);
-  }
-  return out;
-}
-
 }  // namespace nsbox::isolate

@@ -4,8 +4,8 @@
 // /etc costs every sandbox a tmpfs inode per entry, a mount per host file and a page per generated
 // file, for the same bytes each time (docs/benchmarks.md, "Idle memory"). Here the generated
 // files and copies of the allowlisted host files are written once into a directory on the host,
-// which every jail binds read-only at /etc; each jail then binds only the host's allowlisted
-// directories (live, as before) and its own hosts and hostname on top.
+// which every jail attaches read-only at /etc; each jail then binds only the host's allowlisted
+// directories (live, as before) and its own hosts and hostname on top (isolate/mount_plan.h).
 
 #include <sys/types.h>
 
@@ -36,14 +36,5 @@ struct SharedEtcRequest {
 // started from then on bind (running ones keep theirs). Thread-safe. Holds placeholders (empty
 // files) for hosts and hostname, which each jail binds its own on.
 Result<std::string> PrepareSharedEtc(const SharedEtcRequest& request);
-
-// Writes the sandbox's own /etc/hosts and /etc/hostname into `dir` (made 0700 if absent), each
-// replaced atomically, owned by `owner_uid`/`owner_gid`, for the jail to bind on the shared /etc.
-struct SandboxEtcFiles {
-  std::string hosts;
-  std::string hostname;
-};
-Result<SandboxEtcFiles> WriteSandboxEtcFiles(const std::string& dir, const std::string& hostname,
-                                             uid_t owner_uid, gid_t owner_gid);
 
 }  // namespace nsbox::isolate

@@ -155,7 +155,6 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
     NSBOX_TRY(PinWorkspaceAndHome(o, spec.ids, &plan, &fs));
     NSBOX_ASSIGN_OR_RETURN(fs.host_etc, isolate::ScanHostEtc("/etc"));
     if (!o.shared_etc_dir.empty()) {
-      if (o.etc_files_dir.empty()) return Error::Msg("a shared /etc needs a directory for hosts");
       isolate::SharedEtcRequest shared;
       shared.cache_dir = o.shared_etc_dir;
       shared.host_etc_dir = "/etc";
@@ -163,29 +162,17 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
       shared.nameserver = o.nameserver;
       shared.owner_uid = spec.ids.uid.outside;
       shared.owner_gid = spec.ids.gid.outside;
-      NSBOX_ASSIGN_OR_RETURN(fs.shared_etc, isolate::PrepareSharedEtc(shared));
-      NSBOX_ASSIGN_OR_RETURN(
-          auto own, isolate::WriteSandboxEtcFiles(o.etc_files_dir, o.hostname, spec.ids.uid.outside,
-                                                  spec.ids.gid.outside));
-      fs.etc_hosts_file = std::move(own.hosts);
-      fs.etc_hostname_file = std::move(own.hostname);
-      // Attached from clones made here, with the daemon's rights: the state dir is not the
+      NSBOX_ASSIGN_OR_RETURN(std::string shared_etc, isolate::PrepareSharedEtc(shared));
+      // Attached from a clone made here, with the daemon's rights: the state dir is not the
       // jail's root's to traverse.
-      const std::string* sources[3] = {&fs.shared_etc, &fs.etc_hosts_file, &fs.etc_hostname_file};
-      for (int i = 0; i < 3; ++i) {
-        // SAFETY: open_tree only reads the path and returns a new fd.
-        int tree =
-            sys::OpenTree(AT_FDCWD, sources[i]->c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-        if (tree < 0 && errno == ENOSYS) break;  // before 5.2: /etc is assembled in the jail
-        if (tree < 0) return Error::Sys("open_tree", *sources[i], errno).Context("shared /etc");
-        plan.etc_trees[i].reset(tree);
-      }
-      if (plan.etc_trees[2].valid()) {
-        fs.shared_etc_tree = plan.etc_trees[0].get();
-        fs.etc_hosts_tree = plan.etc_trees[1].get();
-        fs.etc_hostname_tree = plan.etc_trees[2].get();
-      } else {
-        fs.shared_etc.clear();
+      // SAFETY: open_tree only reads the path and returns a new fd.
+      int tree = sys::OpenTree(AT_FDCWD, shared_etc.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+      if (tree >= 0) {
+        plan.etc_tree.reset(tree);
+        fs.shared_etc = std::move(shared_etc);
+        fs.shared_etc_tree = tree;
+      } else if (errno != ENOSYS) {  // before 5.2: /etc is assembled in the jail
+        return Error::Sys("open_tree", shared_etc, errno).Context("shared /etc");
       }
     }
   }

@@ -37,11 +37,9 @@ struct JailOptions {
   // (no copy held in memory for a long-lived sandbox's whole life).
   bool copy_etc_files = true;
   // Long-lived sandboxes of the host image (nsboxd): /etc is the shared, read-only one made under
-  // this host directory (isolate/shared_etc.h), and the sandbox's own hosts and hostname are
-  // written into `etc_files_dir` and bound on it. Empty: /etc is assembled in the jail's root
-  // (copy_etc_files says how).
+  // this host directory (isolate/shared_etc.h), with the sandbox's own hosts and hostname bound
+  // on it. Empty: /etc is assembled in the jail's root (copy_etc_files says how).
   std::string shared_etc_dir;
-  std::string etc_files_dir;
 };
 
 // Everything decided before anything is started: plain values (`nsbox run --dry-run` prints
@@ -53,9 +51,7 @@ struct PreparedJail {
   UniqueFd home;            // O_PATH of the host directory bound at /root, when there is one
   UniqueFd home_tree;       // its open_tree clone
   UniqueFd root_tree;       // an imported image's overlay, mounted detached (fsmount)
-  // open_tree clones of the shared /etc and of the sandbox's hosts and hostname, when /etc is
-  // the shared one (JailOptions::shared_etc_dir).
-  UniqueFd etc_trees[3];
+  UniqueFd etc_tree;        // open_tree clone of the shared /etc (JailOptions::shared_etc_dir)
   std::string workspace_path;
   isolate::CgroupLimits limits;
   isolate::JailSpec spec;

@@ -554,7 +554,6 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
     o.jail.workspace = entry.dir_ + "/workspace";
     o.jail.home = entry.dir_ + "/home";
     o.jail.shared_etc_dir = SharedEtcDir();
-    o.jail.etc_files_dir = entry.dir_ + "/etc";
   }
   o.jail.hostname = HostnameFor(c.id, entry.hash_);
   if (c.limits.memory_bytes) o.jail.memory = std::to_string(*c.limits.memory_bytes);

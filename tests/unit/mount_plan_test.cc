@@ -164,31 +164,48 @@ TEST(MountPlan, RefusesBadInput) {
 TEST(MountPlan, ASharedEtcIsBoundWithOnlyTheHostsDirectoriesAndTheSandboxsOwnFiles) {
   JailFsConfig c = Config();
   c.shared_etc = "/state/host-etc/0123";
-  c.etc_hosts_file = "/state/sandboxes/ab/etc/hosts";
-  c.etc_hostname_file = "/state/sandboxes/ab/etc/hostname";
   c.shared_etc_tree = 11;
-  c.etc_hosts_tree = 12;
-  c.etc_hostname_tree = 13;
   auto plan = PlanMounts(c);
   ASSERT_TRUE(plan.ok()) << plan.error().message();
-  std::vector<std::string> etc;  // every step under /etc, in order
+  std::vector<std::string> etc;  // every step for /etc, in order
   for (const auto& op : plan->ops) {
-    if (op.target == "/etc" || op.target.rfind("/etc/", 0) == 0) etc.push_back(op.Describe());
+    if (op.target == "/etc" || op.target.rfind("/etc/", 0) == 0 ||
+        op.target.rfind("/proc/.nsbox-etc/", 0) == 0) {
+      etc.push_back(op.Describe());
+    }
   }
   EXPECT_EQ(etc, (std::vector<std::string>{
                      "mkdir /etc",
                      "bind /state/host-etc/0123 -> /etc (ro,nosuid,nodev)",
                      "rbind /etc/ssl -> /etc/ssl (ro,nosuid,nodev)",
-                     "bind /state/sandboxes/ab/etc/hosts -> /etc/hosts (ro,nosuid,nodev)",
-                     "bind /state/sandboxes/ab/etc/hostname -> /etc/hostname (ro,nosuid,nodev)",
+                     "write /proc/.nsbox-etc/hosts",
+                     "bind /tmp/proc/.nsbox-etc/hosts -> /etc/hosts (ro,nosuid,nodev)",
+                     "write /proc/.nsbox-etc/hostname",
+                     "bind /tmp/proc/.nsbox-etc/hostname -> /etc/hostname (ro,nosuid,nodev)",
                  }));
-  // Attached from the host's clones, never by walking the state dir's paths.
+  // Attached from the host's clone, never by walking the state dir's path.
   for (const auto& op : plan->ops) {
-    if (op.kind != Kind::kBind || op.source.rfind("/state/", 0) != 0) continue;
-    EXPECT_TRUE(op.source_is_tree) << op.Describe();
-    EXPECT_GE(op.source_fd, 11) << op.Describe();
+    if (op.target != "/etc" || op.kind != Kind::kBind) continue;
+    EXPECT_TRUE(op.source_is_tree);
+    EXPECT_EQ(op.source_fd, 11);
   }
-  c.etc_hosts_tree = -1;
+  for (const auto& op : plan->ops) {
+    if (op.kind != Kind::kWriteFile) continue;
+    if (op.target == "/proc/.nsbox-etc/hostname") {
+      EXPECT_EQ(op.data, "box\n");
+    }
+    if (op.target == "/proc/.nsbox-etc/hosts") {
+      EXPECT_NE(op.data.find("127.0.1.1\tbox\n"), std::string::npos) << op.data;
+    }
+  }
+  // Kept under /proc's mount point, which the jail's procfs covers afterwards.
+  size_t last_write = 0, proc = 0;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    if (plan->ops[i].kind == Kind::kWriteFile) last_write = i;
+    if (plan->ops[i].kind == Kind::kProc) proc = i;
+  }
+  EXPECT_GT(proc, last_write);
+  c.shared_etc_tree = -1;
   EXPECT_FALSE(PlanMounts(c).ok());
   c = Config();
   c.shared_etc = "/state/host-etc/0123";

@@ -154,25 +154,5 @@ TEST_F(SharedEtcTest, RefusesARelativeCache) {
   EXPECT_FALSE(PrepareSharedEtc(r).ok());
 }
 
-TEST_F(SharedEtcTest, TheSandboxsOwnFilesNameItAndAreReplacedWhole) {
-  const stdfs::path dir = root_ / "sandbox-etc";
-  auto files = WriteSandboxEtcFiles(dir.string(), "box", ::getuid(), ::getgid());
-  ASSERT_TRUE(files.ok()) << files.error().message();
-  EXPECT_EQ(files->hostname, (dir / "hostname").string());
-  EXPECT_EQ(Slurp(files->hostname), "box\n");
-  EXPECT_NE(Slurp(files->hosts).find("127.0.1.1\tbox\n"), std::string::npos);
-  struct stat before {
-  }, same{}, after{};
-  ASSERT_EQ(::stat(files->hosts.c_str(), &before), 0);
-  ASSERT_TRUE(WriteSandboxEtcFiles(dir.string(), "box", ::getuid(), ::getgid()).ok());
-  ASSERT_EQ(::stat(files->hosts.c_str(), &same), 0);
-  EXPECT_EQ(same.st_ino, before.st_ino) << "unchanged: not rewritten";
-  ASSERT_TRUE(WriteSandboxEtcFiles(dir.string(), "other", ::getuid(), ::getgid()).ok());
-  ASSERT_EQ(::stat(files->hosts.c_str(), &after), 0);
-  EXPECT_NE(after.st_ino, before.st_ino) << "a new file renamed into place";
-  EXPECT_EQ(Slurp(files->hostname), "other\n");
-  EXPECT_NE(Slurp(files->hosts).find("127.0.1.1\tother\n"), std::string::npos);
-}
-
 }  // namespace
 }  // namespace nsbox::isolate
