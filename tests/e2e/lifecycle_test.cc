@@ -130,10 +130,11 @@ TEST_F(LifecycleTest, EtcIsSharedReadOnlyAndNamesEachSandbox) {
 }
 
 // Where the host's / is a shared mount (systemd's default; not on the machines the suite usually
-// runs on), a tree the daemon clones for a jail (the shared /etc, hosts, hostname, the workspace)
+// runs on), a tree the daemon clones for a jail (the shared /etc, the workspace, the home)
 // is in the host mount's peer group. Unless the jail makes it private as it attaches it, the
-// binds it makes on the shared /etc appear on the host and in every other sandbox. A daemon run
-// in a mount namespace of its own, with / made shared there.
+// binds it makes on the shared /etc appear on the host and in every other sandbox, and a mount
+// made on the host under a workspace appears inside. A daemon run in a mount namespace of its
+// own, with / made shared there.
 TEST_F(LifecycleTest, JailMountsDoNotPropagateOnASharedHostRoot) {
   const std::string dir = daemon().dir() + "/shared-root";
   ASSERT_TRUE(std::filesystem::create_directory(dir));
@@ -154,6 +155,9 @@ TEST_F(LifecycleTest, JailMountsDoNotPropagateOnASharedHostRoot) {
            << nsbox << " exec a -- grep -c ' /etc' /proc/self/mountinfo\n"
            << nsbox << " exec b -- grep -c ' /etc' /proc/self/mountinfo\n"
            << "grep -c '" << dir << "/state' /proc/self/mountinfo || true\n"
+           << "for w in " << dir << "/state/sandboxes/*/workspace; do mkdir $w/sub; "
+           << "mount -t tmpfs nsbox-test-host-mount $w/sub; done\n"
+           << nsbox << " exec a -- grep -c nsbox-test-host-mount /proc/self/mountinfo || true\n"
            << "kill $daemon; wait $daemon\n";
   }
   const std::string cmd = "unshare -m sh " + dir + "/run.sh 2>&1";
@@ -164,12 +168,13 @@ TEST_F(LifecycleTest, JailMountsDoNotPropagateOnASharedHostRoot) {
   while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   ASSERT_EQ(::pclose(p), 0) << out << ReadHostFile(dir + "/log");
   std::istringstream lines(out);
-  std::string host_a, host_b, etc_a, etc_b, on_host;
-  lines >> host_a >> host_b >> etc_a >> etc_b >> on_host;
+  std::string host_a, host_b, etc_a, etc_b, on_host, host_mount_inside;
+  lines >> host_a >> host_b >> etc_a >> etc_b >> on_host >> host_mount_inside;
   EXPECT_EQ(host_a, "a") << out;
   EXPECT_EQ(host_b, "b") << out;
   EXPECT_EQ(etc_a, etc_b) << "b's start added mounts to a's /etc:\n" << out;
   EXPECT_EQ(on_host, "0") << "jail mounts appeared on the host:\n" << out;
+  EXPECT_EQ(host_mount_inside, "0") << "a host mount under the workspace appeared inside:\n" << out;
 }
 
 TEST_F(LifecycleTest, StopEndsARunningExec) {
