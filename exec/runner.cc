@@ -79,6 +79,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "base/pidfd.h"
+#include "base/stack.h"
 #include "base/syscalls.h"
 #include "base/worker_pool.h"
 #include "exec/command.h"
@@ -1169,6 +1170,7 @@ void Runner::Impl::ReleaseIdle() {
     buffers.clear();
     ::malloc_trim(0);
   }
+  ReleaseUnusedMainStack();  // on the loop, nsbox-init's main thread; elsewhere it does nothing
 }
 
 std::unique_ptr<char[]> Runner::Impl::TakeBuffer() {
