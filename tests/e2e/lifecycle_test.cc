@@ -146,6 +146,8 @@ TEST_F(LifecycleTest, JailMountsDoNotPropagateOnASharedHostRoot) {
            << kNsboxBin << " serve --socket " << dir << "/s.sock --state-dir " << dir << "/state > "
            << dir << "/log 2>&1 &\n"
            << "daemon=$!\n"
+           // Stopped whatever step fails, so that a failing run leaves no daemon behind.
+           << "trap 'kill $daemon; wait $daemon' EXIT\n"
            << "for i in $(seq 100); do " << nsbox
            << " ls > /dev/null 2>&1 && break; sleep 0.1; done\n"
            << nsbox << " create a > /dev/null\n"
@@ -157,8 +159,7 @@ TEST_F(LifecycleTest, JailMountsDoNotPropagateOnASharedHostRoot) {
            << "grep -c '" << dir << "/state' /proc/self/mountinfo || true\n"
            << "for w in " << dir << "/state/sandboxes/*/workspace; do mkdir $w/sub; "
            << "mount -t tmpfs nsbox-test-host-mount $w/sub; done\n"
-           << nsbox << " exec a -- grep -c nsbox-test-host-mount /proc/self/mountinfo || true\n"
-           << "kill $daemon; wait $daemon\n";
+           << nsbox << " exec a -- grep -c nsbox-test-host-mount /proc/self/mountinfo || true\n";
   }
   const std::string cmd = "unshare -m sh " + dir + "/run.sh 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
