@@ -317,8 +317,37 @@ void InitClient::Dispatch(const proto::FrameReader::FrameView& frame) {
   }
 }
 
-Status InitClient::SendHello(const proto::Hello& hello) {
-  return Send(Type::kHello, 0, proto::Encode(hello));
+Status InitClient::SendHello(const proto::Hello& hello, const std::vector<int>& fds) {
+  const std::string frame = proto::EncodeFrame(Type::kHello, 0, proto::Encode(hello));
+  if (fds.empty()) return SendRaw(frame);
+  constexpr size_t kMaxFds = 4;  // what nsbox-init receives with its hello
+  if (fds.size() > kMaxFds) return Error(EINVAL, "too many fds for the hello");
+  alignas(struct cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))] = {};
+  struct iovec iov {
+    const_cast<char*>(frame.data()), 1
+  };
+  struct msghdr msg {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(fds.size() * sizeof(int));
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
+  std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
+  {
+    // The first byte carries the fds; the rest follows as any frame. Nothing else is sent
+    // before a hello, so nothing can come between the two.
+    std::lock_guard<std::mutex> lock(send_mu_);
+    ssize_t n;
+    do {
+      n = ::sendmsg(control_.get(), &msg, MSG_NOSIGNAL);
+    } while (n < 0 && (errno == EINTR || ((errno == EAGAIN || errno == EWOULDBLOCK) &&
+                                          WaitFor(control_.get(), POLLOUT))));
+    if (n < 0) return Error::Sys("sendmsg", "nsbox-init control channel", errno);
+  }
+  return SendRaw(std::string_view(frame).substr(1));
 }
 
 uint64_t InitClient::StartExec(const proto::ExecRequest& request, ExecCallbacks callbacks,

@@ -63,8 +63,9 @@ class InitClient {
   InitClient(const InitClient&) = delete;
   InitClient& operator=(const InitClient&) = delete;
 
-  // The first frame: the jail's configuration. Confirmed by the Ping that follows it.
-  Status SendHello(const proto::Hello& hello);
+  // The first frame: the jail's configuration. Confirmed by the Ping that follows it. `fds` go
+  // with its first byte (SCM_RIGHTS): an adoption's trees (proto::Adoption).
+  Status SendHello(const proto::Hello& hello, const std::vector<int>& fds = {});
 
   struct ExecCallbacks {
     std::function<void(uint32_t pid)> on_started;

@@ -262,6 +262,14 @@ std::string Encode(const Hello& m) {
     w.U64(r.hard);
   }
   w.Bytes(m.shell);
+  w.U8(m.adoption.has_value() ? 1 : 0);
+  if (m.adoption) {
+    w.Bytes(m.adoption->hostname);
+    w.Bytes(m.adoption->etc_hosts);
+    w.Bytes(m.adoption->etc_hostname);
+    w.U64(m.adoption->tmp_size);
+    w.U64(m.adoption->shm_size);
+  }
   return w.Take();
 }
 
@@ -277,7 +285,17 @@ bool Decode(std::string_view payload, Hello* m) {
   for (auto& rl : m->rlimits) {
     if (!r.U32(&rl.resource) || !r.U64(&rl.soft) || !r.U64(&rl.hard)) return false;
   }
-  return r.Bytes(&m->shell, 4096) && r.Done();
+  bool adopt = false;
+  if (!r.Bytes(&m->shell, 4096) || !r.Bool(&adopt)) return false;
+  m->adoption.reset();
+  if (adopt) {
+    Adoption& a = m->adoption.emplace();
+    if (!r.Bytes(&a.hostname, 64) || a.hostname.empty() || !r.Bytes(&a.etc_hosts, kMaxEtcFile) ||
+        !r.Bytes(&a.etc_hostname, kMaxEtcFile) || !r.U64(&a.tmp_size) || !r.U64(&a.shm_size)) {
+      return false;
+    }
+  }
+  return r.Done();
 }
 
 std::string Encode(const ExecRequest& m) {

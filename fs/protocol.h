@@ -128,6 +128,20 @@ struct Rlimit {
   uint64_t hard = 0;
 };
 
+// What makes a jail started ahead of its sandbox (nsboxd's pool, docs/daemon.md "The pool")
+// that sandbox's. nsbox-init, still privileged in its namespaces and with no command run yet,
+// attaches the two trees that come with the hello frame (SCM_RIGHTS: the workspace's clone, then
+// the home's), writes the sandbox's hosts and hostname files, sets the hostname, sizes /tmp and
+// /dev/shm, and makes the root read-only; then it goes on as any nsbox-init.
+struct Adoption {
+  std::string hostname;      // 1..64 bytes
+  std::string etc_hosts;     // at most kMaxEtcFile bytes
+  std::string etc_hostname;  // the same
+  uint64_t tmp_size = 0;     // bytes; 0: the kernel's default
+  uint64_t shm_size = 0;
+};
+inline constexpr uint32_t kMaxEtcFile = 64u << 10;
+
 // The jail's configuration for nsbox-init, sent once as the first frame.
 struct Hello {
   uint32_t version = kVersion;
@@ -137,6 +151,8 @@ struct Hello {
   uint32_t last_cap = 0;        // /proc/sys/kernel/cap_last_cap of the host
   std::vector<Rlimit> rlimits;  // for commands, already clamped
   std::string shell;            // "/bin/bash" or "/bin/sh"
+  // Set exactly when nsbox-init was started for the pool (--adopt 1).
+  std::optional<Adoption> adoption;
 };
 
 // The size of a terminal, in character cells; each 1..kMaxTtyDimension.

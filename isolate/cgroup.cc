@@ -606,6 +606,34 @@ Result<Cgroups> Cgroups::Create(const CgroupPlan& plan) {
   return out;
 }
 
+Status Cgroups::ApplyLimits(const CgroupPlan& plan) {
+  std::vector<Dir*> targets;
+  for (const CgroupDirPlan& d : plan.dirs) {
+    auto it = std::find_if(dirs_.begin(), dirs_.end(), [&](const Dir& have) {
+      return have.version == d.version && have.path == JoinPath(d.parent, have.name);
+    });
+    if (it == dirs_.end()) {
+      return Error(ENOENT,
+                   "no cgroup in " + d.parent + " to set " +
+                       (d.controllers.empty() ? std::string("accounting") : d.controllers.front()) +
+                       " limits on");
+    }
+    targets.push_back(&*it);
+  }
+  for (size_t i = 0; i < plan.dirs.size(); ++i) {
+    const CgroupDirPlan& d = plan.dirs[i];
+    Dir& dir = *targets[i];
+    if (Status st = WriteCgroupFiles(dir.parent_fd.get(), d.parent_writes); !st.ok()) {
+      return std::move(st).error().Context("set limits: in the parent " + d.parent);
+    }
+    if (Status st = WriteCgroupFiles(dir.fd.get(), d.writes); !st.ok()) {
+      return std::move(st).error().Context("set limits on " + dir.path);
+    }
+    dir.controllers = d.controllers;
+  }
+  return Ok();
+}
+
 int Cgroups::v2_dir_fd() const {
   for (const Dir& d : dirs_) {
     if (d.version == CgroupVersion::kV2) return d.fd.get();

@@ -127,6 +127,11 @@ class Cgroups {
   // whatever is inside and removes them. `prefix` must be specific to the caller.
   static Result<Cgroups> AdoptStale(const CgroupLayout& layout, std::string_view prefix);
 
+  // Sets the limits of `plan` on cgroups made from another plan of the same layout (a jail of
+  // nsboxd's pool, made before its sandbox's limits were known): each of its directories must
+  // have a counterpart here in the same hierarchy, or nothing is written and the error (ENOENT)
+  // names the one missing. Parent writes are made as Create makes them.
+  Status ApplyLimits(const CgroupPlan& plan);
   // An O_DIRECTORY fd of the v2 child, for clone3(CLONE_INTO_CGROUP); -1 when there is none.
   int v2_dir_fd() const;
   // An O_DIRECTORY fd of the v1 child of the hierarchy of `controller` ("memory", "pids"), limit

@@ -185,7 +185,10 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   if (!IsAbsoluteNormal(config.staging) || config.staging == "/") {
     return Error::Msg("staging directory '" + config.staging + "' must be an absolute path");
   }
-  if (config.workspace_source.empty() && config.root_tree_fd < 0) {
+  if (config.adopt_later && (config.root_tree_fd >= 0 || config.shared_etc.empty())) {
+    return Error::Msg("a jail adopted later needs the host image and a shared /etc");
+  }
+  if (config.workspace_source.empty() && config.root_tree_fd < 0 && !config.adopt_later) {
     return Error::Msg("no workspace to bind");
   }
   Planner p(config.staging);
@@ -238,7 +241,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
       // the mount point of /proc, which the jail's procfs covers below: out of sight, and not
       // unlinked (a tmpfs with an unlinked file still in use refuses the final read-only
       // remount).
-      const std::string own = "/proc/.nsbox-etc";
+      const std::string own = kOwnEtcDir;
       p.Mkdir("/proc", 0555);
       p.Mkdir(own, 0700);
       for (const auto& file : GeneratedEtcFiles(config.hostname, config.nameserver)) {
@@ -293,6 +296,10 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
       op.mode = static_cast<mode_t>(mode);
       op.if_absent = true;
     }
+  } else if (config.adopt_later) {
+    // Attached by ApplyAdoption.
+    p.Mkdir("/workspace");
+    p.Mkdir("/root", 0700);
   } else {
     p.Mkdir("/workspace");
     auto& workspace = p.Bind(config.workspace_source, "/workspace", MS_NOSUID | MS_NODEV, false);
@@ -350,7 +357,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
 
   // 7. Switch roots, drop the host's, and freeze what is not meant to change.
   p.Add(Kind::kPivotRoot, "/");
-  if (!overlay) p.Add(Kind::kRemountRootReadonly, "/");
+  if (!overlay && !config.adopt_later) p.Add(Kind::kRemountRootReadonly, "/");
   return p.Take();
 }
 
@@ -460,6 +467,21 @@ int RestrictBind(const char* path, unsigned long flags, bool recursive) {
     return errno;
   }
   return 0;
+}
+
+// Attaches a detached tree the host made (open_tree(OPEN_TREE_CLONE)) at `path`; the fd is
+// consumed by the move.
+int AttachTree(int tree, const char* path, unsigned long flags, bool recursive) {
+  // SAFETY: move_mount only reads the fd and the path.
+  if (sys::MoveMount(tree, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0) return errno;
+  // A clone of a shared host mount (systemd makes / shared) is in the host mount's peer group,
+  // whatever the jail's own mounts are: private at once, before anything is mounted on it, or
+  // the binds made on it here would appear on the host and in every other jail that attached a
+  // clone of the same mount (and the host's mounts under it in here).
+  if (::mount(nullptr, path, nullptr, MS_PRIVATE | (recursive ? MS_REC : 0), nullptr) < 0) {
+    return errno;
+  }
+  return RestrictBind(path, flags, recursive);
 }
 
 // "/proc/self/fd/N" into buf (at least 32 bytes), without allocating.
@@ -579,21 +601,7 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
       return 0;
     case Kind::kBind: {
       unsigned long bind = MS_BIND | (op.recursive ? MS_REC : 0);
-      if (op.source_is_tree) {
-        // SAFETY: attaches the detached tree the host made; it is consumed by the move.
-        if (sys::MoveMount(op.source_fd, "", AT_FDCWD, staged, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
-          return errno;
-        }
-        // A clone of a shared host mount (systemd makes / shared) is in the host mount's peer
-        // group, whatever the jail's own mounts are: private at once, before anything is mounted
-        // on it, or the binds made on it here would appear on the host and in every other jail
-        // that attached a clone of the same mount (and the host's mounts under it in here).
-        if (::mount(nullptr, staged, nullptr, MS_PRIVATE | (op.recursive ? MS_REC : 0), nullptr) <
-            0) {
-          return errno;
-        }
-        return RestrictBind(staged, op.flags, op.recursive);
-      }
+      if (op.source_is_tree) return AttachTree(op.source_fd, staged, op.flags, op.recursive);
       if (opened_fd < 0) {
         if (::mount(op.source.c_str(), staged, nullptr, bind, nullptr) < 0) return errno;
       } else {
@@ -709,6 +717,61 @@ int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept {
   }
   for (size_t k = 0; k < pinned; ++k) ::close(pinned_fd[k]);
   return err;
+}
+
+namespace {
+
+// Replaces the content of `name` in the jail's own /etc directory, which the procfs covers: the
+// write goes through a clone of the root mount alone, without the mounts above it.
+Status RewriteOwnEtcFile(int root_clone, const std::string& name, const std::string& content) {
+  const std::string path = std::string(kOwnEtcDir + 1) + "/" + name;
+  UniqueFd fd(::openat(root_clone, path.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return Error::Sys("open", "/" + path, errno);
+  size_t done = 0;
+  while (done < content.size()) {
+    ssize_t n = ::write(fd.get(), content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error::Sys("write", "/" + path, errno);
+    done += static_cast<size_t>(n);
+  }
+  return Ok();
+}
+
+Status ResizeTmpfs(const char* path, unsigned long flags, uint64_t size) {
+  if (size == 0) return Ok();
+  const std::string data = "size=" + std::to_string(size);
+  if (::mount(nullptr, path, nullptr, MS_REMOUNT | flags, data.c_str()) < 0) {
+    return Error::Sys("mount", path, errno).Context("size the tmpfs to " + data);
+  }
+  return Ok();
+}
+
+}  // namespace
+
+Status ApplyAdoption(const AdoptionSpec& spec) {
+  for (const auto& [tree, path] :
+       {std::pair{spec.workspace_tree, "/workspace"}, std::pair{spec.home_tree, "/root"}}) {
+    if (tree < 0) return Error(EBADF, std::string("no tree to attach at ") + path);
+    if (int err = AttachTree(tree, path, MS_NOSUID | MS_NODEV, false); err != 0) {
+      return Error::Sys("move_mount", path, err).Context("attach the sandbox's directory");
+    }
+  }
+  {
+    // SAFETY: open_tree only reads the path and returns a new fd.
+    UniqueFd root(sys::OpenTree(AT_FDCWD, "/", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+    if (!root.valid()) return Error::Sys("open_tree", "/", errno).Context("reach /etc's own files");
+    NSBOX_TRY(RewriteOwnEtcFile(root.get(), "hosts", spec.etc_hosts));
+    NSBOX_TRY(RewriteOwnEtcFile(root.get(), "hostname", spec.etc_hostname));
+  }  // the clone goes with its fd, before the root becomes read-only
+  NSBOX_TRY(ResizeTmpfs("/tmp", MS_NOSUID | MS_NODEV, spec.tmp_size));
+  NSBOX_TRY(ResizeTmpfs("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, spec.shm_size));
+  if (::sethostname(spec.hostname.data(), spec.hostname.size()) < 0) {
+    return Error::Sys("sethostname", spec.hostname, errno);
+  }
+  if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) < 0) {
+    return Error::Sys("mount", "/", errno).Context("make the root read-only");
+  }
+  return Ok();
 }
 
 }  // namespace nsbox::isolate

@@ -150,7 +150,33 @@ struct JailFsConfig {
   std::string home_source;  // else: a host path bound read-write at /root
   int home_fd = -1;         // pinned like the workspace (an open_tree clone where possible)
   bool home_fd_is_tree = false;
+  // A jail started ahead of its sandbox (nsboxd's pool; needs shared_etc): /workspace and /root
+  // stay empty mount points, hosts and hostname are written for `hostname` and rewritten later,
+  // and the root stays writable. ApplyAdoption, run by the jail's nsbox-init once the sandbox
+  // is known, does the rest; until then no command runs there.
+  bool adopt_later = false;
 };
+
+// Where a jail with a shared /etc keeps its own hosts and hostname: in its root tmpfs, under the
+// mount point of /proc, which its procfs covers.
+inline constexpr char kOwnEtcDir[] = "/proc/.nsbox-etc";
+
+// What ApplyAdoption makes of a jail planned with adopt_later.
+struct AdoptionSpec {
+  int workspace_tree = -1;  // open_tree(OPEN_TREE_CLONE) copies made by the host
+  int home_tree = -1;
+  std::string hostname;
+  std::string etc_hosts;
+  std::string etc_hostname;
+  uint64_t tmp_size = 0;  // bytes; 0: leave the kernel's default
+  uint64_t shm_size = 0;
+};
+
+// Run inside such a jail, by a process that still holds CAP_SYS_ADMIN in its namespaces: attaches
+// the trees at /workspace and /root (private, nosuid, nodev), writes hosts and hostname, sizes
+// /tmp and /dev/shm, sets the hostname and makes the root read-only, as PlanMounts would have.
+// Errors name the step and the path.
+Status ApplyAdoption(const AdoptionSpec& spec);
 
 // Reads which allowlisted /etc entries the host has (lstat + readlink), for JailFsConfig.
 Result<std::vector<JailFsConfig::EtcEntry>> ScanHostEtc(const std::string& host_etc_dir);

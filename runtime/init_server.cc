@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "base/files.h"
 #include "base/stack.h"
@@ -26,6 +27,7 @@
 #include "base/worker_pool.h"
 #include "exec/command.h"
 #include "exec/direct.h"
+#include "isolate/mount_plan.h"
 
 namespace nsbox::runtime {
 
@@ -667,8 +669,9 @@ namespace {
   ::_exit(1);
 }
 
-// Reads the first frame, the hello. Frames that arrived behind it stay in `frames`.
-Result<proto::Hello> ReadHello(int fd, proto::FrameReader& frames) {
+// Reads the first frame, the hello. Frames that arrived behind it stay in `frames`; fds that came
+// with it (an adoption's trees) in `fds`.
+Result<proto::Hello> ReadHello(int fd, proto::FrameReader& frames, std::vector<UniqueFd>* fds) {
   char buf[65536];
   for (;;) {
     if (auto frame = frames.Next()) {
@@ -684,10 +687,29 @@ Result<proto::Hello> ReadHello(int fd, proto::FrameReader& frames) {
       }
       return hello;
     }
-    ssize_t n = ::read(fd, buf, sizeof buf);
+    struct iovec iov {
+      buf, sizeof buf
+    };
+    alignas(struct cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+    struct msghdr msg {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Error::Sys("read", "control channel", errno);
-    if (n == 0) return Error::Msg("the control channel closed before the hello");
+    if (n < 0) return Error::Sys("recvmsg", "control channel", errno);
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
+        fds->emplace_back(passed);
+      }
+    }
+    if (msg.msg_flags & MSG_CTRUNC) return Error::Msg("too many fds came with the hello");
+    if (n == 0) return Error(EPIPE, "the control channel closed before the hello");
     frames.Feed(std::string_view(buf, static_cast<size_t>(n)));
   }
 }
@@ -699,6 +721,7 @@ int InitMain(int argc, char** argv) {
   int cgroup_fd = -1;
   exec::RunnerV1Cgroups v1;
   std::optional<exec::Reactor::Backend> backend;
+  bool adopt = false;  // started for nsboxd's pool: the hello brings an Adoption
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     std::string value = argv[i + 1];
@@ -710,6 +733,8 @@ int InitMain(int argc, char** argv) {
       v1.memory_dir = std::atoi(value.c_str());
     } else if (flag == "--pids-cgroup-fd") {
       v1.pids_dir = std::atoi(value.c_str());
+    } else if (flag == "--adopt" && value == "1") {
+      adopt = true;
     } else if (flag == "--reactor" && (value == "epoll" || value == "io_uring")) {
       // nsbox-init's environment is empty, so the choice of NSBOX_REACTOR comes as a flag.
       backend =
@@ -717,7 +742,7 @@ int InitMain(int argc, char** argv) {
     } else {
       Die("unknown argument " + flag + " " + value +
           " (expected --control-fd N [--cgroup-fd N] [--memory-cgroup-fd N] [--pids-cgroup-fd N] "
-          "[--reactor epoll|io_uring])");
+          "[--reactor epoll|io_uring] [--adopt 1])");
     }
   }
   if (control_fd < 0) Die("no --control-fd");
@@ -734,9 +759,37 @@ int InitMain(int argc, char** argv) {
     if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
 
+  // Made before the hello: a jail of the pool has it ready when its sandbox comes.
+  auto reactor = backend ? exec::CreateReactor(*backend) : exec::CreateReactor();
+  if (!reactor.ok()) Die(reactor.error().message());
+
   proto::FrameReader frames;
-  auto hello = ReadHello(control_fd, frames);
+  std::vector<UniqueFd> passed;
+  auto hello = ReadHello(control_fd, frames, &passed);
+  // A jail of the pool that no sandbox took: the daemon stopped it, which is no error.
+  if (!hello.ok() && adopt && hello.error().code() == EPIPE) ::_exit(0);
   if (!hello.ok()) Die(hello.error().message());
+  if (hello->adoption.has_value() != adopt) {
+    Die(adopt ? "started for the pool, but the hello adopts no sandbox"
+              : "the hello adopts a sandbox, but this nsbox-init was not started for the pool");
+  }
+  if (adopt) {
+    // Still privileged, and nothing but us runs here yet: become the sandbox's.
+    if (passed.size() != 2) Die("an adoption needs 2 trees, got " + std::to_string(passed.size()));
+    isolate::AdoptionSpec spec;
+    spec.workspace_tree = passed[0].get();
+    spec.home_tree = passed[1].get();
+    spec.hostname = hello->adoption->hostname;
+    spec.etc_hosts = hello->adoption->etc_hosts;
+    spec.etc_hostname = hello->adoption->etc_hostname;
+    spec.tmp_size = hello->adoption->tmp_size;
+    spec.shm_size = hello->adoption->shm_size;
+    if (auto st = isolate::ApplyAdoption(spec); !st.ok()) {
+      Die("adopt the sandbox: " + st.error().message());
+    }
+    if (::chdir("/workspace") < 0) Die("chdir /workspace: " + ErrnoText(errno));
+  }
+  passed.clear();
 
   int root = ::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (root < 0) Die("open /: " + ErrnoText(errno));
@@ -756,9 +809,6 @@ int InitMain(int argc, char** argv) {
     if (err != 0) Die("load the seccomp filter: " + ErrnoText(err));
   }
   ::fcntl(control_fd, F_SETFL, ::fcntl(control_fd, F_GETFL) | O_NONBLOCK);
-
-  auto reactor = backend ? exec::CreateReactor(*backend) : exec::CreateReactor();
-  if (!reactor.ok()) Die(reactor.error().message());
   InitServer server(**reactor, UniqueFd(control_fd), cgroup_fd, UniqueFd(root), std::move(*hello),
                     std::move(frames), v1);
   auto st = server.Run();

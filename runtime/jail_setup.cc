@@ -78,18 +78,14 @@ Status PinWorkspaceAndHome(const JailOptions& o, const isolate::IdMapping& ids, 
     // Pinned and cloned like the workspace: the jail's root need not traverse the host path.
     fs->home_tmpfs = false;
     fs->home_source = o.home;
-    int hfd = ::open(o.home.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (hfd < 0) return Error::Sys("open", o.home, errno).Context("the home directory");
-    plan->home.reset(hfd);
-    fs->home_fd = hfd;
-    // SAFETY: as for the workspace above.
-    int home_tree = sys::OpenTree(hfd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
-    if (home_tree >= 0) {
-      plan->home_tree.reset(home_tree);
-      fs->home_fd = home_tree;
+    auto home = PinDirectory(o.home);
+    if (!home.ok()) return std::move(home).error().Context("the home directory");
+    plan->home = std::move(home->fd);
+    plan->home_tree = std::move(home->tree);
+    fs->home_fd = plan->home.get();
+    if (plan->home_tree.valid()) {
+      fs->home_fd = plan->home_tree.get();
       fs->home_fd_is_tree = true;
-    } else if (errno != ENOSYS) {
-      return Error::Sys("open_tree", o.home, errno).Context("the home directory");
     }
   }
   return Ok();
@@ -97,32 +93,67 @@ Status PinWorkspaceAndHome(const JailOptions& o, const isolate::IdMapping& ids, 
 
 }  // namespace
 
-Result<PreparedJail> PrepareJail(const JailOptions& o) {
-  PreparedJail plan;
-  if (o.hostname.empty() || o.hostname.size() > 64 ||
-      o.hostname.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                   "0123456789-.") != std::string::npos) {
+Status CheckHostname(const std::string& hostname) {
+  if (hostname.empty() || hostname.size() > 64 ||
+      hostname.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                 "0123456789-.") != std::string::npos) {
     return Error(EINVAL,
-                 "--hostname '" + o.hostname + "': expected 1 to 64 letters, digits, '-' or '.'");
+                 "--hostname '" + hostname + "': expected 1 to 64 letters, digits, '-' or '.'");
   }
+  return Ok();
+}
+
+Result<isolate::CgroupLimits> ParseLimits(const JailOptions& o) {
+  isolate::CgroupLimits limits;
   if (o.memory) {
     NSBOX_ASSIGN_OR_RETURN(uint64_t bytes, ParseBytes("--memory", *o.memory));
     if (bytes < (4ULL << 20)) {
       return Error(EINVAL, "--memory '" + *o.memory + "': at least 4M is needed to start");
     }
-    plan.limits.memory_bytes = bytes;
+    limits.memory_bytes = bytes;
   }
   if (o.pids) {
     NSBOX_ASSIGN_OR_RETURN(uint64_t pids, ParseCount("--pids", *o.pids, 2, 4194304));
-    plan.limits.pids = pids;
+    limits.pids = pids;
   } else {
     // A default that stops a fork bomb long before the host feels it.
-    plan.limits.pids = kDefaultPids;
+    limits.pids = kDefaultPids;
   }
   if (o.cpus) {
     NSBOX_ASSIGN_OR_RETURN(double cpus, ParseDecimal("--cpus", *o.cpus, 0.01, 1024));
-    plan.limits.cpus = cpus;
+    limits.cpus = cpus;
   }
+  return limits;
+}
+
+Result<PinnedDir> PinDirectory(const std::string& path) {
+  PinnedDir out;
+  out.fd.reset(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!out.fd.valid()) return Error::Sys("open", path, errno);
+  // SAFETY: open_tree only reads the fd and returns a new one.
+  out.tree.reset(
+      sys::OpenTree(out.fd.get(), "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH));
+  if (!out.tree.valid() && errno != ENOSYS) return Error::Sys("open_tree", path, errno);
+  return out;
+}
+
+Result<std::string> SharedEtcFor(const std::string& cache_dir,
+                                 const std::vector<isolate::JailFsConfig::EtcEntry>& host_etc,
+                                 const std::string& nameserver, const isolate::IdMapping& ids) {
+  isolate::SharedEtcRequest shared;
+  shared.cache_dir = cache_dir;
+  shared.host_etc_dir = "/etc";
+  shared.entries = host_etc;
+  shared.nameserver = nameserver;
+  shared.owner_uid = ids.uid.outside;
+  shared.owner_gid = ids.gid.outside;
+  return isolate::PrepareSharedEtc(shared);
+}
+
+Result<PreparedJail> PrepareJail(const JailOptions& o) {
+  PreparedJail plan;
+  NSBOX_TRY(CheckHostname(o.hostname));
+  NSBOX_ASSIGN_OR_RETURN(plan.limits, ParseLimits(o));
 
   auto& spec = plan.spec;
   NSBOX_ASSIGN_OR_RETURN(spec.ids, isolate::DefaultIdMapping());
@@ -152,17 +183,17 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
     if (!image.ok()) return std::move(image).error().Context("--image");
     plan.image = std::move(*image);
     fs.root = plan.image.root;
-    NSBOX_TRY(PinWorkspaceAndHome(o, spec.ids, &plan, &fs));
+    if (o.adopt_later) {
+      if (o.shared_etc_dir.empty()) return Error::Msg("a jail adopted later needs a shared /etc");
+      fs.adopt_later = true;
+    } else {
+      NSBOX_TRY(PinWorkspaceAndHome(o, spec.ids, &plan, &fs));
+    }
     NSBOX_ASSIGN_OR_RETURN(fs.host_etc, isolate::ScanHostEtc("/etc"));
     if (!o.shared_etc_dir.empty()) {
-      isolate::SharedEtcRequest shared;
-      shared.cache_dir = o.shared_etc_dir;
-      shared.host_etc_dir = "/etc";
-      shared.entries = fs.host_etc;
-      shared.nameserver = o.nameserver;
-      shared.owner_uid = spec.ids.uid.outside;
-      shared.owner_gid = spec.ids.gid.outside;
-      NSBOX_ASSIGN_OR_RETURN(std::string shared_etc, isolate::PrepareSharedEtc(shared));
+      NSBOX_ASSIGN_OR_RETURN(std::string shared_etc,
+                             SharedEtcFor(o.shared_etc_dir, fs.host_etc, o.nameserver, spec.ids));
+      plan.shared_etc = shared_etc;
       // Attached from a clone made here, with the daemon's rights: the state dir is not the
       // jail's root's to traverse.
       // SAFETY: open_tree only reads the path and returns a new fd.
@@ -173,6 +204,8 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
         fs.shared_etc_tree = tree;
       } else if (errno != ENOSYS) {  // before 5.2: /etc is assembled in the jail
         return Error::Sys("open_tree", shared_etc, errno).Context("shared /etc");
+      } else if (o.adopt_later) {
+        return Error::Sys("open_tree", shared_etc, errno).Context("a jail adopted later");
       }
     }
   }

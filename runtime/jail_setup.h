@@ -40,6 +40,9 @@ struct JailOptions {
   // this host directory (isolate/shared_etc.h), with the sandbox's own hosts and hostname bound
   // on it. Empty: /etc is assembled in the jail's root (copy_etc_files says how).
   std::string shared_etc_dir;
+  // A jail started ahead of its sandbox (nsboxd's pool; the host image with a shared /etc): no
+  // workspace or home yet, and `hostname` is a placeholder. Sandbox::Adopt makes it a sandbox's.
+  bool adopt_later = false;
 };
 
 // Everything decided before anything is started: plain values (`nsbox run --dry-run` prints
@@ -53,11 +56,29 @@ struct PreparedJail {
   UniqueFd root_tree;       // an imported image's overlay, mounted detached (fsmount)
   UniqueFd etc_tree;        // open_tree clone of the shared /etc (JailOptions::shared_etc_dir)
   std::string workspace_path;
+  std::string shared_etc;  // the version of the shared /etc attached (JailOptions::shared_etc_dir)
   isolate::CgroupLimits limits;
   isolate::JailSpec spec;
 };
 
 // Validates the options (errors name the flag and the value) and plans the jail.
 Result<PreparedJail> PrepareJail(const JailOptions& options);
+
+// The parts of that validation a sandbox adopted from the pool goes through.
+Status CheckHostname(const std::string& hostname);
+Result<isolate::CgroupLimits> ParseLimits(const JailOptions& options);
+
+// The version of the shared /etc (isolate/shared_etc.h) for these host entries, made if new.
+Result<std::string> SharedEtcFor(const std::string& cache_dir,
+                                 const std::vector<isolate::JailFsConfig::EtcEntry>& host_etc,
+                                 const std::string& nameserver, const isolate::IdMapping& ids);
+
+// A host directory opened once (O_PATH) and its open_tree(OPEN_TREE_CLONE) copy, which a jail
+// attaches without walking the path; `tree` is invalid where the kernel has no open_tree (5.2).
+struct PinnedDir {
+  UniqueFd fd;
+  UniqueFd tree;
+};
+Result<PinnedDir> PinDirectory(const std::string& path);
 
 }  // namespace nsbox::runtime

@@ -101,6 +101,10 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   if (spec.cgroup_v1_pids_fd >= 0) {
     spec.init_argv.insert(spec.init_argv.end(), {"--pids-cgroup-fd", "6"});
   }
+  if (options.pooled) {
+    if (!jail.adopt_later) return Error::Msg("a pooled sandbox needs a jail adopted later");
+    spec.init_argv.insert(spec.init_argv.end(), {"--adopt", "1"});
+  }
   std::string reactor = options.reactor;
   if (reactor.empty() && ::getenv("NSBOX_REACTOR") != nullptr) reactor = ::getenv("NSBOX_REACTOR");
   if (!reactor.empty()) spec.init_argv.insert(spec.init_argv.end(), {"--reactor", reactor});
@@ -124,16 +128,73 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   } else {
     box->client_ = std::make_shared<fs::InitClient>(box->jail_.TakeControl());
   }
+  if (options.pooled) {
+    // nsbox-init waits for its sandbox (Adopt); its start is confirmed by the jail's own report.
+    box->pending_hello_ = std::move(hello);
+    box->pool_ = std::make_unique<PoolFacts>(PoolFacts{jail.shared_etc_dir, prepared.shared_etc,
+                                                       jail.nameserver, options.cgroup_name,
+                                                       std::move(layout), spec.ids});
+    return box;
+  }
   NSBOX_TRY_CTX(box->client_->SendHello(hello), "configure nsbox-init");
-  auto pong = box->client_->Ping();
+  NSBOX_TRY(box->Confirm());
+  return box;
+}
+
+Status Sandbox::Confirm() {
+  auto pong = client_->Ping();
   if (!pong.ok()) {
     return Error(pong.error().err, "nsbox-init did not answer: " + pong.error().message);
   }
   // nsbox-init answered: its pid is its own, not a recycled one.
-  const std::string netns = "/proc/" + std::to_string(box->jail_.pid()) + "/ns/net";
-  box->netns_fd_.reset(::open(netns.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!box->netns_fd_.valid()) return Error::Sys("open", netns, errno);
-  return box;
+  const std::string netns = "/proc/" + std::to_string(jail_.pid()) + "/ns/net";
+  netns_fd_.reset(::open(netns.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!netns_fd_.valid()) return Error::Sys("open", netns, errno);
+  return Ok();
+}
+
+Status Sandbox::Adopt(const JailOptions& jail) {
+  if (!pooled()) return Error(EINVAL, "this sandbox was not started for the pool");
+  const PoolFacts& pool = *pool_;
+  if (jail.image != "host" || jail.overlay || jail.shared_etc_dir != pool.shared_etc_dir ||
+      jail.nameserver != pool.nameserver) {
+    return Error(EINVAL, "a pooled jail is of the host image, with the daemon's /etc and resolver");
+  }
+  NSBOX_TRY(CheckHostname(jail.hostname));
+  NSBOX_ASSIGN_OR_RETURN(auto limits, ParseLimits(jail));
+  // The host's /etc as it is now: a jail made before a change would show the old one.
+  NSBOX_ASSIGN_OR_RETURN(auto host_etc, isolate::ScanHostEtc("/etc"));
+  NSBOX_ASSIGN_OR_RETURN(std::string etc,
+                         SharedEtcFor(pool.shared_etc_dir, host_etc, pool.nameserver, pool.ids));
+  if (etc != pool.shared_etc) {
+    return Error(ESTALE, "the host's /etc changed since this pooled jail was made");
+  }
+  NSBOX_ASSIGN_OR_RETURN(auto cgroup_plan,
+                         isolate::PlanCgroups(pool.layout, limits, pool.cgroup_name));
+  NSBOX_ASSIGN_OR_RETURN(auto workspace, PinDirectory(jail.workspace));
+  NSBOX_ASSIGN_OR_RETURN(auto home, PinDirectory(jail.home));
+  if (!workspace.tree.valid() || !home.tree.valid()) {
+    return Error(ENOSYS, "open_tree: the kernel cannot clone the sandbox's directories");
+  }
+  NSBOX_TRY_CTX(cgroups_.ApplyLimits(cgroup_plan), "adopt a pooled jail");
+
+  fs::proto::Hello hello = std::move(*pending_hello_);
+  pending_hello_.reset();
+  auto& adoption = hello.adoption.emplace();
+  adoption.hostname = jail.hostname;
+  for (const auto& file : isolate::GeneratedEtcFiles(jail.hostname, pool.nameserver)) {
+    if (file.name == "hosts") adoption.etc_hosts = file.content;
+    if (file.name == "hostname") adoption.etc_hostname = file.content;
+  }
+  if (limits.memory_bytes) {
+    // As PlanMounts sizes them: /tmp half the memory, /dev/shm a quarter.
+    adoption.tmp_size = *limits.memory_bytes / 2;
+    adoption.shm_size = *limits.memory_bytes / 4;
+  }
+  pool_.reset();
+  NSBOX_TRY_CTX(client_->SendHello(hello, {workspace.tree.get(), home.tree.get()}),
+                "adopt a pooled jail");
+  return Confirm();
 }
 
 Sandbox::~Sandbox() { (void)Stop(); }

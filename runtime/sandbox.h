@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/error.h"
@@ -29,6 +30,9 @@ struct SandboxOptions {
   // made with fs::InitClient::CallerReads and handed to this, which has the caller's loop read it
   // (Start's handshake waits for that loop, so Start must not run on it).
   std::function<void(std::shared_ptr<fs::InitClient>)> watch_channel;
+  // Started ahead of its sandbox, for nsboxd's pool (jail.adopt_later must be set too): nsbox-init
+  // waits, still privileged, for Adopt.
+  bool pooled = false;
 };
 
 class Sandbox {
@@ -36,6 +40,13 @@ class Sandbox {
   // Starts the jail with nsbox-init as PID 1, sends it the configuration and waits for its
   // first answer. Nothing is left behind when a step fails.
   static Result<std::unique_ptr<Sandbox>> Start(const SandboxOptions& options);
+  // Makes a sandbox started with `pooled` the one `jail` describes (workspace, home, hostname,
+  // limits; the host image and the same shared /etc and resolver): its cgroups get the limits,
+  // then nsbox-init attaches the directories and goes on as after Start. On an error (ESTALE:
+  // the host's /etc changed since it was made; ENOENT: a limit needs a cgroup it has not) the
+  // caller stops it and starts the sandbox the usual way.
+  Status Adopt(const JailOptions& jail);
+  bool pooled() const { return pending_hello_.has_value(); }
   // Stop(), if it was not called.
   ~Sandbox();
   Sandbox(const Sandbox&) = delete;
@@ -56,12 +67,25 @@ class Sandbox {
 
  private:
   Sandbox() = default;
+  // The Ping after the hello, then the network namespace's fd.
+  Status Confirm();
 
   std::string shell_;
   isolate::Cgroups cgroups_;
   isolate::Jail jail_;
   std::shared_ptr<fs::InitClient> client_;  // shared with the loop that reads it, if any
   UniqueFd netns_fd_;
+  // While pooled: the hello Adopt completes, and what the jail was made with.
+  std::optional<fs::proto::Hello> pending_hello_;
+  struct PoolFacts {
+    std::string shared_etc_dir;  // the daemon's cache directory
+    std::string shared_etc;      // the version attached at /etc
+    std::string nameserver;
+    std::string cgroup_name;
+    isolate::CgroupLayout layout;
+    isolate::IdMapping ids;
+  };
+  std::unique_ptr<PoolFacts> pool_;
   bool stopped_ = false;
 };
 

@@ -216,6 +216,37 @@ TEST(MountPlan, ASharedEtcIsBoundWithOnlyTheHostsDirectoriesAndTheSandboxsOwnFil
   EXPECT_EQ(overlay.error().message(), "an overlay root has its own /etc");
 }
 
+TEST(MountPlan, AJailAdoptedLaterLeavesTheSandboxsPartsToTheAdoption) {
+  JailFsConfig c = Config();
+  c.workspace_source.clear();
+  c.workspace_fd = -1;
+  c.home_tmpfs = false;
+  c.shared_etc = "/state/host-etc/0123";
+  c.shared_etc_tree = 11;
+  c.adopt_later = true;
+  auto plan = PlanMounts(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  auto d = Described(*plan);
+  // Empty mount points for ApplyAdoption, nothing mounted on them; the root stays writable.
+  EXPECT_TRUE(Contains(d, "mkdir /workspace")) << ::testing::PrintToString(d);
+  EXPECT_TRUE(Contains(d, "mkdir /root")) << ::testing::PrintToString(d);
+  for (const auto& op : plan->ops) {
+    for (const char* dir : {"/workspace", "/root"}) {
+      EXPECT_TRUE(op.target != dir || op.kind == Kind::kMkdir) << op.Describe();
+    }
+    EXPECT_NE(op.kind, Kind::kRemountRootReadonly);
+  }
+  EXPECT_EQ(plan->ops.back().kind, Kind::kPivotRoot);
+  // Its own hosts and hostname are where ApplyAdoption rewrites them, and bound as usual.
+  EXPECT_TRUE(Contains(d, std::string("write ") + kOwnEtcDir + "/hosts"));
+  EXPECT_TRUE(Contains(
+      d, "bind /tmp" + std::string(kOwnEtcDir) + "/hostname -> /etc/hostname (ro,nosuid,nodev)"));
+  // Only the host image with a shared /etc can be adopted.
+  c.shared_etc.clear();
+  c.shared_etc_tree = -1;
+  EXPECT_FALSE(PlanMounts(c).ok());
+}
+
 TEST(MountPlan, ScanHostEtcTakesOnlyTheAllowlist) {
   char tmpl[] = "/tmp/nsbox-etc-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
