@@ -17,6 +17,7 @@ Status SetLevel(std::string_view level);
 using spdlog::debug;
 using spdlog::error;
 using spdlog::info;
+using spdlog::log;  // at a level chosen at run time
 using spdlog::trace;
 using spdlog::warn;
 

@@ -80,6 +80,11 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--exec-retention", serve.exec_retention_seconds,
                         "seconds an ended exec stays for re-attach (default 600)");
 
+  serve_cmd
+      ->add_option("--pool", serve.pool_size,
+                   "jails of the host image kept started ahead, for sandboxes that start "
+                   "(default 1; 0 for none)")
+      ->check(CLI::Range(0, 64));
   serve_cmd->add_option("--network-range", serve.network_range,
                         "IPv4 range of the sandboxes with a network; its first address is their "
                         "resolver (default 10.213.0.0/16)");

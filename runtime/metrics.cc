@@ -300,6 +300,16 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& sandboxes_by_
   return out;
 }
 
+std::string RenderPool(size_t ready, size_t size) {
+  std::string out;
+  AppendFamilyHeader(out, "nsbox_pool_ready", "gauge",
+                     "Jails of the host image started ahead and waiting for a sandbox.");
+  AppendSample(out, "nsbox_pool_ready", "", ready);
+  AppendFamilyHeader(out, "nsbox_pool_size", "gauge", "Jails the pool keeps ready (--pool).");
+  AppendSample(out, "nsbox_pool_size", "", size);
+  return out;
+}
+
 std::string RenderNetworkConnections(const std::map<std::string, NetworkConnections>& by_sandbox) {
   std::string out;
   AppendFamilyHeader(out, "nsbox_network_connections_total", "counter",

@@ -99,4 +99,7 @@ struct NetworkConnections {
 };
 std::string RenderNetworkConnections(const std::map<std::string, NetworkConnections>& by_sandbox);
 
+// nsbox_pool_ready and nsbox_pool_size: the jails started ahead (docs/daemon.md "The pool").
+std::string RenderPool(size_t ready, size_t size);
+
 }  // namespace nsbox::runtime

@@ -327,13 +327,27 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
     break;
   }
   r->janitor_ = std::thread([registry = r.get()] { registry->JanitorLoop(); });
+  if (options.pool_size > 0) {
+    r->pool_thread_ = std::thread([registry = r.get()] { registry->PoolLoop(); });
+  }
   std::lock_guard<std::mutex> lock(r->mu_);
   r->CollectImagesLocked();
   return r;
 }
 
 Registry::~Registry() {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    pool_stop_ = true;
+  }
+  pool_cv_.notify_one();
+  // The sandboxes first: those that adopted a jail of the pool are children of the pool's
+  // thread, and nsbox-init's PR_SET_PDEATHSIG would kill them (without their commands' grace)
+  // the moment that thread ends.
   StopAll();
+  if (pool_thread_.joinable()) {
+    pool_thread_.join();  // a start under way is finished, then every pooled jail stopped
+  }
   {
     // nsbox-net removes its interfaces and rules as it exits.
     std::lock_guard<std::mutex> lock(net_mu_);
@@ -564,7 +578,7 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   o.cgroup_name = cgroup_prefix_ + entry.hash_.substr(0, 16);
   o.init_binary = init_binary_;
   o.watch_channel = options_.watch_channel;
-  auto started = Sandbox::Start(o);
+  auto started = StartFor(entry, o);
   if (!started.ok()) {
     log::error("sandbox={} start: {}", c.id, started.error().message());
     return ApiError::Unavailable("start sandbox '" + c.id + "': " + started.error().message());
@@ -585,6 +599,110 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   std::lock_guard<std::mutex> lock(entry.mu_);
   entry.box_ = box;
   return box;
+}
+
+Result<std::unique_ptr<Sandbox>> Registry::StartFor(const SandboxEntry& entry,
+                                                    const SandboxOptions& o) {
+  if (entry.config_.image_id.empty()) {
+    if (std::unique_ptr<Sandbox> pooled = TakePooled()) {
+      auto adopted = pooled->Adopt(o.jail);
+      if (adopted.ok()) {
+        log::info("sandbox={} adopted a jail of the pool (pid {})", entry.config_.id,
+                  pooled->init_pid());
+        return pooled;
+      }
+      const int err = adopted.error().code();
+      if (err == ENOENT) {
+        // A limit needs a cgroup the pooled jail has not (a CPU limit on a hybrid host): nothing
+        // was done to it, and it waits for the next sandbox.
+        log::info("sandbox={} starts its own jail: {}", entry.config_.id,
+                  adopted.error().message());
+        std::lock_guard<std::mutex> lock(pool_mu_);
+        pool_.insert(pool_.begin(), std::move(pooled));
+      } else {
+        // ESTALE: the host's /etc changed since the jail was made. Anything else is worth a
+        // look; the start goes on either way.
+        log::log(err == ESTALE ? spdlog::level::info : spdlog::level::warn,
+                 "sandbox={} did not adopt the pooled jail (pid {}): {}; starting its own",
+                 entry.config_.id, pooled->init_pid(), adopted.error().message());
+        (void)pooled->Stop();
+      }
+    }
+  }
+  return Sandbox::Start(o);
+}
+
+std::unique_ptr<Sandbox> Registry::TakePooled() {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  while (!pool_.empty()) {
+    std::unique_ptr<Sandbox> box = std::move(pool_.front());
+    pool_.erase(pool_.begin());
+    pool_taken_ = true;
+    pool_cv_.notify_one();
+    if (box->client().connected()) return box;
+    // Its nsbox-init died while it waited (killed from the host): the loop saw the channel close.
+    log::warn("the pooled jail (pid {}) is gone; dropped", box->init_pid());
+    (void)box->Stop();
+  }
+  return nullptr;
+}
+
+size_t Registry::PoolReady() const {
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  return pool_.size();
+}
+
+Result<std::unique_ptr<Sandbox>> Registry::StartPooled() {
+  SandboxOptions o;
+  o.jail.adopt_later = true;
+  o.jail.shared_etc_dir = SharedEtcDir();
+  o.jail.nameserver = nameserver_;
+  o.jail.warn_unwritable_workspace = false;
+  o.init_binary = init_binary_;
+  o.watch_channel = options_.watch_channel;
+  o.pooled = true;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    o.cgroup_name = cgroup_prefix_ + "pool-" + std::to_string(++pool_seq_);
+  }
+  return Sandbox::Start(o);
+}
+
+void Registry::PoolLoop() {
+  // A start takes milliseconds of both CPUs of a small host: the refill waits a moment after a
+  // take, so that it does not compete with the first command of the sandbox that took the jail.
+  constexpr auto kAfterTake = std::chrono::milliseconds(50);
+  constexpr std::chrono::seconds kFirstRetry(1);
+  constexpr std::chrono::seconds kLastRetry(60);
+  auto retry = kFirstRetry;
+  std::unique_lock<std::mutex> lock(pool_mu_);
+  while (!pool_stop_) {
+    if (pool_taken_) {
+      pool_taken_ = false;
+      pool_cv_.wait_for(lock, kAfterTake, [this] { return pool_stop_; });
+      continue;
+    }
+    if (pool_.size() >= options_.pool_size) {
+      pool_cv_.wait(lock, [this] { return pool_stop_ || pool_taken_; });
+      continue;
+    }
+    lock.unlock();
+    auto started = StartPooled();
+    lock.lock();
+    if (started.ok()) {
+      pool_.push_back(std::move(started).value());
+      retry = kFirstRetry;
+      continue;
+    }
+    log::warn("the pool could not start a jail ahead: {} (again in {} s)",
+              started.error().message(), retry.count());
+    pool_cv_.wait_for(lock, retry, [this] { return pool_stop_; });
+    retry = std::min(retry * 2, kLastRetry);
+  }
+  std::vector<std::unique_ptr<Sandbox>> boxes = std::move(pool_);
+  pool_.clear();
+  lock.unlock();
+  for (auto& box : boxes) (void)box->Stop();
 }
 
 Status Registry::StopLocked(SandboxEntry& entry) {

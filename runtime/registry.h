@@ -145,6 +145,9 @@ struct RegistryOptions {
   std::string log_level = "info";
   // Who reads the sandboxes' control channels (SandboxOptions::watch_channel): nsboxd's loop.
   std::function<void(std::shared_ptr<fs::InitClient>)> watch_channel;
+  // Jails of the host image kept started ahead (docs/daemon.md "The pool"): a sandbox that
+  // starts adopts one instead of starting its own. 0: none.
+  size_t pool_size = 1;
 };
 
 class Registry {
@@ -195,6 +198,9 @@ class Registry {
   const std::string& state_dir() const { return state_dir_; }
   // The host image's shared /etc versions (isolate/shared_etc.h); removed at every daemon start.
   std::string SharedEtcDir() const { return state_dir_ + "/host-etc"; }
+  // Jails of the pool started and waiting for a sandbox, and how many it keeps.
+  size_t PoolReady() const;
+  size_t pool_size() const { return options_.pool_size; }
 
  private:
   Registry() = default;
@@ -211,6 +217,12 @@ class Registry {
   // Gives the running `box` of `entry` its network (the caller holds its lifecycle lock).
   Status AttachLocked(SandboxEntry& entry, Sandbox& box, const net::NetworkPolicy& policy);
   void DetachLocked(SandboxEntry& entry);
+  // The pool: a thread keeps options_.pool_size jails started; Running takes one.
+  void PoolLoop();
+  Result<std::unique_ptr<Sandbox>> StartPooled();
+  std::unique_ptr<Sandbox> TakePooled();
+  // A started sandbox for `entry`: a pooled jail adopted where one fits, else a new one.
+  Result<std::unique_ptr<Sandbox>> StartFor(const SandboxEntry& entry, const SandboxOptions& o);
 
   std::string state_dir_;
   std::string sandboxes_dir_;
@@ -236,6 +248,13 @@ class Registry {
   std::thread janitor_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>, std::less<>> by_id_;
+  mutable std::mutex pool_mu_;
+  std::condition_variable pool_cv_;
+  std::vector<std::unique_ptr<Sandbox>> pool_;
+  bool pool_stop_ = false;
+  bool pool_taken_ = false;  // since the loop last looked: it lets the taker's first exec run
+  uint64_t pool_seq_ = 0;
+  std::thread pool_thread_;
 };
 
 }  // namespace nsbox::runtime

@@ -1142,6 +1142,7 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     {
       auto work = [this] {
         return metrics_.Render(registry_.CountByState()) +
+               RenderPool(registry_.PoolReady(), registry_.pool_size()) +
                RenderNetworkConnections(registry_.NetworkCounters());
       };
       std::string reply_body = co_await Blocking(std::move(work));
@@ -3368,6 +3369,7 @@ int Serve(const ServeOptions& options) {
   ro.dns_upstreams = options.dns_upstreams;
   ro.net_binary = options.net_binary;
   ro.log_level = options.log_level;
+  ro.pool_size = options.pool_size;
   // The loop, and what reads the sandboxes' control channels on it, outlive the registry: the
   // sandboxes that the final StopAll ends are still answered.
   asio::io_context io(1);

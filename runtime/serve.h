@@ -27,6 +27,9 @@ struct ServeOptions {
   std::vector<std::string> dns_upstreams;
   std::string net_binary;
   std::string log_level = "info";
+  // Jails of the host image started ahead for new and restarted sandboxes (docs/daemon.md "The
+  // pool"); 0 for none.
+  size_t pool_size = 1;
 };
 
 // Runs until SIGTERM or SIGINT; returns the process's exit code.

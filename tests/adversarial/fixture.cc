@@ -330,6 +330,9 @@ void AdversarialTest::SetUpTestSuite() {
     c.Request("PUT", "/v1/sandboxes/warm-up");
     c.PostJson("/v1/sandboxes/warm-up/exec", json::object{{"command", "true"}});
     c.Delete("/v1/sandboxes/warm-up");
+    // The warm-up adopted the pooled jail: its successor is part of the baseline.
+    if (!e2e::WaitPoolFull(c))
+      std::fprintf(stderr, "adversarial: the daemon's pool did not fill\n");
   }
   baseline_pid_ = daemon_->pid();
   std::this_thread::sleep_for(milliseconds(100));
@@ -431,6 +434,7 @@ void AdversarialTest::TearDown() {
                            << Join(state) << "was:\n"
                            << Join(baseline_state_);
   int fds = -1;
+  EXPECT_TRUE(e2e::WaitPoolFull(c)) << "the daemon's pool did not fill again";
   bool fds_back = PollUntil(
       [&] {
         fds = daemon_->CountFds();

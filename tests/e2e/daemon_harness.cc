@@ -144,7 +144,29 @@ uint16_t FreeTcpPort() {
   return port;
 }
 
-std::vector<ProcessId> Descendants(pid_t root) {
+bool IsPooledJail(pid_t pid) {
+  std::ifstream cgroup("/proc/" + std::to_string(pid) + "/cgroup");
+  std::string line;
+  bool pool = false;
+  while (std::getline(cgroup, line)) {
+    const size_t at = line.find("/nsbox-");
+    pool = pool || (at != std::string::npos && line.find("-pool-", at) != std::string::npos);
+  }
+  if (!pool) return false;
+  std::ifstream mounts("/proc/" + std::to_string(pid) + "/mountinfo");
+  if (!mounts) return false;
+  while (std::getline(mounts, line)) {
+    // "ID PARENT MAJ:MIN ROOT MOUNTPOINT ...": the fifth field.
+    std::istringstream fields(line);
+    std::string field;
+    for (int i = 0; i < 5 && (fields >> field); ++i) {
+    }
+    if (field == "/workspace") return false;
+  }
+  return true;
+}
+
+std::vector<ProcessId> Descendants(pid_t root, bool include_pool) {
   std::multimap<pid_t, ProcessId> children;
   for (pid_t pid : AllPids()) {
     ProcessId p;
@@ -162,6 +184,8 @@ std::vector<ProcessId> Descendants(pid_t root) {
     todo.pop_back();
     auto [begin, end] = children.equal_range(parent);
     for (auto it = begin; it != end; ++it) {
+      if (!include_pool && it->second.comm == "nsbox-init" && IsPooledJail(it->second.pid))
+        continue;
       out.push_back(it->second);
       todo.push_back(it->second.pid);
     }
@@ -187,6 +211,17 @@ std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before) {
     if (name.starts_with("nsbox-run-")) {
       std::string pid = name.substr(10);
       if (access(("/proc/" + pid).c_str(), F_OK) == 0) continue;
+    }
+    // A jail of a daemon's pool, waiting for a sandbox.
+    if (const size_t at = path.find("-pool-"); at != std::string::npos) {
+      const std::string jail = path.substr(0, path.find('/', at));  // its nested ones too
+      bool pooled = false;
+      for (const char* procs : {"/cgroup.procs", "/init/cgroup.procs"}) {
+        std::ifstream f(jail + procs);
+        pid_t pid;
+        while (f >> pid) pooled = pooled || IsPooledJail(pid);
+      }
+      if (pooled) continue;
     }
     // A nested cgroup of one already reported is not a second finding.
     bool nested = false;

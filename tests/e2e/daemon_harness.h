@@ -36,8 +36,13 @@ struct ProcessId {
   std::string comm;
   bool operator<(const ProcessId& o) const { return pid < o.pid; }
 };
-// Every process under `root` (not `root` itself).
-std::vector<ProcessId> Descendants(pid_t root);
+// Every process under `root` (not `root` itself). A daemon's pool (docs/daemon.md "The pool")
+// keeps jails started ahead of any sandbox; their nsbox-init (IsPooledJail) is part of the
+// daemon's standing state, not of a sandbox, and is left out unless `include_pool`.
+std::vector<ProcessId> Descendants(pid_t root, bool include_pool = false);
+// Whether `pid` is the nsbox-init of a jail of a daemon's pool that no sandbox adopted yet: its
+// cgroup is one of the pool's (nsbox-*-pool-N) and it has no /workspace mounted.
+bool IsPooledJail(pid_t pid);
 // Whether that process (same pid and start time) is still alive (zombies count as gone).
 bool StillAlive(const ProcessId& p);
 
@@ -45,7 +50,8 @@ bool StillAlive(const ProcessId& p);
 // hierarchy and the v2 tree).
 std::set<std::string> FindNsboxCgroups();
 // The nsbox-* cgroups that are in FindNsboxCgroups() but not in `before`, leaving out the
-// nsbox-run-* of concurrent `nsbox run`s whose process is alive (not the daemon's).
+// nsbox-run-* of concurrent `nsbox run`s whose process is alive (not the daemon's) and those of a
+// jail of a daemon's pool whose nsbox-init is alive and not adopted (IsPooledJail).
 std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before);
 
 class Daemon {

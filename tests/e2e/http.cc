@@ -9,9 +9,13 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <sstream>
+#include <thread>
 #include <utility>
 
 namespace nsbox::e2e {
@@ -555,6 +559,26 @@ std::optional<std::string> Base64Decode(std::string_view text) {
     if (pad < 1) out += static_cast<char>(v & 255);
   }
   return out;
+}
+
+bool WaitPoolFull(Client& client, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    Response r = client.Get("/metrics");
+    long ready = -1;
+    long size = -2;
+    std::istringstream lines(r.body);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind("nsbox_pool_ready ", 0) == 0)
+        ready = std::strtol(line.c_str() + 17, nullptr, 10);
+      if (line.rfind("nsbox_pool_size ", 0) == 0)
+        size = std::strtol(line.c_str() + 16, nullptr, 10);
+    }
+    if (ready == size) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
 }
 
 }  // namespace nsbox::e2e

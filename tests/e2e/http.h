@@ -163,6 +163,11 @@ std::string PctEncode(std::string_view s);
 // `"` + escaped + `"`, escaping only '"', '\\' and control characters.
 std::string JsonQuoteRaw(std::string_view s);
 
+// Waits until the daemon's pool (docs/daemon.md "The pool") holds every jail it keeps
+// (GET /metrics: nsbox_pool_ready equals nsbox_pool_size), so that a case starts from the
+// daemon's standing state; false when it did not within `timeout`.
+bool WaitPoolFull(Client& client, milliseconds timeout = milliseconds(10000));
+
 // Standard base64 (RFC 4648, with padding) of bytes, and back (nullopt for invalid input).
 std::string Base64Encode(std::string_view bytes);
 std::optional<std::string> Base64Decode(std::string_view text);

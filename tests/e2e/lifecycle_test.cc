@@ -303,6 +303,74 @@ TEST_F(LifecycleTest, DeleteRacingExec) {
   ExpectDaemonHealthy();
 }
 
+// The daemon's own nsbox-init processes: the pooled jails and the sandboxes' (docs/daemon.md
+// "The pool").
+std::vector<pid_t> PooledJails(pid_t daemon) {
+  std::vector<pid_t> out;
+  for (const auto& p : Descendants(daemon, true)) {
+    if (p.comm == "nsbox-init" && IsPooledJail(p.pid)) out.push_back(p.pid);
+  }
+  return out;
+}
+
+// A new sandbox, and a stopped one that starts again, adopt the jail the pool started ahead; the
+// pool fills again; a sandbox whose limit the pooled jail's cgroups cannot take, and one of a
+// daemon with --pool 0, start their own.
+TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
+  ASSERT_TRUE(WaitPoolFull(client()));
+  std::vector<pid_t> pooled = PooledJails(daemon().pid());
+  ASSERT_EQ(pooled.size(), 1u) << "the default pool keeps one jail";
+  const std::string id = "pool-adopter";
+  Create(id);
+  EXPECT_EQ(Sh(id, "hostname; cat /etc/hostname; touch /workspace/w && echo ok"),
+            id + "\n" + id + "\nok\n");
+  // The jail that was pooled is now the sandbox's: alive, with a workspace.
+  EXPECT_TRUE(std::filesystem::exists("/proc/" + std::to_string(pooled[0])));
+  EXPECT_FALSE(IsPooledJail(pooled[0]));
+  EXPECT_TRUE(std::filesystem::exists(daemon().SandboxDir(id) + "/workspace/w"));
+  EXPECT_NE(daemon().Log(0).find("sandbox=" + id + " adopted a jail of the pool (pid " +
+                                 std::to_string(pooled[0]) + ")"),
+            std::string::npos)
+      << daemon().Log(0);
+  // The pool fills again, with another jail.
+  ASSERT_TRUE(WaitPoolFull(client()));
+  std::vector<pid_t> next = PooledJails(daemon().pid());
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_NE(next[0], pooled[0]);
+
+  // After a stop, the next use adopts the pooled jail too, and finds its files.
+  ASSERT_EQ(client().Request("POST", SbPath(id, "/stop")).status, 200);
+  EXPECT_EQ(Sh(id, "ls /workspace; hostname"), "w\n" + id + "\n");
+  EXPECT_FALSE(IsPooledJail(next[0]));
+
+  // A CPU limit on a host whose cpu controller is in cgroup v1 (a hybrid one): the pooled jail
+  // has no v1 cpu cgroup, so the sandbox starts its own and the jail stays pooled.
+  ASSERT_TRUE(WaitPoolFull(client()));
+  next = PooledJails(daemon().pid());
+  ASSERT_EQ(next.size(), 1u);
+  const std::string cpu = "pool-cpu";
+  Create(cpu, R"({"limits":{"cpus":0.5}})");
+  EXPECT_EQ(Sh(cpu, "hostname"), cpu + "\n");
+  const bool hybrid_cpu = std::filesystem::exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+  if (hybrid_cpu) {
+    EXPECT_TRUE(IsPooledJail(next[0])) << "the pooled jail was used for a limit it cannot take";
+  }
+  const std::string metrics = client().Get("/metrics").body;
+  EXPECT_NE(metrics.find("\nnsbox_pool_ready 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nnsbox_pool_size 1\n"), std::string::npos) << metrics;
+
+  // --pool 0: no jail is started ahead; sandboxes start their own.
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  ASSERT_TRUE(daemon().Start({"--pool", "0"})) << daemon().error();
+  Client fresh(daemon().endpoint());
+  ASSERT_TRUE(WaitPoolFull(fresh));
+  EXPECT_NE(fresh.Get("/metrics").body.find("\nnsbox_pool_size 0\n"), std::string::npos);
+  EXPECT_TRUE(PooledJails(daemon().pid()).empty());
+  EXPECT_EQ(Descendants(daemon().pid(), true).size(), 0u);
+  Response ran = fresh.PostJson(SbPath(id, "/exec"), json::object{{"command", "hostname"}});
+  EXPECT_EQ(Str(Obj(ran), "stdout"), id + "\n") << ran.Describe();
+}
+
 TEST_F(LifecycleTest, FilesSurviveSigtermRestart) {
   const std::string a = NewId("a"), b = NewId("b");
   Create(a);
