@@ -78,6 +78,15 @@ Status FsyncPath(const std::string& path) {
   return Ok();
 }
 
+Status WriteFileDurable(const std::string& dir, const std::string& name, std::string_view data) {
+  const std::string path = dir + "/" + name;
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) return Error::Sys("open", path, errno);
+  NSBOX_TRY(WriteAll(fd.get(), data, path));
+  if (::fsync(fd.get()) != 0) return Error::Sys("fsync", path, errno);
+  return Ok();
+}
+
 Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data) {
   const std::string temp = dir + "/." + name + ".tmp";
   const std::string path = dir + "/" + name;

@@ -28,6 +28,9 @@ Status WriteAll(int fd, std::string_view content, std::string_view what);
 Status MakeDir(const std::string& path, mode_t mode);
 // fsync of a file or directory by path (after a rename, the directory holding it).
 Status FsyncPath(const std::string& path);
+// A new file (never one that exists: EEXIST), its bytes written and fsynced. Durable once its
+// directory is too.
+Status WriteFileDurable(const std::string& dir, const std::string& name, std::string_view data);
 // temp file, fsync, rename, fsync of the directory: a crash leaves the old file or the new.
 Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data);
 // A whole tree, without following symlinks. Only for trees nothing else is using.

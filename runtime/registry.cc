@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -326,6 +327,7 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
     }
     break;
   }
+  r->janitor_spare_ = true;  // the first creation's directories, made ahead
   r->janitor_ = std::thread([registry = r.get()] { registry->JanitorLoop(); });
   if (options.pool_size > 0) {
     r->pool_thread_ = std::thread([registry = r.get()] { registry->PoolLoop(); });
@@ -382,6 +384,12 @@ Status Registry::Load() {
   }
   for (const std::string& name : names) {
     const std::string path = sandboxes_dir_ + "/" + name;
+    if (name.rfind(kSparePrefix, 0) == 0) {
+      // Made ahead by the previous daemon and never used (or used by a PUT that did not
+      // finish): workspace/ and home/, empty, and maybe a config.json of no sandbox.
+      if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
+      continue;
+    }
     if (name.rfind(".trash-", 0) == 0) {
       // A DELETE the previous daemon did not finish: the sandbox was already gone.
       log::info("finishing the removal of {}", path);
@@ -434,7 +442,24 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     image = std::move(info).value();
   }
   bool made_dir = false;
+  std::string spare = image ? std::string() : TakeSpareDir();
   auto made = [&]() -> Status {
+    const std::string in_use =
+        "a directory of this id exists but could not be loaded (see the daemon's start-up log); "
+        "move it away to reuse the id";
+    if (!spare.empty()) {
+      // A skeleton made ahead (MakeSpareDir: workspace/ and home/, durable): config.json is
+      // written and made durable in it, then it is renamed into place, never over anything.
+      NSBOX_TRY(WriteFileDurable(spare, "config.json", EncodeConfig(config)));
+      if (::renameat2(AT_FDCWD, spare.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
+        int err = errno;
+        Error e = Error::Sys("rename", spare + " to " + dir, err);
+        return err == EEXIST ? std::move(e).Context(in_use) : e;
+      }
+      spare.clear();
+      made_dir = true;
+      return Ok();
+    }
     // config.json last: a directory without it is a creation that did not finish. A directory
     // that is already there (one whose config.json the start-up could not read) is refused,
     // never reused or removed: it may hold someone's files.
@@ -444,12 +469,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     if (::mkdir(dir.c_str(), 0700) != 0) {
       int err = errno;
       Error e = Error::Sys("mkdir", dir, err);
-      if (err == EEXIST) {
-        e = std::move(e).Context(
-            "a directory of this id exists but could not be loaded (see the "
-            "daemon's start-up log); move it away to reuse the id");
-      }
-      return e;
+      return err == EEXIST ? std::move(e).Context(in_use) : e;
     }
     made_dir = true;
     if (image) {
@@ -481,6 +501,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     }
     return WriteFileAtomic(dir, "config.json", EncodeConfig(config));
   }();
+  if (!spare.empty()) (void)RemoveTree(spare);  // not used, or its config.json half-written
   if (!made.ok()) {
     if (made_dir) (void)RemoveTree(dir);
     return ApiError::Internal("create sandbox '" + config.id + "': " + made.error().message());
@@ -492,6 +513,40 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   by_id_[config.id] = entry;
   log::info("sandbox={} created in {}", config.id, dir);
   return std::pair{entry, true};
+}
+
+Result<std::string> Registry::MakeSpareDir() const {
+  const std::string spare = sandboxes_dir_ + "/" + kSparePrefix + RandomHex(16);
+  NSBOX_TRY(MakeDir(spare, 0700));
+  auto made = [&]() -> Status {
+    for (const char* sub : {"/workspace", "/home"}) {
+      const std::string path = spare + sub;
+      NSBOX_TRY(MakeDir(path, 0700));
+      // SAFETY: a directory we just made; its owner becomes the jail's root.
+      if (::chown(path.c_str(), ids_.uid.outside, ids_.gid.outside) != 0) {
+        return Error::Sys("chown", path, errno);
+      }
+    }
+    NSBOX_TRY(FsyncPath(spare));
+    return FsyncPath(sandboxes_dir_);
+  }();
+  if (!made.ok()) {
+    (void)RemoveTree(spare);
+    return std::move(made).error().Context("make a sandbox directory ahead");
+  }
+  return spare;
+}
+
+std::string Registry::TakeSpareDir() {
+  std::string spare;
+  {
+    std::lock_guard<std::mutex> lock(janitor_mu_);
+    spare = std::move(spare_dir_);
+    spare_dir_.clear();
+    janitor_spare_ = true;
+  }
+  janitor_cv_.notify_one();
+  return spare;
 }
 
 std::shared_ptr<SandboxEntry> Registry::Find(std::string_view id) const {
@@ -1001,15 +1056,39 @@ void Registry::WakeJanitor() {
 void Registry::JanitorLoop() {
   std::unique_lock<std::mutex> lock(janitor_mu_);
   for (;;) {
-    janitor_cv_.wait(lock, [this] { return janitor_work_ || janitor_stop_; });
-    if (janitor_stop_) return;
+    janitor_cv_.wait(lock, [this] { return janitor_work_ || janitor_spare_ || janitor_stop_; });
+    if (janitor_stop_) break;
+    const bool purge = janitor_work_;
+    const bool spare = janitor_spare_ && spare_dir_.empty();
     janitor_work_ = false;
+    janitor_spare_ = false;
     lock.unlock();
-    if (auto st = images_->PurgeTrash(); !st.ok()) {
-      log::error("remove unused image content: {}", st.error().message());
+    if (purge) {
+      if (auto st = images_->PurgeTrash(); !st.ok()) {
+        log::error("remove unused image content: {}", st.error().message());
+      }
+    }
+    std::string made;
+    if (spare) {
+      // A failure is no error for anyone: the next creation makes its directories itself.
+      auto dir = MakeSpareDir();
+      if (dir.ok()) {
+        made = std::move(dir).value();
+      } else {
+        log::warn("{}", dir.error().message());
+      }
     }
     lock.lock();
+    if (!made.empty()) {
+      if (spare_dir_.empty()) {
+        spare_dir_ = std::move(made);
+      } else {
+        (void)RemoveTree(made);
+      }
+    }
   }
+  // The skeleton nobody took: removed now, or by the next start.
+  if (!spare_dir_.empty()) (void)RemoveTree(spare_dir_);
 }
 
 namespace {

@@ -241,10 +241,18 @@ class Registry {
   // should wait for.
   void WakeJanitor();
   void JanitorLoop();
+  // A host-image sandbox's directory made ahead, by the janitor: <sandboxes>/.spare-<hex> with
+  // workspace/ and home/, durable, so that a PUT only writes config.json in it and renames it
+  // (three mkdirs and a journal commit fewer on the request's path). Taken by Create.
+  static constexpr char kSparePrefix[] = ".spare-";
+  Result<std::string> MakeSpareDir() const;
+  std::string TakeSpareDir();  // "" when none is ready; asks the janitor for the next
   std::mutex janitor_mu_;
   std::condition_variable janitor_cv_;
   bool janitor_work_ = false;
+  bool janitor_spare_ = false;
   bool janitor_stop_ = false;
+  std::string spare_dir_;  // under janitor_mu_
   std::thread janitor_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>, std::less<>> by_id_;

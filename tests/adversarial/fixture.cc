@@ -71,6 +71,8 @@ std::vector<std::string> StateListing(const std::string& state) {
     while (struct dirent* s = readdir(sub)) {
       std::string child = s->d_name;
       if (child == "." || child == "..") continue;
+      // The sandbox directory the daemon keeps made ahead has a new name after every creation.
+      if (child.rfind(".spare-", 0) == 0) child = ".spare-*";
       out.push_back(name + "/" + child);
     }
     closedir(sub);

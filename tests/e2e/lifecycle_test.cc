@@ -303,6 +303,65 @@ TEST_F(LifecycleTest, DeleteRacingExec) {
   ExpectDaemonHealthy();
 }
 
+// The <state>/sandboxes/.spare-* directories: made ahead so that a PUT only writes config.json
+// (docs/daemon.md "State on disk").
+std::vector<std::string> SpareDirs(const std::string& state) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(state + "/sandboxes")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".spare-", 0) == 0) out.push_back(e.path().string());
+  }
+  return out;
+}
+
+// A creation takes the directory made ahead (its workspace and home as a creation makes them),
+// the daemon makes the next one, and a start removes those a previous daemon left, used or not.
+TEST_F(LifecycleTest, ACreationTakesTheDirectoryMadeAhead) {
+  auto wait_one_spare = [&] {
+    const auto deadline = Clock::now() + milliseconds(5000);
+    std::vector<std::string> spares;
+    while ((spares = SpareDirs(daemon().state_dir())).size() != 1 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return spares;
+  };
+  std::vector<std::string> before = wait_one_spare();
+  ASSERT_EQ(before.size(), 1u);
+  const std::string id = "made-ahead";
+  Create(id);
+  // The very directory, renamed into place with its config.json.
+  EXPECT_FALSE(std::filesystem::exists(before[0]));
+  const std::string dir = daemon().SandboxDir(id);
+  ASSERT_FALSE(dir.empty());
+  for (const char* sub : {"", "/workspace", "/home"}) {
+    struct stat st {};
+    ASSERT_EQ(stat((dir + sub).c_str(), &st), 0) << dir + sub;
+    EXPECT_EQ(st.st_mode & 07777, 0700u) << dir + sub;
+    if (*sub != '\0') {
+      EXPECT_NE(st.st_uid, 0u) << dir + sub << " belongs to the jail's root";
+    }
+  }
+  EXPECT_EQ(Sh(id, "touch /workspace/f /root/g && ls /workspace /root"),
+            "/root:\ng\n\n/workspace:\nf\n");
+  std::vector<std::string> after = wait_one_spare();
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_NE(after[0], before[0]);
+
+  // Left by a daemon that died: an unused one, and one with a half-written config.json of a PUT
+  // that never answered. Neither is a sandbox; the next start removes both.
+  daemon().Kill();
+  const std::string half = daemon().state_dir() + "/sandboxes/.spare-0123456789abcdef";
+  std::filesystem::create_directories(half + "/workspace");
+  std::ofstream(half + "/config.json") << "{\"version\":1,\"id\":\"ha";
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  Client fresh(daemon().endpoint());
+  EXPECT_EQ(Arr(fresh.Get("/v1/sandboxes"), "sandboxes").size(), 1u);
+  after = wait_one_spare();
+  ASSERT_EQ(after.size(), 1u);
+  EXPECT_NE(after[0], half);
+  EXPECT_FALSE(std::filesystem::exists(half));
+}
+
 // The daemon's own nsbox-init processes: the pooled jails and the sandboxes' (docs/daemon.md
 // "The pool").
 std::vector<pid_t> PooledJails(pid_t daemon) {
