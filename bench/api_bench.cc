@@ -6,7 +6,8 @@
 //
 // Every latency is a median with p10/p90 over N runs; in each run the API call and its peer are
 // timed one after the other (their order alternating), so that the machine's noise hits both.
-// 1. first use of a new id (PUT + POST exec /bin/true) vs `bwrap --unshare-all ... /bin/true`;
+// 1. first use of a new id (PUT + POST exec /bin/true) vs `bwrap --unshare-all ... /bin/true`,
+//    each after the daemon's pool of started jails is full again (docs/daemon.md "The pool");
 // 2. warm exec of /bin/true vs `nsenter -t PID -a -r -w /bin/true` into a running bwrap sandbox,
 //    with the floors in the same run: a bare vfork + execve, `bash -c /bin/true` on the host, the
 //    in-process InitClient (no HTTP, no daemon) and GET /v1/health (HTTP alone);
@@ -236,6 +237,27 @@ void ExecTrue(ApiClient& api, const std::string& id, const boost::json::value& b
   if (!json.ok() || json->at("exitCode").as_int64() != 0) Die("exec /bin/true: " + r.body);
 }
 
+// Until the daemon's pool (docs/daemon.md "The pool") holds every jail it keeps: a first use
+// timed then is one of a sandbox made at a human pace, not in a burst that empties the pool.
+void WaitPoolFull(ApiClient& api) {
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    auto r = Must(api.Call(Method::kGet, "/metrics"), "metrics");
+    long ready = -1, size = -2;
+    for (size_t at = 0; at < r.body.size();) {
+      size_t end = r.body.find('\n', at);
+      if (end == std::string::npos) end = r.body.size();
+      std::string_view line(r.body.data() + at, end - at);
+      if (line.starts_with("nsbox_pool_ready ")) ready = std::atol(line.data() + 17);
+      if (line.starts_with("nsbox_pool_size ")) size = std::atol(line.data() + 16);
+      at = end + 1;
+    }
+    if (ready == size) return;
+    if (Clock::now() > deadline) Die("the daemon's pool did not fill within 10 s");
+    usleep(2000);
+  }
+}
+
 std::string Mib(double kib) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f MiB", kib / 1024.0);
@@ -347,6 +369,7 @@ int main(int argc, char** argv) {
     std::string id = "first-" + std::to_string(i + warmup);
     first_ids.push_back(id);
     double api_us = 0, put_us = 0, bwrap_us = 0;
+    WaitPoolFull(api);
     auto api_call = [&] {
       auto t0 = Clock::now();
       Must(api.Call(Method::kPut, nsbox::runtime::SandboxTarget(id)), "PUT", 201);
