@@ -729,6 +729,7 @@ void Registry::PoolLoop() {
   constexpr auto kAfterTake = std::chrono::milliseconds(50);
   constexpr std::chrono::seconds kFirstRetry(1);
   constexpr std::chrono::seconds kLastRetry(60);
+  constexpr std::chrono::seconds kCheckAlive(5);
   auto retry = kFirstRetry;
   std::unique_lock<std::mutex> lock(pool_mu_);
   while (!pool_stop_) {
@@ -738,7 +739,26 @@ void Registry::PoolLoop() {
       continue;
     }
     if (pool_.size() >= options_.pool_size) {
-      pool_cv_.wait(lock, [this] { return pool_stop_ || pool_taken_; });
+      // Full: looked at again every few seconds, so that a jail whose nsbox-init died while it
+      // waited (killed from the host, the OOM killer) is replaced before a sandbox needs it.
+      if (pool_cv_.wait_for(lock, kCheckAlive, [this] { return pool_stop_ || pool_taken_; })) {
+        continue;
+      }
+      std::vector<std::unique_ptr<Sandbox>> dead;
+      for (auto it = pool_.begin(); it != pool_.end();) {
+        if ((*it)->client().connected()) {
+          ++it;
+          continue;
+        }
+        dead.push_back(std::move(*it));
+        it = pool_.erase(it);
+      }
+      lock.unlock();
+      for (auto& box : dead) {
+        log::warn("the pooled jail (pid {}) is gone; starting another", box->init_pid());
+        (void)box->Stop();
+      }
+      lock.lock();
       continue;
     }
     lock.unlock();

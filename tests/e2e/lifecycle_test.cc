@@ -2,6 +2,7 @@
 // nothing), DELETE racing an exec, and the daemon's own restarts: SIGTERM, SIGKILL, and SIGKILL
 // in the middle of a 100 MB upload. Files live until DELETE, whatever happens to the daemon.
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -417,6 +418,23 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   const std::string metrics = client().Get("/metrics").body;
   EXPECT_NE(metrics.find("\nnsbox_pool_ready 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("\nnsbox_pool_size 1\n"), std::string::npos) << metrics;
+
+  // A pooled jail killed from the host while it waits is replaced (the pool looks every 5 s).
+  ASSERT_EQ(kill(next[0], SIGKILL), 0);
+  std::vector<pid_t> replaced;
+  const auto deadline = Clock::now() + milliseconds(15000);
+  while (Clock::now() < deadline) {
+    replaced = PooledJails(daemon().pid());
+    if (replaced.size() == 1 && replaced[0] != next[0]) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_EQ(replaced.size(), 1u);
+  EXPECT_NE(replaced[0], next[0]);
+  EXPECT_NE(daemon().Log(0).find("the pooled jail (pid " + std::to_string(next[0]) + ") is gone"),
+            std::string::npos);
+  const std::string late = "pool-late";
+  Create(late);
+  EXPECT_EQ(Sh(late, "hostname"), late + "\n");
 
   // --pool 0: no jail is started ahead; sandboxes start their own.
   ASSERT_TRUE(daemon().Stop()) << daemon().error();
