@@ -189,6 +189,25 @@ inline bool HostPathExists(const std::string& path) {
   return ::lstat(path.c_str(), &st) == 0;
 }
 
+// Runs a command to its end on `client`, collecting its output.
+inline ExecRun RunOn(fs::InitClient& client, const fs::proto::ExecRequest& req) {
+  ExecRun run;
+  fs::InitClient::ExecCallbacks cb;
+  cb.on_output = [&run](int stream, std::string_view data) {
+    (stream == 1 ? run.out : run.err).append(data);
+  };
+  auto start = Clock::now();
+  auto r = client.Exec(req, cb);
+  run.elapsed = Since(start);
+  run.ok = r.ok();
+  if (r.ok()) {
+    run.exit = r.value();
+  } else {
+    run.error = r.error();
+  }
+  return run;
+}
+
 class InitTest : public IntegrationTest {
  protected:
   void SetUp() override {
@@ -226,23 +245,7 @@ class InitTest : public IntegrationTest {
   }
 
   // Runs a command to its end, collecting its output.
-  ExecRun Run(const fs::proto::ExecRequest& req) {
-    ExecRun run;
-    fs::InitClient::ExecCallbacks cb;
-    cb.on_output = [&run](int stream, std::string_view data) {
-      (stream == 1 ? run.out : run.err).append(data);
-    };
-    auto start = Clock::now();
-    auto r = client().Exec(req, cb);
-    run.elapsed = Since(start);
-    run.ok = r.ok();
-    if (r.ok()) {
-      run.exit = r.value();
-    } else {
-      run.error = r.error();
-    }
-    return run;
-  }
+  ExecRun Run(const fs::proto::ExecRequest& req) { return RunOn(client(), req); }
   ExecRun Run(const std::string& command) { return Run(Request(command)); }
 
   // Runs a shell command that must succeed quietly (exit 0, empty stderr); its stdout.

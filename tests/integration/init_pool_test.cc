@@ -84,19 +84,7 @@ class PoolTest : public IntegrationTest {
     req.command = command;
     req.cwd = "/workspace";
     req.env = {kJailPath, "HOME=/root", "LANG=C.UTF-8"};
-    ExecRun run;
-    fs::InitClient::ExecCallbacks cb;
-    cb.on_output = [&run](int stream, std::string_view data) {
-      (stream == 1 ? run.out : run.err).append(data);
-    };
-    auto r = box.client().Exec(req, cb);
-    run.ok = r.ok();
-    if (r.ok()) {
-      run.exit = r.value();
-    } else {
-      run.error = r.error();
-    }
-    return run;
+    return RunOn(box.client(), req);
   }
 
   // The limit file of the sandbox's cgroups that holds `file` ("pids.max"), or "".
