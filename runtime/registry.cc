@@ -688,18 +688,21 @@ Result<std::unique_ptr<Sandbox>> Registry::StartFor(const SandboxEntry& entry,
 }
 
 std::unique_ptr<Sandbox> Registry::TakePooled() {
-  std::lock_guard<std::mutex> lock(pool_mu_);
-  while (!pool_.empty()) {
-    std::unique_ptr<Sandbox> box = std::move(pool_.front());
-    pool_.erase(pool_.begin());
-    pool_taken_ = true;
+  for (;;) {
+    std::unique_ptr<Sandbox> box;
+    {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      if (pool_.empty()) return nullptr;
+      box = std::move(pool_.front());
+      pool_.erase(pool_.begin());
+      pool_taken_ = true;
+    }
     pool_cv_.notify_one();
     if (box->client().connected()) return box;
     // Its nsbox-init died while it waited (killed from the host): the loop saw the channel close.
     log::warn("the pooled jail (pid {}) is gone; dropped", box->init_pid());
     (void)box->Stop();
   }
-  return nullptr;
 }
 
 size_t Registry::PoolReady() const {

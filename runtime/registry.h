@@ -243,7 +243,8 @@ class Registry {
   void JanitorLoop();
   // A host-image sandbox's directory made ahead, by the janitor: <sandboxes>/.spare-<hex> with
   // workspace/ and home/, durable, so that a PUT only writes config.json in it and renames it
-  // (three mkdirs and a journal commit fewer on the request's path). Taken by Create.
+  // (three mkdirs, two chowns and a directory fsync fewer on the request's path). Taken by
+  // Create.
   static constexpr char kSparePrefix[] = ".spare-";
   Result<std::string> MakeSpareDir() const;
   std::string TakeSpareDir();  // "" when none is ready; asks the janitor for the next
