@@ -729,7 +729,7 @@ Result<std::unique_ptr<Sandbox>> Registry::StartPooled() {
 void Registry::PoolLoop() {
   // A start takes milliseconds of both CPUs of a small host: the refill waits a moment after a
   // take, so that it does not compete with the first command of the sandbox that took the jail.
-  constexpr auto kAfterTake = std::chrono::milliseconds(50);
+  constexpr auto kAfterTake = std::chrono::milliseconds(10);
   constexpr std::chrono::seconds kFirstRetry(1);
   constexpr std::chrono::seconds kLastRetry(60);
   constexpr std::chrono::seconds kCheckAlive(5);
