@@ -593,6 +593,8 @@ void AdversarialTest::RestartDaemon(bool kill) {
     c.Request("PUT", "/v1/sandboxes/warm-up-2");
     c.PostJson("/v1/sandboxes/warm-up-2/exec", json::object{{"command", "true"}});
     c.Delete("/v1/sandboxes/warm-up-2");
+    if (!e2e::WaitPoolFull(c))
+      std::fprintf(stderr, "adversarial: the daemon's pool did not fill\n");
   }
   std::this_thread::sleep_for(milliseconds(100));
   baseline_fds_ = daemon_->CountFds();

@@ -460,6 +460,7 @@ TEST_F(ApiTest, BadRequestsNeitherCrashNorLeakFds) {
   Create(id);
   Sh(id, "true");
   PutFile(id, "/workspace/f", "x");
+  ASSERT_TRUE(WaitPoolFull(client()));  // refilled after the sandbox took its jail
   client().Disconnect();
   std::this_thread::sleep_for(milliseconds(200));
   const int baseline = daemon().CountFds();
@@ -541,6 +542,7 @@ TEST_F(ApiTest, BadRequestsNeitherCrashNorLeakFds) {
   // The half-sent upload created nothing.
   Response up = Fs(id, "exists", json::object{{"path", "/workspace/up"}});
   EXPECT_EQ(Obj(up)["exists"], json::value(false)) << up.Describe();
+  EXPECT_TRUE(WaitPoolFull(client()));
   client().Disconnect();
   // fds are closed asynchronously: give the daemon a moment.
   int now = -1;
@@ -612,6 +614,10 @@ TEST_F(ApiTest, ConcurrentPutsOfOneIdCreateOneSandbox) {
 TEST_F(ApiTest, TwoHundredSandboxesCreatedListedUsedDeleted) {
   constexpr int kCount = 200;
   constexpr int kThreads = 4;
+  // The pool's jail started and waiting (docs/daemon.md "The pool"): a start under way holds
+  // more fds for a moment.
+  ASSERT_TRUE(WaitPoolFull(client()));
+  client().Disconnect();
   const std::set<std::string> cgroups_before = FindNsboxCgroups();
   const int fds_before = daemon().CountFds();
   std::vector<std::string> ids;
@@ -661,6 +667,7 @@ TEST_F(ApiTest, TwoHundredSandboxesCreatedListedUsedDeleted) {
   all = client().Get("/v1/sandboxes");
   EXPECT_TRUE(Obj(all)["sandboxes"].as_array().empty()) << all.Describe();
   EXPECT_TRUE(daemon().SandboxDirs().empty());
+  EXPECT_TRUE(WaitPoolFull(client()));
   client().Disconnect();
   // The cgroups and fds of 200 deleted sandboxes go asynchronously, after their inits exit. A
   // 5 s wait failed once on a loaded 2-CPU machine (the assertion that failed was not kept), so
