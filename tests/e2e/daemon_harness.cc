@@ -184,8 +184,9 @@ std::vector<ProcessId> Descendants(pid_t root, bool include_pool) {
     todo.pop_back();
     auto [begin, end] = children.equal_range(parent);
     for (auto it = begin; it != end; ++it) {
-      if (!include_pool && it->second.comm == "nsbox-init" && IsPooledJail(it->second.pid))
-        continue;
+      // Not only nsbox-init: a jail being made for the pool is the daemon's clone until it
+      // executes nsbox-init, and already in its pool cgroup (CLONE_INTO_CGROUP).
+      if (!include_pool && IsPooledJail(it->second.pid)) continue;
       out.push_back(it->second);
       todo.push_back(it->second.pid);
     }
@@ -202,26 +203,60 @@ bool StillAlive(const ProcessId& p) {
 
 std::set<std::string> FindNsboxCgroups() { return testutil::FindCgroupsNamed("nsbox"); }
 
+namespace {
+
+// The "nsbox-<8 hex>-pool-<n>" component of a path (empty when there is none).
+std::string PoolComponent(const std::string& path) {
+  const size_t at = path.find("-pool-");
+  if (at == std::string::npos) return "";
+  const size_t begin = path.rfind('/', at) + 1;
+  const size_t end = std::min(path.find('/', at), path.size());
+  return path.substr(begin, end - begin);
+}
+
+// Its "nsbox-<8 hex>-" (which daemon) and its n.
+std::pair<std::string, long> PoolNumber(const std::string& component) {
+  const size_t at = component.rfind("pool-");
+  return {component.substr(0, at), std::strtol(component.c_str() + at + 5, nullptr, 10)};
+}
+
+}  // namespace
+
 std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before) {
+  const std::set<std::string> all = FindNsboxCgroups();
+  // The jails of a daemon's pool (docs/daemon.md "The pool"): a pool's cgroups whose processes
+  // include a pooled jail (IsPooledJail), in any hierarchy; and the newest pool's of each daemon
+  // while they hold no process at all (its jail is being made: the directories come first).
+  std::map<std::string, bool> pooled;     // pool component -> holds a pooled jail
+  std::map<std::string, bool> populated;  // pool component -> holds any process
+  std::map<std::string, long> newest;     // "nsbox-<8 hex>-" -> highest n
+  for (const std::string& path : all) {
+    const std::string pool = PoolComponent(path);
+    if (pool.empty()) continue;
+    const auto [daemon, n] = PoolNumber(pool);
+    newest[daemon] = std::max(newest[daemon], n);
+    for (const char* procs : {"/cgroup.procs", "/init/cgroup.procs"}) {  // v2: init's leaf
+      std::ifstream f(path + procs);
+      pid_t pid;
+      while (f >> pid) {
+        populated[pool] = true;
+        if (IsPooledJail(pid)) pooled[pool] = true;
+      }
+    }
+  }
   std::vector<std::string> out;
-  for (const std::string& path : FindNsboxCgroups()) {
+  for (const std::string& path : all) {
     if (before.count(path) != 0) continue;
-    const std::string name = path.substr(path.rfind('/') + 1);
+    const std::string leaf = path.substr(path.rfind('/') + 1);
     // Someone else's `nsbox run` (the integration tier may run at the same time).
-    if (name.starts_with("nsbox-run-")) {
-      std::string pid = name.substr(10);
+    if (leaf.starts_with("nsbox-run-")) {
+      std::string pid = leaf.substr(10);
       if (access(("/proc/" + pid).c_str(), F_OK) == 0) continue;
     }
-    // A jail of a daemon's pool, waiting for a sandbox.
-    if (const size_t at = path.find("-pool-"); at != std::string::npos) {
-      const std::string jail = path.substr(0, path.find('/', at));  // its nested ones too
-      bool pooled = false;
-      for (const char* procs : {"/cgroup.procs", "/init/cgroup.procs"}) {
-        std::ifstream f(jail + procs);
-        pid_t pid;
-        while (f >> pid) pooled = pooled || IsPooledJail(pid);
-      }
-      if (pooled) continue;
+    if (const std::string pool = PoolComponent(path); !pool.empty()) {
+      if (pooled[pool]) continue;
+      const auto [daemon, n] = PoolNumber(pool);
+      if (!populated[pool] && n == newest[daemon]) continue;
     }
     // A nested cgroup of one already reported is not a second finding.
     bool nested = false;

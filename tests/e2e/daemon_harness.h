@@ -40,8 +40,9 @@ struct ProcessId {
 // keeps jails started ahead of any sandbox; their nsbox-init (IsPooledJail) is part of the
 // daemon's standing state, not of a sandbox, and is left out unless `include_pool`.
 std::vector<ProcessId> Descendants(pid_t root, bool include_pool = false);
-// Whether `pid` is the nsbox-init of a jail of a daemon's pool that no sandbox adopted yet: its
-// cgroup is one of the pool's (nsbox-*-pool-N) and it has no /workspace mounted.
+// Whether `pid` is the nsbox-init of a jail of a daemon's pool that no sandbox adopted yet (or
+// that jail's PID 1 still being made): its cgroup is one of the pool's (nsbox-*-pool-N) and it
+// has no /workspace mounted.
 bool IsPooledJail(pid_t pid);
 // Whether that process (same pid and start time) is still alive (zombies count as gone).
 bool StillAlive(const ProcessId& p);
@@ -51,7 +52,8 @@ bool StillAlive(const ProcessId& p);
 std::set<std::string> FindNsboxCgroups();
 // The nsbox-* cgroups that are in FindNsboxCgroups() but not in `before`, leaving out the
 // nsbox-run-* of concurrent `nsbox run`s whose process is alive (not the daemon's) and those of a
-// jail of a daemon's pool whose nsbox-init is alive and not adopted (IsPooledJail).
+// jail of a daemon's pool that is not adopted: its cgroups hold a pooled jail (IsPooledJail), or
+// they are the daemon's newest pool's and hold no process yet (the jail is being made).
 std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before);
 
 class Daemon {
