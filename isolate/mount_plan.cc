@@ -470,18 +470,27 @@ int RestrictBind(const char* path, unsigned long flags, bool recursive) {
 }
 
 // Attaches a detached tree the host made (open_tree(OPEN_TREE_CLONE)) at `path`; the fd is
-// consumed by the move.
-int AttachTree(int tree, const char* path, unsigned long flags, bool recursive) {
+// consumed by the move. On failure, `*call` (when given) names the step that failed.
+int AttachTree(int tree, const char* path, unsigned long flags, bool recursive,
+               const char** call = nullptr) {
+  auto failed = [call](const char* name) {
+    if (call != nullptr) *call = name;
+    return errno;
+  };
   // SAFETY: move_mount only reads the fd and the path.
-  if (sys::MoveMount(tree, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0) return errno;
+  if (sys::MoveMount(tree, "", AT_FDCWD, path, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
+    return failed("move_mount");
+  }
   // A clone of a shared host mount (systemd makes / shared) is in the host mount's peer group,
   // whatever the jail's own mounts are: private at once, before anything is mounted on it, or
   // the binds made on it here would appear on the host and in every other jail that attached a
   // clone of the same mount (and the host's mounts under it in here).
   if (::mount(nullptr, path, nullptr, MS_PRIVATE | (recursive ? MS_REC : 0), nullptr) < 0) {
-    return errno;
+    return failed("mount");
   }
-  return RestrictBind(path, flags, recursive);
+  const int err = RestrictBind(path, flags, recursive);
+  if (err != 0 && call != nullptr) *call = "mount_setattr";
+  return err;
 }
 
 // "/proc/self/fd/N" into buf (at least 32 bytes), without allocating.
@@ -752,8 +761,9 @@ Status ApplyAdoption(const AdoptionSpec& spec) {
   for (const auto& [tree, path] :
        {std::pair{spec.workspace_tree, "/workspace"}, std::pair{spec.home_tree, "/root"}}) {
     if (tree < 0) return Error(EBADF, std::string("no tree to attach at ") + path);
-    if (int err = AttachTree(tree, path, MS_NOSUID | MS_NODEV, false); err != 0) {
-      return Error::Sys("move_mount", path, err).Context("attach the sandbox's directory");
+    const char* call = "move_mount";
+    if (int err = AttachTree(tree, path, MS_NOSUID | MS_NODEV, false, &call); err != 0) {
+      return Error::Sys(call, path, err).Context("attach the sandbox's directory");
     }
   }
   {
