@@ -7,6 +7,7 @@
 #include <charconv>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "base/files.h"
 #include "base/log.h"
@@ -132,7 +133,19 @@ UsageFiles OpenUsageFiles(const UsageDirs& dirs) {
   UsageFiles f;
   // cpu.stat is a core file of every v2 cgroup: there even without the cpu controller.
   f.cpu_stat = OpenCgroupFile(dirs.v2, "cpu.stat");
-  f.memory_peak = OpenEither(dirs.v2, "memory.peak", dirs.memory_v1, "memory.max_usage_in_bytes");
+  // For writing too where the kernel takes a reset (v1 always; v2 memory.peak since 6.12, before
+  // which the file is read-only and the open for writing fails).
+  for (auto [dir, file] : {std::pair{dirs.v2, "memory.peak"},
+                           std::pair{dirs.memory_v1, "memory.max_usage_in_bytes"}}) {
+    if (dir < 0 || f.memory_peak.valid()) continue;
+    int fd = ::openat(dir, file, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0) {
+      f.memory_peak.reset(fd);
+      f.memory_peak_resettable = true;
+    } else {
+      f.memory_peak = OpenCgroupFile(dir, file);
+    }
+  }
   f.pids_peak = OpenEither(dirs.v2, "pids.peak", dirs.pids_v1, "pids.peak");
   // Only v2: v1 blkio charges buffered writeback to whoever flushes it, not to the writer.
   f.io_stat = OpenCgroupFile(dirs.v2, "io.stat");
@@ -161,6 +174,36 @@ CommandUsage ReadUsage(const UsageFiles& files) {
 bool OomKilledIn(const UsageFiles& files) {
   auto text = ReadCgroupFile(files.oom, "memory events");
   return text.has_value() && ParseOomKillCount(*text) > 0;
+}
+
+bool NoOomKills(const UsageFiles& files) {
+  if (!files.oom.valid()) return true;  // no memory controller: nothing to count
+  auto text = ReadCgroupFile(files.oom, "memory events");
+  return text.has_value() && FindKeyedValue(*text, "oom_kill") == uint64_t{0};
+}
+
+bool ResetMemoryPeak(const UsageFiles& files) {
+  if (!files.memory_peak.valid() || !files.memory_peak_resettable) return false;
+  // v1 ignores the value written; v2 takes any non-empty string.
+  if (::pwrite(files.memory_peak.get(), "0", 1, 0) != 1) {
+    log::warn("exec usage: reset the memory peak: {}", ErrnoText(errno));
+    return false;
+  }
+  return true;
+}
+
+CommandUsage UsageSince(const CommandUsage& now, const CommandUsage& before) {
+  auto less = [](std::optional<uint64_t> a, std::optional<uint64_t> b) -> std::optional<uint64_t> {
+    if (!a.has_value()) return std::nullopt;
+    const uint64_t base = b.value_or(0);
+    return *a > base ? *a - base : 0;
+  };
+  CommandUsage u = now;
+  u.cpu_user_us = less(now.cpu_user_us, before.cpu_user_us);
+  u.cpu_system_us = less(now.cpu_system_us, before.cpu_system_us);
+  u.io_read_bytes = less(now.io_read_bytes, before.io_read_bytes);
+  u.io_write_bytes = less(now.io_write_bytes, before.io_write_bytes);
+  return u;
 }
 
 CommandUsage ReadUsage(const UsageDirs& dirs) { return ReadUsage(OpenUsageFiles(dirs)); }

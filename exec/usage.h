@@ -41,8 +41,21 @@ struct UsageFiles {
   UniqueFd pids_peak;    // v2 pids.peak, else v1 pids.peak
   UniqueFd io_stat;      // v2 io.stat
   UniqueFd oom;          // v2 memory.events, else v1 memory.oom_control
+  // memory_peak was opened for writing too: a write resets the peak to the current usage (v1
+  // always; v2 since 6.12, for reads through this fd).
+  bool memory_peak_resettable = false;
 };
 UsageFiles OpenUsageFiles(const UsageDirs& dirs);
+
+// Resets the memory peak of an empty cgroup to what it holds now (page cache and kernel objects
+// that earlier commands left charged to it), so that the next command in the cgroup reports its
+// own peak, not an earlier one's. False when there is no memory figure, or it cannot be reset.
+bool ResetMemoryPeak(const UsageFiles& files);
+
+// The figures of a command that ran in a cgroup used before: the cumulative counters (CPU time,
+// I/O bytes) less what they were when it started (`before`); the peaks are the cgroup's own
+// (reset or exact, see ResetMemoryPeak). Saturates at zero.
+CommandUsage UsageSince(const CommandUsage& now, const CommandUsage& before);
 
 // Reads every figure the files give; a file that is missing or malformed leaves its figure
 // unset. Each file is read from its start, every time.
@@ -50,6 +63,8 @@ CommandUsage ReadUsage(const UsageFiles& files);
 // Whether the OOM killer killed a process of the command: v2 memory.events "oom_kill", else v1
 // memory.oom_control "oom_kill". False when neither is there.
 bool OomKilledIn(const UsageFiles& files);
+// False also when the file says nothing: only a counter read as 0 is "none".
+bool NoOomKills(const UsageFiles& files);
 // The same, opening the files of `dirs` first.
 CommandUsage ReadUsage(const UsageDirs& dirs);
 bool OomKilledIn(const UsageDirs& dirs);

@@ -113,6 +113,11 @@ TEST_F(InitUsageTest, PidsPeakCountsEveryProcessOfTheCommand) {
   ASSERT_TRUE(run.exit.usage.pids_peak.has_value());
   EXPECT_GE(*run.exit.usage.pids_peak, 21u);
   EXPECT_LT(*run.exit.usage.pids_peak, 100u);
+  // Its cgroups are not reused (a pids peak cannot be reset): the next command's peak is its own.
+  ExecRun one = Run("true");
+  ASSERT_TRUE(one.ok && one.exit.exit_code == 0) << one.Describe();
+  ASSERT_TRUE(one.exit.usage.pids_peak.has_value());
+  EXPECT_EQ(*one.exit.usage.pids_peak, 1u);
 }
 
 // What a command forks and does not wait for (a double-forked orphan, reparented to nsbox-init,
@@ -134,10 +139,15 @@ TEST_F(InitUsageTest, OrphanedChildrenAreMeasured) {
 // the per-exec v1 cgroups are gone once the commands have ended.
 TEST_F(InitUsageTest, FiguresArePerExecAndTheirCgroupsAreRemoved) {
   if (!HasV1Memory()) GTEST_SKIP() << "no cgroup v1 memory hierarchy";
-  ExecRun big = Run(Python("b = bytearray(b'x') * (150 << 20)\n"));
+  ExecRun big =
+      Run(Python("b = bytearray(b'x') * (150 << 20)\n"
+                 "print(open('/proc/self/cgroup').read(), end='')\n"));
   ASSERT_TRUE(big.ok && big.exit.exit_code == 0) << big.Describe();
-  ExecRun small = Run("true");
+  // One process that ended with its cgroups empty: the next command runs in the same ones, and
+  // its memory peak is its own, not the 150 MiB before it.
+  ExecRun small = Run("cat /proc/self/cgroup");
   ASSERT_TRUE(small.ok && small.exit.exit_code == 0) << small.Describe();
+  EXPECT_EQ(small.out, big.out);
   ASSERT_TRUE(small.exit.usage.memory_peak_bytes.has_value());
   EXPECT_LT(*small.exit.usage.memory_peak_bytes, 50 * kMiB);
   EXPECT_GE(*big.exit.usage.memory_peak_bytes, 150 * kMiB);

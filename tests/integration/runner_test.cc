@@ -584,23 +584,63 @@ TEST_P(RunnerTest, TwoHundredConcurrentCommands) {
 
 TEST_P(RunnerTest, CommandIsInItsOwnCgroup) {
   if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant";
-  // Under the runner's directory, an exec-<n> of its own: never one an earlier command had.
+  // Under the runner's directory, an exec-<n> that no other running command is in.
   const std::string parent = cgroup_path_.substr(cgroup_path_.rfind('/')) + "/exec-";
-  std::set<std::string> seen;
-  for (bool fallback : {false, true, false, true}) {
+  for (bool fallback : {false, true}) {
     ForceCloneFallbackForTesting(fallback);
-    Outcome o = Run(Bash("grep '^0::' /proc/self/cgroup"));
-    const size_t at = o.out.find(parent);
-    ASSERT_NE(at, std::string::npos) << (fallback ? "clone() fallback: " : "clone3: ") << o.out;
-    const std::string name = o.out.substr(at + parent.size());
-    EXPECT_GT(name.size(), 1u) << o.out;
-    EXPECT_EQ(name.find_first_not_of("0123456789"), name.size() - 1) << o.out;  // digits, "\n"
-    EXPECT_TRUE(seen.insert(name).second) << "a cgroup used twice: exec-" << name;
+    constexpr int kCount = 3;
+    std::vector<Outcome> outcomes(kCount);
+    for (auto& o : outcomes) {
+      ASSERT_NE(StartInto(Bash("grep '^0::' /proc/self/cgroup; sleep 0.3"), &o), 0u);
+    }
+    ASSERT_TRUE(Loop(
+        [&] {
+          for (const auto& o : outcomes) {
+            if (o.exits == 0) return false;
+          }
+          return true;
+        },
+        milliseconds(10000)));
+    std::set<std::string> seen;
+    for (const auto& o : outcomes) {
+      const size_t at = o.out.find(parent);
+      ASSERT_NE(at, std::string::npos) << (fallback ? "clone() fallback: " : "clone3: ") << o.out;
+      const std::string name = o.out.substr(at + parent.size());
+      EXPECT_GT(name.size(), 1u) << o.out;
+      EXPECT_EQ(name.find_first_not_of("0123456789"), name.size() - 1) << o.out;  // digits, "\n"
+      EXPECT_TRUE(seen.insert(name).second) << "two running commands in exec-" << name;
+    }
   }
 }
 
-// Commands in a row: the next one's cgroup is made ahead (one spare), the ended ones' are
-// removed off the loop, and an idle runner keeps no cgroup at all.
+// A command that ended with its cgroup empty leaves it to the next one, whose CPU time does not
+// include the first one's; one that leaves a process behind does not.
+TEST_P(RunnerTest, AnEmptyCgroupServesTheNextCommand) {
+  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant";
+  const std::string parent = cgroup_path_.substr(cgroup_path_.rfind('/')) + "/exec-";
+  auto cgroup_of = [&](const Outcome& o) {
+    const size_t at = o.out.find(parent);
+    if (at == std::string::npos) return std::string();
+    return o.out.substr(at + parent.size(), o.out.find('\n', at) - at - parent.size());
+  };
+  Outcome burn =
+      Run(Bash("grep '^0::' /proc/self/cgroup; timeout 0.3 sh -c 'while :; do :; done'"));
+  ASSERT_FALSE(cgroup_of(burn).empty()) << burn.out;
+  ASSERT_TRUE(burn.result.usage.cpu_user_us.has_value()) << "no cpu.stat";
+  EXPECT_GT(*burn.result.usage.cpu_user_us + burn.result.usage.cpu_system_us.value_or(0), 200'000u);
+  Outcome next = Run(Bash("grep '^0::' /proc/self/cgroup"));
+  EXPECT_EQ(cgroup_of(next), cgroup_of(burn)) << next.out;
+  ASSERT_TRUE(next.result.usage.cpu_user_us.has_value());
+  EXPECT_LT(*next.result.usage.cpu_user_us + next.result.usage.cpu_system_us.value_or(0), 100'000u);
+  // A process left running keeps the cgroup busy: the next command gets another one.
+  Outcome left = Run(Bash("grep '^0::' /proc/self/cgroup; sleep 5 >/dev/null 2>&1 &"));
+  Outcome after = Run(Bash("grep '^0::' /proc/self/cgroup"));
+  EXPECT_NE(cgroup_of(after), cgroup_of(left)) << left.out << after.out;
+}
+
+// Commands in a row: the next one's cgroup is made ahead, or left by a command that ended with
+// its cgroup reusable (at most two are kept), ended ones are removed off the loop, and an idle
+// runner keeps no cgroup at all.
 TEST_P(RunnerTest, CgroupsAreMadeAheadAndReleasedWhenIdle) {
   if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant";
   auto exec_cgroups = [this] {
@@ -616,14 +656,27 @@ TEST_P(RunnerTest, CgroupsAreMadeAheadAndReleasedWhenIdle) {
     Outcome o = Run(Bash("exit 3"));
     EXPECT_EQ(o.result.exit_code, 3);
   }
-  // What the background thread posts back is applied by the loop.
-  EXPECT_TRUE(Loop([&] { return exec_cgroups().size() == 1; }, milliseconds(2000)))
-      << "want one spare; have " << exec_cgroups().size();
-  // The spare is what the next command runs in.
-  const auto spare = exec_cgroups();
+  // Commands that leave a process behind use a new cgroup each; what the background thread
+  // posts back is applied by the loop.
+  for (int i = 0; i < 5; ++i) {
+    Outcome o = Run(Bash("sleep 0.2 >/dev/null 2>&1 & exit 4"));
+    EXPECT_EQ(o.result.exit_code, 4);
+  }
+  EXPECT_TRUE(Loop(
+      [&] {
+        const size_t n = exec_cgroups().size();
+        return n >= 1 && n <= 2;
+      },
+      milliseconds(3000)))
+      << "want one or two kept; have " << exec_cgroups().size();
+  // A kept one is what the next command runs in.
+  const auto kept = exec_cgroups();
   Outcome o = Run(Bash("grep '^0::' /proc/self/cgroup"));
-  ASSERT_EQ(spare.size(), 1u);
-  EXPECT_NE(o.out.find("/" + spare[0] + "\n"), std::string::npos) << o.out;
+  ASSERT_FALSE(kept.empty());
+  bool in_kept = false;
+  for (const auto& name : kept)
+    in_kept = in_kept || o.out.find("/" + name + "\n") != std::string::npos;
+  EXPECT_TRUE(in_kept) << o.out;
   // Idle for the release time (2 s): nothing left.
   EXPECT_TRUE(Loop([&] { return exec_cgroups().empty(); }, milliseconds(5000)))
       << "left while idle: " << exec_cgroups().size();

@@ -113,5 +113,37 @@ TEST(ReadUsage, NoDirectoriesIsAllUnknown) {
   EXPECT_FALSE(OomKilledIn(UsageDirs{}));
 }
 
+// A reused cgroup's figures: the counters less what they were before, never below zero; the
+// peaks as read; what the host does not give stays unknown.
+TEST(UsageSince, SubtractsTheCountersOnly) {
+  CommandUsage before;
+  before.cpu_user_us = 1000;
+  before.cpu_system_us = 500;
+  before.memory_peak_bytes = 1 << 20;
+  before.pids_peak = 1;
+  before.io_read_bytes = 4096;
+  CommandUsage now;
+  now.cpu_user_us = 1500;
+  now.cpu_system_us = 400;  // read lower than before (never in practice): zero, not a wrap
+  now.memory_peak_bytes = 300 << 10;
+  now.pids_peak = 3;
+  now.io_read_bytes = 8192;
+  now.io_write_bytes = 100;  // unknown before: counted from zero
+  CommandUsage u = UsageSince(now, before);
+  EXPECT_EQ(u.cpu_user_us, uint64_t{500});
+  EXPECT_EQ(u.cpu_system_us, uint64_t{0});
+  EXPECT_EQ(u.memory_peak_bytes, uint64_t{300 << 10});
+  EXPECT_EQ(u.pids_peak, uint64_t{3});
+  EXPECT_EQ(u.io_read_bytes, uint64_t{4096});
+  EXPECT_EQ(u.io_write_bytes, uint64_t{100});
+  EXPECT_EQ(UsageSince(CommandUsage{}, before), CommandUsage{});
+  EXPECT_EQ(UsageSince(now, CommandUsage{}), now);
+}
+
+TEST(ResetMemoryPeak, NothingToResetIsFalse) {
+  EXPECT_FALSE(ResetMemoryPeak(UsageFiles{}));
+  EXPECT_TRUE(NoOomKills(UsageFiles{}));
+}
+
 }  // namespace
 }  // namespace nsbox::exec
