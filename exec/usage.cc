@@ -41,9 +41,17 @@ UniqueFd OpenCgroupFile(int dir, const char* file) {
   return std::move(fd).value();
 }
 
-// The whole text of an opened cgroup file, read from its start.
+// The whole text of an opened cgroup file, read from its start: one pread where it fits (these
+// files are a few lines; it is read when a command is answered), else from the start to EOF.
 std::optional<std::string> ReadCgroupFile(const UniqueFd& fd, const char* file) {
   if (!fd.valid()) return std::nullopt;
+  char buf[1024];
+  ssize_t n;
+  do {
+    n = ::pread(fd.get(), buf, sizeof buf, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n >= 0 && static_cast<size_t>(n) < sizeof buf)
+    return std::string(buf, static_cast<size_t>(n));
   if (::lseek(fd.get(), 0, SEEK_SET) < 0) {
     log::warn("exec usage: lseek {}: {}", file, ErrnoText(errno));
     return std::nullopt;
