@@ -141,17 +141,10 @@ Status InitServer::Run() {
   if (!sigchld_.valid()) return Error::Sys("signalfd", "SIGCHLD", errno);
   std::function<void(ssize_t)> on_sigchld = [this, &on_sigchld](ssize_t n) {
     if (n == -ECANCELED || closed_) return;
-    // Reaped a moment later, not now: the SIGCHLD of a command's own exit comes with the exit
-    // that is to be answered, and the scan of /proc for orphans (four system calls) would come
-    // before the answer. Several exits within the delay make one scan.
-    if (!reap_scheduled_) {
-      reap_scheduled_ = true;
-      reactor_.Timer(kOrphanReapDelay, [this](int res) {
-        reap_scheduled_ = false;
-        if (res == -ECANCELED || closed_) return;
-        ReapOrphans();
-      });
-    }
+    // At once, also when the SIGCHLD is a command's own exit that is about to be answered: an
+    // orphan reaped later would be a zombie that `kill -0` still finds (a 5 ms delay was tried;
+    // adversarial case KillMinusOneStaysInItsSandbox caught it).
+    ReapOrphans();
     reactor_.Read(sigchld_.get(), sigchld_buf_, sizeof sigchld_buf_, on_sigchld);
   };
   reactor_.Read(sigchld_.get(), sigchld_buf_, sizeof sigchld_buf_, on_sigchld);

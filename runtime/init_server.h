@@ -7,7 +7,6 @@
 
 #include <sys/types.h>
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -102,8 +101,6 @@ class InitServer {
   std::map<uint64_t, fs::PendingWrite> writes_;  // tag -> an open writeFile
   UniqueFd sigchld_;
   char sigchld_buf_[128 * 8];
-  bool reap_scheduled_ = false;  // a scan for orphans to reap is due (kOrphanReapDelay)
-  static constexpr std::chrono::milliseconds kOrphanReapDelay{5};
 };
 
 // The whole of nsbox-init: argv "--control-fd N [--cgroup-fd N] [--memory-cgroup-fd N]
