@@ -328,6 +328,30 @@ class SpareSet {
   CgroupSet set_;
 };
 
+// The delegated v1 directories, each once: co-mounted memory and pids are one directory, and one
+// child cgroup there serves both.
+struct V1Layout {
+  std::vector<int> dirs;
+  int memory = -1, pids = -1;  // their indexes in dirs; -1 for none
+};
+
+V1Layout LayOutV1(RunnerV1Cgroups v1) {
+  V1Layout out;
+  if (v1.memory_dir >= 0) {
+    out.memory = static_cast<int>(out.dirs.size());
+    out.dirs.push_back(v1.memory_dir);
+  }
+  if (v1.pids_dir >= 0) {
+    out.pids = static_cast<int>(out.dirs.size());
+    if (v1.memory_dir >= 0 && SameFile(v1.memory_dir, v1.pids_dir)) {
+      out.pids = out.memory;
+    } else {
+      out.dirs.push_back(v1.pids_dir);
+    }
+  }
+  return out;
+}
+
 // A fresh exec-<n> in every hierarchy, with the fds the command and its usage report need. A
 // stale exec-<n> (a runner before this one left it busy) is skipped, never reused: it may hold
 // someone else's processes. Safe on any thread.
@@ -436,19 +460,10 @@ struct Runner::Impl {
 
   Impl(Reactor& r, int dir, ChildHooks h, RunnerV1Cgroups v1)
       : reactor(r), cgroup_dir(dir), hooks(h) {
-    // Co-mounted memory and pids are one directory: one child cgroup there serves both.
-    if (v1.memory_dir >= 0) {
-      memory_v1 = static_cast<int>(v1_dirs.size());
-      v1_dirs.push_back(v1.memory_dir);
-    }
-    if (v1.pids_dir >= 0) {
-      pids_v1 = static_cast<int>(v1_dirs.size());
-      if (v1.memory_dir >= 0 && SameFile(v1.memory_dir, v1.pids_dir)) {
-        pids_v1 = memory_v1;
-      } else {
-        v1_dirs.push_back(v1.pids_dir);
-      }
-    }
+    V1Layout layout = LayOutV1(v1);
+    v1_dirs = std::move(layout.dirs);
+    memory_v1 = layout.memory;
+    pids_v1 = layout.pids;
     if (cgroup_dir >= 0) EnableAccountingControllers(cgroup_dir);
   }
 
@@ -1361,8 +1376,34 @@ void Runner::Impl::Shutdown() {
   commands.clear();
 }
 
-Runner::Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks, RunnerV1Cgroups v1)
+struct PremadeCgroups::State {
+  std::shared_ptr<CgroupParents> parents;
+  std::shared_ptr<SpareSet> set;  // removed with it, if no runner took it
+};
+
+Result<PremadeCgroups> PremadeCgroups::Make(int cgroup_dir, RunnerV1Cgroups v1) {
+  if (cgroup_dir < 0 && v1.memory_dir < 0 && v1.pids_dir < 0) return PremadeCgroups();
+  if (cgroup_dir >= 0) EnableAccountingControllers(cgroup_dir);
+  const V1Layout layout = LayOutV1(v1);
+  auto state = std::make_shared<State>();
+  NSBOX_ASSIGN_OR_RETURN(state->parents,
+                         DupParents(cgroup_dir, layout.dirs, layout.memory, layout.pids));
+  NSBOX_ASSIGN_OR_RETURN(CgroupSet set, MakeCgroupSet(*state->parents));
+  state->set = std::make_shared<SpareSet>(state->parents, std::move(set));
+  PremadeCgroups out;
+  out.state_ = std::move(state);
+  return out;
+}
+
+Runner::Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks, RunnerV1Cgroups v1,
+               PremadeCgroups premade)
     : impl_(std::make_unique<Impl>(reactor, cgroup_dir, hooks, v1)) {
+  if (premade.state_ != nullptr && premade.state_->set != nullptr) {
+    // Made from the same directories: the runner's parents, and its first kept set.
+    impl_->parents = premade.state_->parents;
+    impl_->spares.push_back(std::move(premade.state_->set));
+    impl_->ArmIdle();
+  }
   // Writing stdin to a command that has closed it must fail with EPIPE, not kill nsbox-init
   // with SIGPIPE. Only the default disposition is changed; a handler someone set stays.
   struct sigaction old {};

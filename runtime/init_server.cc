@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/files.h"
+#include "base/log.h"
 #include "base/stack.h"
 #include "base/syscalls.h"
 #include "base/worker_pool.h"
@@ -103,11 +104,12 @@ std::string FindExecutable(const std::string& name, const std::vector<std::strin
 
 InitServer::InitServer(exec::Reactor& reactor, UniqueFd control, int cgroup_dir, UniqueFd root,
                        proto::Hello hello, proto::FrameReader frames,
-                       exec::RunnerV1Cgroups v1_cgroups)
+                       exec::RunnerV1Cgroups v1_cgroups, exec::PremadeCgroups premade)
     : reactor_(reactor),
       control_(std::move(control)),
       cgroup_dir_(cgroup_dir),
       v1_cgroups_(v1_cgroups),
+      premade_(std::move(premade)),
       root_(std::move(root)),
       hello_(std::move(hello)),
       security_(std::make_unique<ChildSecurity>()),
@@ -129,7 +131,7 @@ Status InitServer::Run() {
   }
   runner_ = std::make_unique<exec::Runner>(
       reactor_, cgroup_dir_, exec::ChildHooks{&ChildSecurity::PreExec, security_.get()},
-      v1_cgroups_);
+      v1_cgroups_, std::move(premade_));
 
   // Orphans re-parented to PID 1 are reaped on SIGCHLD; commands' own main processes are
   // reaped by the runner through their pidfds.
@@ -766,6 +768,18 @@ int InitMain(int argc, char** argv) {
   auto reactor = backend ? exec::CreateReactor(*backend) : exec::CreateReactor();
   if (!reactor.ok()) Die(reactor.error().message());
 
+  // A jail of the pool has time while it waits: its sandbox's first command will find its
+  // cgroups made. Best effort: without them, that command makes them, as any.
+  exec::PremadeCgroups premade;
+  if (adopt) {
+    auto made = exec::PremadeCgroups::Make(cgroup_fd, v1);
+    if (made.ok()) {
+      premade = std::move(made).value();
+    } else {
+      log::warn("the first command's cgroups, made ahead: {}", made.error().message());
+    }
+  }
+
   proto::FrameReader frames;
   std::vector<UniqueFd> passed;
   auto hello = ReadHello(control_fd, frames, &passed);
@@ -813,7 +827,7 @@ int InitMain(int argc, char** argv) {
   }
   ::fcntl(control_fd, F_SETFL, ::fcntl(control_fd, F_GETFL) | O_NONBLOCK);
   InitServer server(**reactor, UniqueFd(control_fd), cgroup_fd, UniqueFd(root), std::move(*hello),
-                    std::move(frames), v1);
+                    std::move(frames), v1, std::move(premade));
   auto st = server.Run();
   if (!st.ok()) Die(st.error().message());
   return 0;

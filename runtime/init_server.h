@@ -39,7 +39,7 @@ class InitServer {
   // resolves; `v1_cgroups`: the delegated v1 memory and pids directories (fds 5 and 6).
   InitServer(exec::Reactor& reactor, UniqueFd control, int cgroup_dir, UniqueFd root,
              fs::proto::Hello hello, fs::proto::FrameReader frames,
-             exec::RunnerV1Cgroups v1_cgroups = {});
+             exec::RunnerV1Cgroups v1_cgroups = {}, exec::PremadeCgroups premade = {});
   ~InitServer();
   InitServer(const InitServer&) = delete;
   InitServer& operator=(const InitServer&) = delete;
@@ -69,6 +69,7 @@ class InitServer {
   UniqueFd control_;
   int cgroup_dir_;
   exec::RunnerV1Cgroups v1_cgroups_;
+  exec::PremadeCgroups premade_;  // the first command's cgroups, made while pooled
   UniqueFd root_;
   fs::proto::Hello hello_;
   // The commands' seccomp filter, capabilities and rlimits, applied by ChildHooks.

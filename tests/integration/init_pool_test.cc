@@ -8,9 +8,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "base/files.h"
 #include "harness.h"
@@ -179,6 +181,15 @@ TEST_F(PoolTest, APooledJailNoSandboxTakesGoesQuietly) {
   std::ifstream mounts("/proc/" + std::to_string(init) + "/mountinfo");
   std::string all((std::istreambuf_iterator<char>(mounts)), std::istreambuf_iterator<char>());
   EXPECT_EQ(all.find(" /workspace "), std::string::npos) << all;
+  // While it waits, it makes its sandbox's first command's cgroups, in every hierarchy.
+  for (const auto& dir : cgroups) {
+    bool made = false;
+    for (int i = 0; i < 200 && !made; ++i) {
+      made = HostPathExists(dir + "/exec-1");
+      if (!made) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_TRUE(made) << dir << "/exec-1";
+  }
   EXPECT_TRUE(pooled->Stop().ok());
   for (const auto& dir : cgroups) EXPECT_FALSE(HostPathExists(dir)) << dir;
   // Stop waited for it: the pid is gone, not a zombie.
