@@ -131,6 +131,10 @@ constexpr size_t kKeptBuffers = 4;
 // How many cgroup sets a busy runner keeps for its next commands: one made ahead, and one that a
 // command ended with and left reusable.
 constexpr size_t kKeptSets = 2;
+// A set is reused only while its memory cgroup holds at most this much once its command ended
+// (page cache or tmpfs files the command left charged there, and the memory controller's per-CPU
+// charge batches): the next command's memory peak starts from it.
+constexpr uint64_t kReuseMaxHeldMemory = 1 << 20;
 // The vfork child's stack: the runner's steps and the pre_exec hooks (capset, a seccomp
 // filter load) need a few KiB; touched pages only are ever backed.
 constexpr size_t kChildStackSize = 256 * 1024;
@@ -1191,7 +1195,11 @@ bool Runner::Impl::Reusable(const Command& cmd, const CommandUsage& counters) co
 // the caller removes it.
 bool Runner::Impl::Keep(CgroupSet& set) {
   if (shutting_down || spares.size() >= kKeptSets) return false;
-  if (set.usage.memory_peak.valid() && !ResetMemoryPeak(set.usage)) return false;
+  if (set.usage.memory_peak.valid()) {
+    if (!ResetMemoryPeak(set.usage)) return false;
+    const std::optional<uint64_t> held = MemoryPeak(set.usage);
+    if (!held.has_value() || *held > kReuseMaxHeldMemory) return false;
+  }
   spares.push_back(std::make_shared<SpareSet>(parents, std::move(set)));
   set = CgroupSet();
   ArmIdle();

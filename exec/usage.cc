@@ -200,6 +200,10 @@ bool ResetMemoryPeak(const UsageFiles& files) {
   return true;
 }
 
+std::optional<uint64_t> MemoryPeak(const UsageFiles& files) {
+  return ReadSingle(files.memory_peak, "memory peak");
+}
+
 CommandUsage UsageSince(const CommandUsage& now, const CommandUsage& before) {
   auto less = [](std::optional<uint64_t> a, std::optional<uint64_t> b) -> std::optional<uint64_t> {
     if (!a.has_value()) return std::nullopt;

@@ -51,6 +51,8 @@ UsageFiles OpenUsageFiles(const UsageDirs& dirs);
 // that earlier commands left charged to it), so that the next command in the cgroup reports its
 // own peak, not an earlier one's. False when there is no memory figure, or it cannot be reset.
 bool ResetMemoryPeak(const UsageFiles& files);
+// The memory peak as the files give it now (after ResetMemoryPeak: what the cgroup holds).
+std::optional<uint64_t> MemoryPeak(const UsageFiles& files);
 
 // The figures of a command that ran in a cgroup used before: the cumulative counters (CPU time,
 // I/O bytes) less what they were when it started (`before`); the peaks are the cgroup's own

@@ -160,6 +160,21 @@ TEST_F(InitUsageTest, FiguresArePerExecAndTheirCgroupsAreRemoved) {
   EXPECT_TRUE(left.empty()) << left.size() << " exec cgroups left, e.g. " << left.front();
 }
 
+// A command that leaves memory charged to its cgroup (a tmpfs file it wrote) does not pass the
+// cgroup on: the next command's peak would start from what it holds.
+TEST_F(InitUsageTest, ACgroupThatStillHoldsMemoryIsNotReused) {
+  if (!HasV1Memory()) GTEST_SKIP() << "no cgroup v1 memory hierarchy";
+  ExecRun fill =
+      Run(Python("open('/tmp/held', 'wb').write(b'x' * (8 << 20))\n"
+                 "print(open('/proc/self/cgroup').read(), end='')\n"));
+  ASSERT_TRUE(fill.ok && fill.exit.exit_code == 0) << fill.Describe();
+  ExecRun next = Run("cat /proc/self/cgroup");
+  ASSERT_TRUE(next.ok && next.exit.exit_code == 0) << next.Describe();
+  EXPECT_NE(next.out, fill.out) << "the same cgroups, holding the 8 MiB file";
+  ASSERT_TRUE(next.exit.usage.memory_peak_bytes.has_value());
+  EXPECT_LT(*next.exit.usage.memory_peak_bytes, 4 * kMiB);
+}
+
 // Under a sandbox memory limit, a memory bomb is OOM-killed and the answer says so.
 TEST_F(InitUsageTest, MemoryBombUnderALimitEndsWithReasonOom) {
   box_.reset();
