@@ -1167,8 +1167,9 @@ Result<CgroupSet> Runner::Impl::TakeCgroupSet() {
 
 // Whether the set a command ended with can serve the next command as if it were new: the
 // command was not killed, its cgroup is empty and always held that one process (pids.peak 1:
-// the v1 peak cannot be reset, and a command's own process makes it at least 1 anyway), the OOM
-// killer never struck there, and the memory peak can be reset. CPU time and I/O bytes only ever
+// the v1 peak cannot be reset, and a command's own process makes it at least 1 anyway), and the
+// memory peak can be reset (Keep then checks that the OOM killer never struck there, after the
+// answer). CPU time and I/O bytes only ever
 // grow, and do not while the cgroup is empty: the next command's are reckoned from these. What
 // makes and removes a set (three mkdirs and rmdirs in cgroupfs on a hybrid host, ≈ 300 µs of CPU
 // with the kernel's work after an rmdir) is then saved for the commonest commands: one program,
@@ -1187,14 +1188,15 @@ bool Runner::Impl::Reusable(const Command& cmd, const CommandUsage& counters) co
   } else if (!CgroupEmpty(cg.v2.get())) {
     return false;
   }
-  if (cg.usage.memory_peak.valid() && !cg.usage.memory_peak_resettable) return false;
-  return NoOomKills(cg.usage);
+  return !cg.usage.memory_peak.valid() || cg.usage.memory_peak_resettable;
 }
 
 // Keeps a reusable set for the next commands when there is room, its memory peak reset. False:
 // the caller removes it.
 bool Runner::Impl::Keep(CgroupSet& set) {
   if (shutting_down || spares.size() >= kKeptSets) return false;
+  // Read here, after the answer, not before it: an OOM kill there leaves the set to removal.
+  if (!NoOomKills(set.usage)) return false;
   if (set.usage.memory_peak.valid()) {
     if (!ResetMemoryPeak(set.usage)) return false;
     const std::optional<uint64_t> held = MemoryPeak(set.usage);

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -190,6 +191,16 @@ class RunnerTest : public ::testing::TestWithParam<Param> {
       EXPECT_TRUE(st.ok()) << (st.ok() ? "" : st.error().message());
     }
     return true;
+  }
+
+  // Runs the loop until every outcome has its exit, or `limit`.
+  bool LoopUntilAllExited(const std::vector<Outcome>& outcomes, milliseconds limit) {
+    return Loop(
+        [&] {
+          return std::all_of(outcomes.begin(), outcomes.end(),
+                             [](const Outcome& o) { return o.exits != 0; });
+        },
+        limit);
   }
 
   Outcome Run(const CommandSpec& spec) {
@@ -565,14 +576,7 @@ TEST_P(RunnerTest, TwoHundredConcurrentCommands) {
     ASSERT_NE(StartInto(Bash("echo " + std::to_string(i) + "; sleep 0.2"), &outcomes[i]), 0u);
   }
   EXPECT_EQ(runner_->running(), static_cast<size_t>(kCount));
-  ASSERT_TRUE(Loop(
-      [&] {
-        for (const auto& o : outcomes) {
-          if (o.exits == 0) return false;
-        }
-        return true;
-      },
-      milliseconds(20000)));
+  ASSERT_TRUE(LoopUntilAllExited(outcomes, milliseconds(20000)));
   for (int i = 0; i < 3; ++i) (void)reactor_->RunOnce(milliseconds(1));
   for (int i = 0; i < kCount; ++i) {
     EXPECT_EQ(outcomes[i].exits, 1);
@@ -593,14 +597,7 @@ TEST_P(RunnerTest, CommandIsInItsOwnCgroup) {
     for (auto& o : outcomes) {
       ASSERT_NE(StartInto(Bash("grep '^0::' /proc/self/cgroup; sleep 0.3"), &o), 0u);
     }
-    ASSERT_TRUE(Loop(
-        [&] {
-          for (const auto& o : outcomes) {
-            if (o.exits == 0) return false;
-          }
-          return true;
-        },
-        milliseconds(10000)));
+    ASSERT_TRUE(LoopUntilAllExited(outcomes, milliseconds(10000)));
     std::set<std::string> seen;
     for (const auto& o : outcomes) {
       const size_t at = o.out.find(parent);
