@@ -185,6 +185,10 @@ void PortForwarder::CloseListener(Listener& l) {
   if (l.closed) return;
   l.closed = true;
   boost::system::error_code ec;
+  // Stop listening now, before the close: a copy of the fd that a jail being started holds
+  // between its clone and its fd cleanup (asio opens sockets without SOCK_CLOEXEC) would
+  // otherwise keep the port accepting connections, which its last close then resets.
+  if (l.acceptor.is_open()) ::shutdown(l.acceptor.native_handle(), SHUT_RDWR);
   l.acceptor.close(ec);
   for (auto& [n, weak] : l.conns) {
     if (auto conn = weak.lock()) conn->Abort();
