@@ -267,8 +267,7 @@ std::string Encode(const Hello& m) {
     w.Bytes(m.adoption->hostname);
     w.Bytes(m.adoption->etc_hosts);
     w.Bytes(m.adoption->etc_hostname);
-    w.U64(m.adoption->tmp_size);
-    w.U64(m.adoption->shm_size);
+    w.U64(m.adoption->tmpfs_size);
   }
   return w.Take();
 }
@@ -291,7 +290,7 @@ bool Decode(std::string_view payload, Hello* m) {
   if (adopt) {
     Adoption& a = m->adoption.emplace();
     if (!r.Bytes(&a.hostname, 64) || a.hostname.empty() || !r.Bytes(&a.etc_hosts, kMaxEtcFile) ||
-        !r.Bytes(&a.etc_hostname, kMaxEtcFile) || !r.U64(&a.tmp_size) || !r.U64(&a.shm_size)) {
+        !r.Bytes(&a.etc_hostname, kMaxEtcFile) || !r.U64(&a.tmpfs_size)) {
       return false;
     }
   }

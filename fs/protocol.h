@@ -24,7 +24,7 @@
 
 namespace nsbox::fs::proto {
 
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 2: one tmpfs size in an adoption
 inline constexpr size_t kHeaderSize = 16;
 inline constexpr uint32_t kMaxPayload = 4u << 20;         // 4 MiB
 inline constexpr uint32_t kMaxOutputChunk = 256u << 10;   // exec output per frame
@@ -131,14 +131,13 @@ struct Rlimit {
 // What makes a jail started ahead of its sandbox (nsboxd's pool, docs/daemon.md "The pool")
 // that sandbox's. nsbox-init, still privileged in its namespaces and with no command run yet,
 // attaches the two trees that come with the hello frame (SCM_RIGHTS: the workspace's clone, then
-// the home's), writes the sandbox's hosts and hostname files, sets the hostname, sizes /tmp and
-// /dev/shm, and makes the root read-only; then it goes on as any nsbox-init.
+// the home's), writes the sandbox's hosts and hostname files, sets the hostname, sizes the tmpfs
+// of /tmp and /dev/shm, and makes the root read-only; then it goes on as any nsbox-init.
 struct Adoption {
   std::string hostname;      // 1..64 bytes
   std::string etc_hosts;     // at most kMaxEtcFile bytes
   std::string etc_hostname;  // the same
-  uint64_t tmp_size = 0;     // bytes; 0: the kernel's default
-  uint64_t shm_size = 0;
+  uint64_t tmpfs_size = 0;   // /tmp and /dev/shm together, in bytes; 0: the kernel's default
 };
 inline constexpr uint32_t kMaxEtcFile = 64u << 10;
 

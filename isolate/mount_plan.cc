@@ -314,48 +314,55 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
       home.source_is_tree = config.home_fd_is_tree;
     }
   }
-  // Memory like any other: with a memory limit, /tmp may hold half of it and /dev/shm a
-  // quarter, so that files left there never leave the sandbox's processes without room (cases
-  // MemoryBombThroughUploadToTmpfs and MemoryBombThroughTmpfsFromInside).
-  auto tmpfs_size = [&](uint64_t share) {
-    return config.tmpfs_size_bytes == 0
-               ? std::string()
-               : ",size=" + std::to_string(config.tmpfs_size_bytes / share);
-  };
+  // 5. The scratch places, /dev, /tmp and /dev/shm, are one tmpfs: every superblock costs the
+  //    kernel ≈ 5 KiB, and each memory cgroup of the host a slot per superblock alive
+  //    (docs/benchmarks.md, "What an idle sandbox costs the kernel"). /dev is its root; /tmp is
+  //    a bind of a directory under the mount point of /dev/pts, which the devpts mounted there
+  //    below covers, and so is the empty directory that masks /proc's. Memory like any other:
+  //    with a memory limit, /tmp and /dev/shm may hold half of it together, so that files left
+  //    there never leave the sandbox's processes without room (cases
+  //    MemoryBombThroughUploadToTmpfs and MemoryBombThroughTmpfsFromInside).
+  const std::string size =
+      config.tmpfs_size_bytes == 0 ? "" : ",size=" + std::to_string(config.tmpfs_size_bytes / 2);
+  p.Mkdir("/dev");
+  p.Tmpfs("/dev", MS_NOSUID | MS_NOEXEC, "mode=0755" + size);
+  p.Mkdir("/dev/pts");
+  p.Mkdir(kScratchTmpDir, 01777);
+  p.Mkdir(kScratchEmptyDir, 0555);
   p.Mkdir("/tmp", 01777);
-  p.Tmpfs("/tmp", MS_NOSUID | MS_NODEV, "mode=1777" + tmpfs_size(2));
+  p.Bind(config.staging + kScratchTmpDir, "/tmp", MS_NOSUID | MS_NODEV, false).exact_flags = true;
 
-  // 5. A fresh /proc for the new PID namespace, with Docker's masked and read-only paths.
+  // 6. A fresh /proc for the new PID namespace, with Docker's masked and read-only paths.
   p.Mkdir("/proc", 0555);
   auto& proc = p.Add(Kind::kProc, "/proc");
   proc.flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
   proc.data = "hidepid=ptraceable";
-  for (const auto& rule : policy::ProcMaskedPaths()) p.Add(Kind::kMaskPath, rule.path);
+  for (const auto& rule : policy::ProcMaskedPaths()) {
+    p.Add(Kind::kMaskPath, rule.path).source = config.staging + kScratchEmptyDir;
+  }
   for (const auto& rule : policy::ProcReadonlyPaths()) p.Add(Kind::kReadonlyPath, rule.path);
 
-  // 6. A minimal /dev: a few host device nodes bound in (a user namespace cannot mknod), a
+  // 7. The rest of /dev: a few host device nodes bound in (a user namespace cannot mknod), a
   //    private devpts, shm, and the usual symlinks. No host /sys at all.
-  p.Mkdir("/dev");
-  p.Tmpfs("/dev", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k,nr_inodes=64");
   for (const auto& dev : policy::DeviceNodes()) {
     std::string target = std::string("/dev/") + dev.path;
     p.Add(Kind::kTouch, target).mode = 0666;
     // No flags to add: a device node is neither executable nor setuid, and nodev would break it.
     p.Bind(target, target, 0, false);
   }
-  p.Mkdir("/dev/pts");
   auto& pts = p.Add(Kind::kDevpts, "/dev/pts");
   pts.flags = MS_NOSUID | MS_NOEXEC;
   pts.data = "newinstance,ptmxmode=0666,mode=0620,gid=5,max=" + std::to_string(kMaxPtys);
   p.Symlink("pts/ptmx", "/dev/ptmx");
   p.Mkdir("/dev/shm", 01777);
-  p.Tmpfs("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=1777" + tmpfs_size(4));
+  // Bound onto itself for its own flags: nodev, where /dev itself may not have it.
+  p.Bind(config.staging + "/dev/shm", "/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, false);
   p.Symlink("/proc/self/fd", "/dev/fd");
   p.Symlink("/proc/self/fd/0", "/dev/stdin");
   p.Symlink("/proc/self/fd/1", "/dev/stdout");
   p.Symlink("/proc/self/fd/2", "/dev/stderr");
 
-  // 7. Switch roots, drop the host's, and freeze what is not meant to change.
+  // 8. Switch roots, drop the host's, and freeze what is not meant to change.
   p.Add(Kind::kPivotRoot, "/");
   if (!overlay && !config.adopt_later) p.Add(Kind::kRemountRootReadonly, "/");
   return p.Take();
@@ -448,22 +455,30 @@ unsigned long LockedFlags(const char* path) {
 }
 
 // Applies ro/nosuid/nodev/noexec to a bind mount (and, if recursive, all its submounts).
-int RestrictBind(const char* path, unsigned long flags, bool recursive) {
-  unsigned long wanted = flags & (MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
-  if (wanted == 0) return 0;
+int RestrictBind(const char* path, unsigned long flags, bool recursive, bool exact = false) {
+  constexpr unsigned long kAll = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+  unsigned long wanted = flags & kAll;
+  if (wanted == 0 && !exact) return 0;
   struct mount_attr attr {};
-  if (wanted & MS_RDONLY) attr.attr_set |= MOUNT_ATTR_RDONLY;
-  if (wanted & MS_NOSUID) attr.attr_set |= MOUNT_ATTR_NOSUID;
-  if (wanted & MS_NODEV) attr.attr_set |= MOUNT_ATTR_NODEV;
-  if (wanted & MS_NOEXEC) attr.attr_set |= MOUNT_ATTR_NOEXEC;
+  for (const auto& [ms, attr_bit] :
+       {std::pair{MS_RDONLY, MOUNT_ATTR_RDONLY}, std::pair{MS_NOSUID, MOUNT_ATTR_NOSUID},
+        std::pair{MS_NODEV, MOUNT_ATTR_NODEV}, std::pair{MS_NOEXEC, MOUNT_ATTR_NOEXEC}}) {
+    if (wanted & ms) {
+      attr.attr_set |= attr_bit;
+    } else if (exact) {
+      attr.attr_clr |= attr_bit;
+    }
+  }
   // SAFETY: attr is a local, fully initialised struct of the size passed.
   if (sys::MountSetattr(AT_FDCWD, path, recursive ? AT_RECURSIVE : 0, &attr, sizeof attr) == 0) {
     return 0;
   }
   if (errno != ENOSYS) return errno;
-  // Kernels before 5.12: a remount reaches only the top mount of a recursive bind.
-  if (::mount(nullptr, path, nullptr, MS_REMOUNT | MS_BIND | wanted | LockedFlags(path), nullptr) <
-      0) {
+  // Kernels before 5.12: a remount reaches only the top mount of a recursive bind, and sets the
+  // flags it is given (those of the mount that the kernel locks must be among them).
+  unsigned long kept = LockedFlags(path);
+  if (exact) kept &= ~kAll;
+  if (::mount(nullptr, path, nullptr, MS_REMOUNT | MS_BIND | wanted | kept, nullptr) < 0) {
     return errno;
   }
   return 0;
@@ -618,7 +633,7 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
         FdPath(opened_fd, path);
         if (::mount(path, staged, nullptr, bind, nullptr) < 0) return errno;
       }
-      return RestrictBind(staged, op.flags, op.recursive);
+      return RestrictBind(staged, op.flags, op.recursive, op.exact_flags);
     }
     case Kind::kProc:
       // hidepid=ptraceable (Linux 5.8): a process's /proc entry is visible only to those who
@@ -637,11 +652,9 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
       struct stat st {};
       if (::lstat(staged, &st) < 0) return errno == ENOENT ? 0 : errno;
       if (S_ISDIR(st.st_mode)) {
-        if (::mount("tmpfs", staged, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                    "size=0,nr_inodes=1,mode=0555") < 0) {
-          return errno;
-        }
-        return 0;
+        // The scratch tmpfs's empty directory, read-only: no superblock of its own per mask.
+        if (::mount(op.source.c_str(), staged, nullptr, MS_BIND, nullptr) < 0) return errno;
+        return RestrictBind(staged, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, false);
       }
       // The host's /dev/null, as Docker's masks: reads are empty, writes vanish. The staged
       // /dev may not be there yet; the host's always is. Not nodev, or opening it fails.
@@ -773,8 +786,8 @@ Status ApplyAdoption(const AdoptionSpec& spec) {
     NSBOX_TRY(RewriteOwnEtcFile(root.get(), "hosts", spec.etc_hosts));
     NSBOX_TRY(RewriteOwnEtcFile(root.get(), "hostname", spec.etc_hostname));
   }  // the clone goes with its fd, before the root becomes read-only
-  NSBOX_TRY(ResizeTmpfs("/tmp", MS_NOSUID | MS_NODEV, spec.tmp_size));
-  NSBOX_TRY(ResizeTmpfs("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC, spec.shm_size));
+  // /dev's tmpfs holds /tmp and /dev/shm too (PlanMounts).
+  NSBOX_TRY(ResizeTmpfs("/dev", MS_NOSUID | MS_NOEXEC, spec.tmpfs_size));
   if (::sethostname(spec.hostname.data(), spec.hostname.size()) < 0) {
     return Error::Sys("sethostname", spec.hostname, errno);
   }

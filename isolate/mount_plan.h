@@ -37,8 +37,8 @@ struct MountOp {
                     // (MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC) are then applied to it
     kProc,          // mount a new procfs (needs the new PID namespace)
     kDevpts,        // mount a private devpts instance with `data` options
-    kMaskPath,      // hide a path of the new /proc: /dev/null over a file, empty ro tmpfs over
-                    // a directory; skipped when the path is absent
+    kMaskPath,      // hide a path of the new /proc: /dev/null over a file, a read-only bind of
+                    // the empty directory `source` over a directory; skipped when absent
     kReadonlyPath,  // bind a path onto itself read-only; skipped when absent
     kPivotRoot,     // pivot_root into the staging root and detach the old root
     kRemountRootReadonly,  // make the new root's own tmpfs read-only (after everything is in)
@@ -52,6 +52,9 @@ struct MountOp {
   unsigned long flags = 0;
   mode_t mode = 0;
   bool recursive = false;  // kBind: rbind (submounts too)
+  // kBind: the bind gets exactly `flags`, losing those of its source mount that `flags` lacks
+  // (a bind of a directory of /dev's tmpfs would otherwise keep its noexec).
+  bool exact_flags = false;
   // kMkdir: whatever already exists there is left as it is, directory or not (the persistent
   // root of an imported image, where the sandbox may have replaced /workspace by a symlink).
   bool if_absent = false;
@@ -116,8 +119,8 @@ struct JailFsConfig {
   // The resolver /etc/resolv.conf names (nsboxd's, for its sandboxes); "" for none: the
   // sandbox has loopback only.
   std::string nameserver;
-  // The sandbox's memory limit, of which /tmp may hold a half and /dev/shm a quarter; 0 for the
-  // kernel's default (half the RAM each). Tmpfs pages written by the daemon through the files
+  // The sandbox's memory limit, of which /tmp and /dev/shm (one tmpfs) may hold a half together;
+  // 0 for the kernel's default (half the RAM). Tmpfs pages written by the daemon through the files
   // API are charged to the daemon, not to the sandbox's cgroup: the size is what bounds them.
   uint64_t tmpfs_size_bytes = 0;
   struct EtcEntry {
@@ -161,6 +164,12 @@ struct JailFsConfig {
 // mount point of /proc, which its procfs covers.
 inline constexpr char kOwnEtcDir[] = "/proc/.nsbox-etc";
 
+// A jail's /dev, /tmp and /dev/shm are one tmpfs (docs/isolation.md "File system"): /dev is its
+// root, /tmp a bind of this directory of it, and masked /proc directories read-only binds of the
+// empty one. Both sit under the mount point of /dev/pts, which the jail's devpts covers.
+inline constexpr char kScratchTmpDir[] = "/dev/pts/nsbox-tmp";
+inline constexpr char kScratchEmptyDir[] = "/dev/pts/nsbox-empty";
+
 // What ApplyAdoption makes of a jail planned with adopt_later.
 struct AdoptionSpec {
   int workspace_tree = -1;  // open_tree(OPEN_TREE_CLONE) copies made by the host
@@ -168,14 +177,13 @@ struct AdoptionSpec {
   std::string hostname;
   std::string etc_hosts;
   std::string etc_hostname;
-  uint64_t tmp_size = 0;  // bytes; 0: leave the kernel's default
-  uint64_t shm_size = 0;
+  uint64_t tmpfs_size = 0;  // of /dev, /tmp and /dev/shm, in bytes; 0: leave the kernel's default
 };
 
 // Run inside such a jail, by a process that still holds CAP_SYS_ADMIN in its namespaces: attaches
 // the trees at /workspace and /root (private, nosuid, nodev), writes hosts and hostname, sizes
-// /tmp and /dev/shm, sets the hostname and makes the root read-only, as PlanMounts would have.
-// Errors name the step and the path.
+// the tmpfs of /tmp and /dev/shm, sets the hostname and makes the root read-only, as PlanMounts
+// would have. Errors name the step and the path.
 Status ApplyAdoption(const AdoptionSpec& spec);
 
 // Reads which allowlisted /etc entries the host has (lstat + readlink), for JailFsConfig.

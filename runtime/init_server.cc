@@ -799,8 +799,7 @@ int InitMain(int argc, char** argv) {
     spec.hostname = hello->adoption->hostname;
     spec.etc_hosts = hello->adoption->etc_hosts;
     spec.etc_hostname = hello->adoption->etc_hostname;
-    spec.tmp_size = hello->adoption->tmp_size;
-    spec.shm_size = hello->adoption->shm_size;
+    spec.tmpfs_size = hello->adoption->tmpfs_size;
     if (auto st = isolate::ApplyAdoption(spec); !st.ok()) {
       Die("adopt the sandbox: " + st.error().message());
     }

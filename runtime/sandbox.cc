@@ -187,9 +187,8 @@ Status Sandbox::Adopt(const JailOptions& jail) {
     if (file.name == "hostname") adoption.etc_hostname = file.content;
   }
   if (limits.memory_bytes) {
-    // As PlanMounts sizes them: /tmp half the memory, /dev/shm a quarter.
-    adoption.tmp_size = *limits.memory_bytes / 2;
-    adoption.shm_size = *limits.memory_bytes / 4;
+    // As PlanMounts sizes it: /tmp and /dev/shm together half the memory.
+    adoption.tmpfs_size = *limits.memory_bytes / 2;
   }
   pool_.reset();
   NSBOX_TRY_CTX(client_->SendHello(hello, {workspace.tree.get(), home.tree.get()}),

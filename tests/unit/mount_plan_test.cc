@@ -59,7 +59,8 @@ TEST(MountPlan, DescribesEveryMountExactly) {
   EXPECT_TRUE(Contains(d, "rbind /usr -> /usr (ro,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "symlink /bin -> usr/bin"));
   EXPECT_TRUE(Contains(d, "bind /home/me/project -> /workspace (rw,nosuid,nodev)"));
-  EXPECT_TRUE(Contains(d, "tmpfs /tmp (rw,nosuid,nodev,mode=1777)"));
+  EXPECT_TRUE(Contains(d, "tmpfs /dev (rw,nosuid,noexec,mode=0755)"));
+  EXPECT_TRUE(Contains(d, "bind /tmp/dev/pts/nsbox-tmp -> /tmp (rw,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "tmpfs /root (rw,nosuid,nodev,mode=0700)"));
   EXPECT_TRUE(Contains(d, "proc /proc (hidepid=ptraceable)"));
   EXPECT_TRUE(Contains(d, "mask /proc/kcore"));
@@ -68,7 +69,7 @@ TEST(MountPlan, DescribesEveryMountExactly) {
   EXPECT_TRUE(Contains(d, "bind /dev/null -> /dev/null (rw)"));
   EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5,max=128)"));
   EXPECT_TRUE(Contains(d, "symlink /dev/ptmx -> pts/ptmx"));
-  EXPECT_TRUE(Contains(d, "tmpfs /dev/shm (rw,nosuid,nodev,noexec,mode=1777)"));
+  EXPECT_TRUE(Contains(d, "bind /tmp/dev/shm -> /dev/shm (rw,nosuid,nodev,noexec)"));
   EXPECT_TRUE(Contains(d, "copy /etc/ld.so.cache -> /etc/ld.so.cache"));
   EXPECT_TRUE(Contains(d, "bind /etc/big -> /etc/big (ro,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "rbind /etc/ssl -> /etc/ssl (ro,nosuid,nodev)"));
@@ -96,6 +97,35 @@ TEST(MountPlan, WorkspaceComesBeforeProcAndStagedPathsAreUnderTheStaging) {
   EXPECT_EQ(plan->ops[workspace].source_fd, 7);
 }
 
+// /dev, /tmp, /dev/shm and the masks of /proc's directories are one tmpfs, whose hidden
+// directories the devpts covers only once everything that binds them is in place.
+TEST(MountPlan, TheScratchPlacesShareOneTmpfs) {
+  JailFsConfig c = Config();
+  c.tmpfs_size_bytes = 64u << 20;
+  auto plan = PlanMounts(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  std::vector<std::string> tmpfs;
+  size_t devpts = 0, last_hidden_use = 0, masks = 0;
+  for (size_t i = 0; i < plan->ops.size(); ++i) {
+    const auto& op = plan->ops[i];
+    if (op.kind == Kind::kTmpfs) tmpfs.push_back(op.target + " " + op.data);
+    if (op.kind == Kind::kDevpts) devpts = i;
+    if (op.source.rfind("/tmp/dev/pts/", 0) == 0) last_hidden_use = i;
+    if (op.kind == Kind::kMaskPath) {
+      EXPECT_EQ(op.source, "/tmp" + std::string(kScratchEmptyDir)) << op.Describe();
+      ++masks;
+    }
+    if (op.kind == Kind::kBind && op.target == "/tmp") {
+      EXPECT_TRUE(op.exact_flags);
+    }
+  }
+  // /tmp and /dev/shm together hold half of the memory limit; /root is a one-shot run's own.
+  EXPECT_EQ(tmpfs, (std::vector<std::string>{"/root mode=0700", "/dev mode=0755,size=33554432"}));
+  EXPECT_GT(masks, 0u);
+  EXPECT_GT(last_hidden_use, 0u);
+  EXPECT_LT(last_hidden_use, devpts);
+}
+
 TEST(MountPlan, AnImageOverlayIsTheWholeWritableRoot) {
   JailFsConfig c;
   c.root.overlay =
@@ -113,7 +143,8 @@ TEST(MountPlan, AnImageOverlayIsTheWholeWritableRoot) {
   EXPECT_TRUE(Contains(d, "mkdir (if absent) /workspace"));
   EXPECT_TRUE(Contains(d, "mkdir (if absent) /root"));
   EXPECT_TRUE(Contains(d, "mkdir /tmp"));
-  EXPECT_TRUE(Contains(d, "tmpfs /tmp (rw,nosuid,nodev,mode=1777)"));
+  EXPECT_TRUE(Contains(d, "tmpfs /dev (rw,nosuid,noexec,mode=0755)"));
+  EXPECT_TRUE(Contains(d, "bind /tmp/dev/pts/nsbox-tmp -> /tmp (rw,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "proc /proc (hidepid=ptraceable)"));
   EXPECT_TRUE(Contains(d, "devpts /dev/pts (newinstance,ptmxmode=0666,mode=0620,gid=5,max=128)"));
   for (const auto& op : plan->ops) {

@@ -106,14 +106,13 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(h2.rlimits[0].hard, 65536u);
   EXPECT_EQ(h2.shell, "/bin/bash");
   EXPECT_FALSE(h2.adoption.has_value());
-  h.adoption = Adoption{"box-1", "127.0.1.1\tbox-1\n", "box-1\n", 32u << 20, 16u << 20};
+  h.adoption = Adoption{"box-1", "127.0.1.1\tbox-1\n", "box-1\n", 32u << 20};
   ASSERT_TRUE(Decode(Encode(h), &h2));
   ASSERT_TRUE(h2.adoption.has_value());
   EXPECT_EQ(h2.adoption->hostname, "box-1");
   EXPECT_EQ(h2.adoption->etc_hosts, "127.0.1.1\tbox-1\n");
   EXPECT_EQ(h2.adoption->etc_hostname, "box-1\n");
-  EXPECT_EQ(h2.adoption->tmp_size, 32u << 20);
-  EXPECT_EQ(h2.adoption->shm_size, 16u << 20);
+  EXPECT_EQ(h2.adoption->tmpfs_size, 32u << 20);
   // An adoption names its sandbox: an empty hostname, or one over 64 bytes, is malformed.
   h.adoption->hostname = "";
   EXPECT_FALSE(Decode(Encode(h), &h2));
