@@ -568,6 +568,12 @@ int main(int argc, char** argv) {
     std::printf("| **total held** | **%.0f** (%s; target <= 512 KiB) |\n", total,
                 Mib(total).c_str());
     std::printf("| total with those caches | %.0f |\n", per_init + per_daemon + kernel.grown());
+    if (const double memcg = nsbox::bench::MemoryCgroupKb(); memcg >= 0) {
+      std::printf(
+          "| of which one empty memory cgroup, made beside them (each sandbox holds one; its "
+          "size grows with the superblocks this host has held at once since boot) | %.0f |\n",
+          memcg);
+    }
     std::printf("| cross-check: MemAvailable drop | %.0f |\n\n",
                 static_cast<double>(avail0 - avail1) / n);
 

@@ -5,6 +5,7 @@
 // benchmark is one binary.
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -110,5 +112,57 @@ class KernelGrowth {
   bool dropped_ = false;
   double grown_ = 0, held_ = 0;
 };
+
+// KiB of the kernel's slab objects in use (active objects times their size, /proc/slabinfo)
+// plus its per-CPU memory: unlike the slab pages KernelKb counts, it does not miss objects that
+// land in the free room of partly used slab pages.
+inline long SlabObjectsKb() {
+  std::ifstream in("/proc/slabinfo");
+  std::string line;
+  long long bytes = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#' || line.starts_with("slabinfo")) continue;
+    std::istringstream words(line);
+    std::string name;
+    long long active = 0, total = 0, size = 0;
+    if (words >> name >> active >> total >> size) bytes += active * size;
+  }
+  return static_cast<long>(bytes / 1024) + MemInfo()["Percpu"];
+}
+
+// KiB of kernel memory that one empty memory cgroup holds on this host now, from the growth of
+// the slab objects in use while `n` are made side by side (then removed); -1 where there is no
+// memory controller to make them in, or no /proc/slabinfo to read (not root).
+// Most of it is the memcg's slots for the host's shrinkers: one per superblock alive at once
+// since boot (the kernel never shrinks the table), so it differs between hosts and grows with the
+// peak number of jails a host has held (docs/benchmarks.md "What an idle sandbox costs the
+// kernel"). Every idle sandbox holds one.
+inline double MemoryCgroupKb(int n = 50) {
+  std::string parent = "/sys/fs/cgroup/memory";
+  struct stat st {};
+  if (stat((parent + "/memory.usage_in_bytes").c_str(), &st) != 0) {
+    parent = "/sys/fs/cgroup";
+    std::ifstream control(parent + "/cgroup.subtree_control");
+    std::string words((std::istreambuf_iterator<char>(control)), std::istreambuf_iterator<char>());
+    std::istringstream in(words);
+    bool memory = false;
+    for (std::string w; in >> w;) memory = memory || w == "memory";
+    if (!memory) return -1;
+  }
+  std::vector<std::string> made;
+  DropReclaimableCaches();
+  const long before = SlabObjectsKb();
+  if (before <= MemInfo()["Percpu"]) return -1;
+  for (int i = 0; i < n; ++i) {
+    std::string dir =
+        parent + "/nsbox-bench-memcg-" + std::to_string(getpid()) + "-" + std::to_string(i);
+    if (mkdir(dir.c_str(), 0755) == 0) made.push_back(dir);
+  }
+  DropReclaimableCaches();
+  const long after = SlabObjectsKb();
+  for (const auto& dir : made) rmdir(dir.c_str());
+  if (made.empty()) return -1;
+  return static_cast<double>(after - before) / static_cast<double>(made.size());
+}
 
 }  // namespace nsbox::bench

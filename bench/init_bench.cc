@@ -199,6 +199,12 @@ int main(int argc, char** argv) {
       "| the same with the dentry and inode caches their making left: kernel %.1f KiB | %.1f | | "
       "| KiB per sandbox |\n",
       kernel.grown(), per_pss + kernel.grown());
+  if (const double memcg = nsbox::bench::MemoryCgroupKb(); memcg >= 0) {
+    std::printf(
+        "| of which one empty memory cgroup, made beside them (each sandbox holds one; its size "
+        "grows with the superblocks this host has held at once since boot) | %.1f | | | KiB |\n",
+        memcg);
+  }
   std::printf("\nexec overhead over the bare vfork+execve (medians): %.1f us\n",
               s_direct.median - s_vfork.median);
   boxes.clear();
