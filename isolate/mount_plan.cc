@@ -193,6 +193,12 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   }
   Planner p(config.staging);
   constexpr unsigned long kRo = MS_RDONLY | MS_NOSUID | MS_NODEV;
+  // The size of the tmpfs that holds /tmp and /dev/shm (step 5). Memory like any other: with a
+  // memory limit, they may hold half of it together, so that files left there never leave the
+  // sandbox's processes without room (cases MemoryBombThroughUploadToTmpfs and
+  // MemoryBombThroughTmpfsFromInside).
+  const std::string size =
+      config.tmpfs_size_bytes == 0 ? "" : ",size=" + std::to_string(config.tmpfs_size_bytes / 2);
 
   const bool overlay = config.root_tree_fd >= 0;
   if (overlay) {
@@ -203,11 +209,12 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
     if (!config.shared_etc.empty()) return Error::Msg("an overlay root has its own /etc");
     p.Add(Kind::kRootTree, "/").source_fd = config.root_tree_fd;
   } else {
-    // 1. The new root: a small tmpfs holding only mount points, /etc and symlinks. It becomes
-    //    read-only once everything is in place (the last step).
+    // 1. The new root: a tmpfs holding mount points, /etc and symlinks, and the writable
+    //    directories of step 5. Its mount becomes read-only once everything is in place (the last
+    //    step); the binds of those directories stay writable.
     auto& root = p.Add(Kind::kRootTmpfs, "/");
     root.flags = MS_NOSUID | MS_NODEV;
-    root.data = "mode=0755,size=4m,nr_inodes=4096";
+    root.data = "mode=0755" + size;
 
     // 2. The image: read-only binds of the host's /usr (and the rest of its layout).
     for (const auto& link : config.root.symlinks) {
@@ -314,18 +321,18 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
       home.source_is_tree = config.home_fd_is_tree;
     }
   }
-  // 5. The scratch places, /dev, /tmp and /dev/shm, are one tmpfs: every superblock costs the
-  //    kernel ≈ 5 KiB, and each memory cgroup of the host a slot per superblock alive
-  //    (docs/benchmarks.md, "What an idle sandbox costs the kernel"). /dev is its root; /tmp is
-  //    a bind of a directory under the mount point of /dev/pts, which the devpts mounted there
-  //    below covers, and so is the empty directory that masks /proc's. Memory like any other:
-  //    with a memory limit, /tmp and /dev/shm may hold half of it together, so that files left
-  //    there never leave the sandbox's processes without room (cases
-  //    MemoryBombThroughUploadToTmpfs and MemoryBombThroughTmpfsFromInside).
-  const std::string size =
-      config.tmpfs_size_bytes == 0 ? "" : ",size=" + std::to_string(config.tmpfs_size_bytes / 2);
+  // 5. The scratch places, /dev, /tmp and /dev/shm, are one tmpfs, the root's own where the
+  //    root is a tmpfs: every superblock costs the kernel ≈ 5 KiB, and each memory cgroup of the
+  //    host a slot per superblock alive (docs/benchmarks.md, "What an idle sandbox costs the
+  //    kernel"). /dev is a writable bind of its directory (an image's root has a tmpfs there);
+  //    /tmp is a bind of a directory under the mount point of /dev/pts, which the devpts
+  //    mounted there below covers, and so is the empty directory that masks /proc's.
   p.Mkdir("/dev");
-  p.Tmpfs("/dev", MS_NOSUID | MS_NOEXEC, "mode=0755" + size);
+  if (overlay) {
+    p.Tmpfs("/dev", MS_NOSUID | MS_NOEXEC, "mode=0755" + size);
+  } else {
+    p.Bind(config.staging + "/dev", "/dev", MS_NOSUID | MS_NOEXEC, false).exact_flags = true;
+  }
   p.Mkdir("/dev/pts");
   p.Mkdir(kScratchTmpDir, 01777);
   p.Mkdir(kScratchEmptyDir, 0555);
@@ -677,8 +684,9 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
       if (::chdir("/") < 0) return errno;
       return 0;
     case Kind::kRemountRootReadonly:
-      if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) <
-          0) {
+      // The root's mount, not its tmpfs: the binds of its /dev and /tmp stay writable.
+      if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+                  nullptr) < 0) {
         return errno;
       }
       return 0;
@@ -786,12 +794,13 @@ Status ApplyAdoption(const AdoptionSpec& spec) {
     NSBOX_TRY(RewriteOwnEtcFile(root.get(), "hosts", spec.etc_hosts));
     NSBOX_TRY(RewriteOwnEtcFile(root.get(), "hostname", spec.etc_hostname));
   }  // the clone goes with its fd, before the root becomes read-only
-  // /dev's tmpfs holds /tmp and /dev/shm too (PlanMounts).
+  // The tmpfs of /dev (the root's) holds /tmp and /dev/shm (PlanMounts).
   NSBOX_TRY(ResizeTmpfs("/dev", MS_NOSUID | MS_NOEXEC, spec.tmpfs_size));
   if (::sethostname(spec.hostname.data(), spec.hostname.size()) < 0) {
     return Error::Sys("sethostname", spec.hostname, errno);
   }
-  if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) < 0) {
+  if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+              nullptr) < 0) {
     return Error::Sys("mount", "/", errno).Context("make the root read-only");
   }
   return Ok();

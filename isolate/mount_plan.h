@@ -41,7 +41,7 @@ struct MountOp {
                     // the empty directory `source` over a directory; skipped when absent
     kReadonlyPath,  // bind a path onto itself read-only; skipped when absent
     kPivotRoot,     // pivot_root into the staging root and detach the old root
-    kRemountRootReadonly,  // make the new root's own tmpfs read-only (after everything is in)
+    kRemountRootReadonly,  // make the new root's mount read-only (after everything is in)
   };
 
   Kind kind;
@@ -164,9 +164,10 @@ struct JailFsConfig {
 // mount point of /proc, which its procfs covers.
 inline constexpr char kOwnEtcDir[] = "/proc/.nsbox-etc";
 
-// A jail's /dev, /tmp and /dev/shm are one tmpfs (docs/isolation.md "File system"): /dev is its
-// root, /tmp a bind of this directory of it, and masked /proc directories read-only binds of the
-// empty one. Both sit under the mount point of /dev/pts, which the jail's devpts covers.
+// A jail's /dev, /tmp and /dev/shm are one tmpfs, its root's where the root is a tmpfs
+// (docs/isolation.md "File system"): /tmp is a bind of this directory of it, and masked /proc
+// directories read-only binds of the empty one. Both sit under the mount point of /dev/pts,
+// which the jail's devpts covers.
 inline constexpr char kScratchTmpDir[] = "/dev/pts/nsbox-tmp";
 inline constexpr char kScratchEmptyDir[] = "/dev/pts/nsbox-empty";
 

@@ -520,18 +520,19 @@ TEST_F(JailTest, MountsAreReadOnlyWhereTheyShouldBe) {
   EXPECT_EQ(in.count("mount./sys"), 0u);
 }
 
-// /dev, /tmp and /dev/shm are one tmpfs (one superblock, docs/isolation.md), each place with its
-// own mount flags: /tmp runs programs, /dev/shm and /dev do not; the directories under /dev/pts
-// that /tmp and the masks are bound from stay covered; a masked directory is empty and read-only.
+// /, /dev, /tmp and /dev/shm are one tmpfs (one superblock, docs/isolation.md), each place with
+// its own mount flags: / is read-only, /tmp runs programs, /dev/shm and /dev do not; the
+// directories under /dev/pts that /tmp and the masks are bound from stay covered; a masked
+// directory is empty and read-only.
 TEST_F(JailTest, ScratchPlacesAreOneTmpfsWithTheirOwnFlags) {
-  RunResult r = RunNsbox(
-      Command({"--memory", "64M"},
-              {"sh", "-c",
-               "stat -c %d /tmp /dev /dev/shm | uniq | wc -l; stat -c %d / /tmp | uniq | wc -l; "
-               "printf '#!/bin/sh\\necho ran\\n' > /tmp/x.sh && chmod +x /tmp/x.sh && /tmp/x.sh; "
-               "cp /tmp/x.sh /dev/shm/x.sh && /dev/shm/x.sh 2>/dev/null || echo shm-noexec; "
-               "echo pts: $(ls -A /dev/pts); echo acpi: $(ls -A /proc/acpi 2>&1); "
-               "touch /proc/acpi/x 2>/dev/null || echo acpi-ro; stat -f -c %b /tmp /dev/shm"}));
+  RunResult r = RunNsbox(Command(
+      {"--memory", "64M"},
+      {"sh", "-c",
+       "stat -c %d / /tmp /dev /dev/shm | uniq | wc -l; touch /x 2>/dev/null || echo root-ro; "
+       "printf '#!/bin/sh\\necho ran\\n' > /tmp/x.sh && chmod +x /tmp/x.sh && /tmp/x.sh; "
+       "cp /tmp/x.sh /dev/shm/x.sh && /dev/shm/x.sh 2>/dev/null || echo shm-noexec; "
+       "echo pts: $(ls -A /dev/pts); echo acpi: $(ls -A /proc/acpi 2>&1); "
+       "touch /proc/acpi/x 2>/dev/null || echo acpi-ro; stat -f -c %b /tmp /dev/shm"}));
   ASSERT_EQ(r.exit_code, 0) << r.Describe();
   // A host without /proc/acpi has no mask there: the probe then finds nothing to list.
   struct stat st;
@@ -539,7 +540,8 @@ TEST_F(JailTest, ScratchPlacesAreOneTmpfsWithTheirOwnFlags) {
                                ? "acpi:\nacpi-ro\n"
                                : "acpi: ls: cannot access '/proc/acpi': No such file or directory\n"
                                  "acpi-ro\n";
-  EXPECT_EQ(r.out, "1\n2\nran\nshm-noexec\npts: ptmx\n" + acpi + "8192\n8192\n") << r.Describe();
+  EXPECT_EQ(r.out, "1\nroot-ro\nran\nshm-noexec\npts: ptmx\n" + acpi + "8192\n8192\n")
+      << r.Describe();
 }
 
 // ---------------------------------------------------------------------------------------------

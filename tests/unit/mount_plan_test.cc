@@ -59,7 +59,7 @@ TEST(MountPlan, DescribesEveryMountExactly) {
   EXPECT_TRUE(Contains(d, "rbind /usr -> /usr (ro,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "symlink /bin -> usr/bin"));
   EXPECT_TRUE(Contains(d, "bind /home/me/project -> /workspace (rw,nosuid,nodev)"));
-  EXPECT_TRUE(Contains(d, "tmpfs /dev (rw,nosuid,noexec,mode=0755)"));
+  EXPECT_TRUE(Contains(d, "bind /tmp/dev -> /dev (rw,nosuid,noexec)"));
   EXPECT_TRUE(Contains(d, "bind /tmp/dev/pts/nsbox-tmp -> /tmp (rw,nosuid,nodev)"));
   EXPECT_TRUE(Contains(d, "tmpfs /root (rw,nosuid,nodev,mode=0700)"));
   EXPECT_TRUE(Contains(d, "proc /proc (hidepid=ptraceable)"));
@@ -97,7 +97,7 @@ TEST(MountPlan, WorkspaceComesBeforeProcAndStagedPathsAreUnderTheStaging) {
   EXPECT_EQ(plan->ops[workspace].source_fd, 7);
 }
 
-// /dev, /tmp, /dev/shm and the masks of /proc's directories are one tmpfs, whose hidden
+// /dev, /tmp, /dev/shm and the masks of /proc's directories are the root's tmpfs, whose hidden
 // directories the devpts covers only once everything that binds them is in place.
 TEST(MountPlan, TheScratchPlacesShareOneTmpfs) {
   JailFsConfig c = Config();
@@ -115,12 +115,13 @@ TEST(MountPlan, TheScratchPlacesShareOneTmpfs) {
       EXPECT_EQ(op.source, "/tmp" + std::string(kScratchEmptyDir)) << op.Describe();
       ++masks;
     }
-    if (op.kind == Kind::kBind && op.target == "/tmp") {
-      EXPECT_TRUE(op.exact_flags);
+    if (op.kind == Kind::kBind && (op.target == "/tmp" || op.target == "/dev")) {
+      EXPECT_TRUE(op.exact_flags) << op.Describe();  // neither keeps the root's flags
     }
   }
   // /tmp and /dev/shm together hold half of the memory limit; /root is a one-shot run's own.
-  EXPECT_EQ(tmpfs, (std::vector<std::string>{"/root mode=0700", "/dev mode=0755,size=33554432"}));
+  EXPECT_EQ(plan->ops.front().data, "mode=0755,size=33554432");
+  EXPECT_EQ(tmpfs, (std::vector<std::string>{"/root mode=0700"}));
   EXPECT_GT(masks, 0u);
   EXPECT_GT(last_hidden_use, 0u);
   EXPECT_LT(last_hidden_use, devpts);
