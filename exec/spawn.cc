@@ -112,13 +112,14 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
     }
   }
 
-  // Default dispositions for every signal: handlers of nsbox-init must never run in the child,
-  // and what it ignores (SIGPIPE) must not stay ignored for the command. The kernel's sigaction
-  // for SIG_DFL with no flags and an empty mask is all zero bytes, whatever the architecture's
-  // layout (handler, flags, [restorer], mask).
+  // Default dispositions for every signal the parent does not leave at the default: handlers of
+  // nsbox-init must never run in the child, and what it ignores (SIGPIPE) must not stay ignored
+  // for the command. The kernel's sigaction for SIG_DFL with no flags and an empty mask is all
+  // zero bytes, whatever the architecture's layout (handler, flags, [restorer], mask).
   alignas(8) unsigned char default_action[64] = {};
   for (int sig = 1; sig < 65; ++sig) {
     if (sig == SIGKILL || sig == SIGSTOP) continue;
+    if ((req.reset_signals & (uint64_t{1} << (sig - 1))) == 0) continue;
     // SAFETY: rt_sigaction reads `default_action` (large enough for every layout); EINVAL for
     // numbers the kernel does not accept is ignored.
     ::syscall(SYS_rt_sigaction, sig, default_action, nullptr, 8);

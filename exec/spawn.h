@@ -85,6 +85,10 @@ struct SpawnRequest {
   // Write-only fds of cgroup.procs files (v1 hierarchies) the child moves itself into, writing
   // "0", before anything else; -1 for none. A failure is a SpawnStep::kCgroup error.
   int join_procs_fds[2] = {-1, -1};
+  // The signals whose disposition the child sets back to the default before execve (bit n-1 for
+  // signal n): those the parent does not leave at the default (Runner: NonDefaultSignals). Each
+  // takes a syscall in the child, on every command's path; all of them by default.
+  uint64_t reset_signals = ~uint64_t{0};
   ChildHooks hooks;
 };
 

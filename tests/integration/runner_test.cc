@@ -269,6 +269,24 @@ TEST_P(RunnerTest, SignalsAreDefaultAndUnblocked) {
   EXPECT_EQ(o.out, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
 }
 
+// The child sets back only what the runner found changed when it was made (SpawnRequest::
+// reset_signals): an ignored SIGHUP and a handler for SIGUSR2 in this process, then a runner.
+// An ignored signal would stay ignored across execve; a caught one execve resets by itself.
+TEST_P(RunnerTest, SignalsChangedBeforeTheRunnerAreSetBack) {
+  struct sigaction ignore {
+  }, handle{}, old_hup{}, old_usr2{};
+  ignore.sa_handler = SIG_IGN;
+  handle.sa_handler = [](int) {};
+  ASSERT_EQ(::sigaction(SIGHUP, &ignore, &old_hup), 0);
+  ASSERT_EQ(::sigaction(SIGUSR2, &handle, &old_usr2), 0);
+  runner_ =
+      std::make_unique<Runner>(*reactor_, cgroup_fd_.valid() ? cgroup_fd_.get() : -1, ChildHooks{});
+  Outcome o = Run(Bash("grep -E '^Sig(Blk|Ign)' /proc/self/status"));
+  ::sigaction(SIGHUP, &old_hup, nullptr);
+  ::sigaction(SIGUSR2, &old_usr2, nullptr);
+  EXPECT_EQ(o.out, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n");
+}
+
 TEST_P(RunnerTest, StdinRoundTrip) {
   CommandSpec spec = Bash("cat");
   spec.stdin_data = "hello\nworld";
