@@ -59,7 +59,6 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
@@ -70,7 +69,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -312,26 +310,21 @@ CgroupsLeft RemoveCgroups(const CgroupParents& parents, const std::string& name,
 }
 
 // The signals this process does not leave at their default disposition (ignored or caught; bit
-// n-1 for signal n), plus glibc's two internal ones (32 and 33: thread cancellation and setxid),
-// whose handlers it installs lazily: what a command's child sets back before execve instead of
-// all 64 (≈ 20 µs of each exec, docs/benchmarks.md "Where a command's child spends its time").
-// Asked of the kernel directly (glibc's sigaction hides 32 and 33). A disposition changed later
-// is picked up when the runner next goes idle: nsbox-init sets its own (SIGPIPE) before it makes
-// the runner, and no other afterwards; the child blocks every signal until just before execve,
-// which resets handlers to the default anyway.
+// n-1 for signal n), and always glibc's two internal ones (32 and 33: thread cancellation and
+// setxid), whose handlers it installs lazily and whose dispositions its sigaction does not tell:
+// what a command's child sets back before execve instead of all 64 (≈ 20 µs of each exec,
+// docs/benchmarks.md "Where a command's child spends its time"). A disposition changed later is
+// picked up when the runner next goes idle: nsbox-init sets its own (SIGPIPE) before it makes the
+// runner, and no other afterwards; the child blocks every signal until just before execve, which
+// resets handlers to the default anyway.
 uint64_t NonDefaultSignals() {
   uint64_t mask = (uint64_t{1} << (32 - 1)) | (uint64_t{1} << (33 - 1));
   for (int sig = 1; sig < 65; ++sig) {
-    if (sig == SIGKILL || sig == SIGSTOP) continue;
-    alignas(8) unsigned char action[64] = {};
-    // SAFETY: rt_sigaction only writes the old action into `action`, larger than any layout.
-    if (::syscall(SYS_rt_sigaction, sig, nullptr, action, 8) != 0) {
-      mask |= uint64_t{1} << (sig - 1);  // unknown: reset it, as before
-      continue;
+    if (sig == SIGKILL || sig == SIGSTOP || sig == 32 || sig == 33) continue;
+    struct sigaction action {};
+    if (::sigaction(sig, nullptr, &action) != 0 || action.sa_handler != SIG_DFL) {
+      mask |= uint64_t{1} << (sig - 1);  // ignored, caught, or unknown: reset it
     }
-    uintptr_t handler = 0;
-    std::memcpy(&handler, action, sizeof handler);       // the first field, whatever the layout
-    if (handler != 0) mask |= uint64_t{1} << (sig - 1);  // not SIG_DFL
   }
   return mask;
 }
