@@ -483,13 +483,14 @@ struct Runner::Impl {
   };
   using CommandPtr = std::shared_ptr<Command>;
 
-  Impl(Reactor& r, int dir, ChildHooks h, RunnerV1Cgroups v1)
+  // `controllers_enabled`: PremadeCgroups::Make already passed them down.
+  Impl(Reactor& r, int dir, ChildHooks h, RunnerV1Cgroups v1, bool controllers_enabled)
       : reactor(r), cgroup_dir(dir), hooks(h) {
     V1Layout layout = LayOutV1(v1);
     v1_dirs = std::move(layout.dirs);
     memory_v1 = layout.memory;
     pids_v1 = layout.pids;
-    if (cgroup_dir >= 0) EnableAccountingControllers(cgroup_dir);
+    if (cgroup_dir >= 0 && !controllers_enabled) EnableAccountingControllers(cgroup_dir);
   }
 
   Result<uint64_t> Start(const CommandSpec& spec, CommandEvents events);
@@ -1194,8 +1195,8 @@ Result<CgroupSet> Runner::Impl::TakeCgroupSet() {
 // command was not killed, its cgroup is empty and always held that one process (pids.peak 1:
 // the v1 peak cannot be reset, and a command's own process makes it at least 1 anyway), and the
 // memory peak can be reset (Keep then checks that the OOM killer never struck there, after the
-// answer). CPU time and I/O bytes only ever
-// grow, and do not while the cgroup is empty: the next command's are reckoned from these. What
+// answer). CPU time and I/O bytes only ever grow, and do not while the cgroup is empty: the next
+// command's are reckoned from these. What
 // makes and removes a set (three mkdirs and rmdirs in cgroupfs on a hybrid host, ≈ 300 µs of CPU
 // with the kernel's work after an rmdir) is then saved for the commonest commands: one program,
 // no child.
@@ -1433,7 +1434,7 @@ Result<PremadeCgroups> PremadeCgroups::Make(int cgroup_dir, RunnerV1Cgroups v1) 
 
 Runner::Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks, RunnerV1Cgroups v1,
                PremadeCgroups premade)
-    : impl_(std::make_unique<Impl>(reactor, cgroup_dir, hooks, v1)) {
+    : impl_(std::make_unique<Impl>(reactor, cgroup_dir, hooks, v1, premade.state_ != nullptr)) {
   if (premade.state_ != nullptr && premade.state_->set != nullptr) {
     // Made from the same directories: the runner's parents, and its first kept set.
     impl_->parents = premade.state_->parents;
