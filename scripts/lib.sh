@@ -15,7 +15,8 @@ NSBOX_PACKAGES=(
   bubblewrap # the peer nsbox-api-bench compares with
 )
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Each line says how long the script has run, so that a CI log shows where its time went.
+log() { printf '\033[1m==> [%dm%02ds] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
 install_packages() {
   local missing=()
