@@ -432,6 +432,87 @@ void SleepMs(long ms) {
   }
 }
 
+// What a command's child reads before execve: argv and envp (and the fallback's) as the kernel
+// wants them, pointing into the CommandSpec, or into copies of its strings for a child made ahead
+// (WarmChild), which reads them after Start has returned.
+struct Launch {
+  std::vector<std::string> owned_argv, owned_env, owned_fallback_argv, owned_fallback_env;
+  std::string owned_file, owned_cwd;
+  std::vector<const char*> argv, envp, fallback_argv, fallback_envp;
+  std::string pwd_env;  // a direct command's PWD, which the child completes
+  SpawnRequest request;
+};
+
+std::unique_ptr<Launch> PrepareLaunch(const CommandSpec& spec, bool own) {
+  auto l = std::make_unique<Launch>();
+  const std::vector<std::string>* argv = &spec.argv;
+  const std::vector<std::string>* env = &spec.env;
+  const std::vector<std::string>* fallback_argv = &spec.fallback_argv;
+  const std::vector<std::string>* fallback_env = &spec.fallback_env;
+  const std::string* file = &spec.file;
+  const std::string* cwd = &spec.cwd;
+  if (own) {
+    l->owned_argv = spec.argv;
+    l->owned_env = spec.env;
+    l->owned_fallback_argv = spec.fallback_argv;
+    l->owned_fallback_env = spec.fallback_env;
+    l->owned_file = spec.file;
+    l->owned_cwd = spec.cwd;
+    argv = &l->owned_argv;
+    env = &l->owned_env;
+    fallback_argv = &l->owned_fallback_argv;
+    fallback_env = &l->owned_fallback_env;
+    file = &l->owned_file;
+    cwd = &l->owned_cwd;
+  }
+  l->argv.reserve(argv->size() + 1);
+  for (const auto& a : *argv) l->argv.push_back(a.c_str());
+  l->argv.push_back(nullptr);
+  l->envp.reserve(env->size() + 2);
+  for (const auto& e : *env) l->envp.push_back(e.c_str());
+  // A direct command's PWD, which the child completes (a path of up to PATH_MAX bytes).
+  if (!file->empty() && !fallback_argv->empty()) {
+    l->pwd_env.assign(4 + PATH_MAX, '\0');
+    l->pwd_env.replace(0, 4, "PWD=");
+    l->envp.push_back(l->pwd_env.data());
+    for (const auto& a : *fallback_argv) l->fallback_argv.push_back(a.c_str());
+    l->fallback_argv.push_back(nullptr);
+    for (const auto& e : *fallback_env) l->fallback_envp.push_back(e.c_str());
+    l->fallback_envp.push_back(nullptr);
+  }
+  l->envp.push_back(nullptr);
+
+  SpawnRequest& request = l->request;
+  request.argv = l->argv.data();
+  request.envp = l->envp.data();
+  if (!file->empty()) request.file = file->c_str();
+  if (!l->fallback_argv.empty()) {
+    request.fallback_argv = l->fallback_argv.data();
+    request.fallback_envp = l->fallback_envp.data();
+    request.pwd_env = l->pwd_env.data();
+    request.pwd_env_size = l->pwd_env.size();
+  }
+  request.cwd = cwd->empty() ? "/" : cwd->c_str();
+  return l;
+}
+
+// The stderr line of a command whose child stopped at `step` before execve; empty for kNone.
+std::string StartFailureLine(SpawnStep step, int err, const std::string& cwd,
+                             const std::string& name) {
+  switch (step) {
+    case SpawnStep::kNone:
+      return std::string();
+    case SpawnStep::kChdir:
+      // As bash says it; the child has exited with 1 (api.md: "cannot be started").
+      return "nsbox: cd: " + cwd + ": " + strerrordesc_np(err) + "\n";
+    case SpawnStep::kExec:
+      return DescribeExecFailure(name, err).message + "\n";
+    default:
+      return "nsbox: the command could not be started: " + std::string(SpawnStepName(step)) + ": " +
+             strerrordesc_np(err) + "\n";
+  }
+}
+
 }  // namespace
 
 struct Runner::Impl {
@@ -478,6 +559,11 @@ struct Runner::Impl {
     ExitStatus status;
     bool reported = false;
     std::string start_failure;  // the stderr line of a command that could not be started
+    // A command handed to a child made ahead: the child and what it reads until its execve,
+    // kept until it has exited, when it says whether it got that far (start_failure).
+    std::unique_ptr<WarmChild> warm;
+    std::unique_ptr<Launch> launch;
+    std::string start_cwd, start_name;
     Clock::time_point started;
     milliseconds timeout{0};
   };
@@ -521,6 +607,8 @@ struct Runner::Impl {
   void RequestSpare();
   void ArmIdle();
   void ReleaseIdle();
+  void MaybeMakeWarm();
+  void DropWarm();
   std::unique_ptr<char[]> TakeBuffer();
   void KeepBuffer(std::unique_ptr<char[]> buf);
   void MaybeRetire(const CommandPtr& cmd);
@@ -553,6 +641,11 @@ struct Runner::Impl {
   // looked up when the runner is made and again whenever it goes idle.
   uint64_t reset_signals = ~uint64_t{0};
   OpId idle_op = 0;
+  // A child made ahead for the next command, in its own set (WarmChild): made while commands
+  // come in a row, dropped when the runner idles. `warm_off` once one failed a step.
+  std::unique_ptr<WarmChild> warm;
+  CgroupSet warm_set;
+  bool warm_off = false;
   std::unique_ptr<ChildStack> stack;
   UniqueFd dev_null;
   int pipe_size = 0;
@@ -585,9 +678,36 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   cmd->id = next_id++;
   CleanupStack undo;
 
+  // A child made ahead takes the command when it is ready, with its cgroups and pipes (not a
+  // terminal's: the pty is the command's own). One that is still getting ready serves a later
+  // command.
+  std::unique_ptr<WarmChild> child;
+  if (warm != nullptr && !spec.tty.has_value()) {
+    switch (warm->Poll()) {
+      case WarmChild::State::kReady:
+        child = std::move(warm);
+        cmd->cg = std::move(warm_set);
+        warm_set = CgroupSet();
+        cmd->kill_scope = cmd->cg.v2.valid();
+        undo.Push([parents = parents, name = cmd->cg.name, left = LeftOf(cmd->cg)] {
+          RemoveCgroups(*parents, name, left, 0);
+        });
+        undo.Push([&child] { child.reset(); });  // killed and reaped before its cgroups go
+        break;
+      case WarmChild::State::kFailed:
+        if (Status why = warm->Failure(); !why.ok()) {
+          log::warn("exec: commands start without a child made ahead: {}", why.error().message());
+          warm_off = true;
+        }
+        DropWarm();
+        break;
+      default:
+        break;
+    }
+  }
   // Its cgroups: the v2 one is the command's kill scope, the v1 ones (memory and pids of a
   // hybrid host) say what it used.
-  if (cgroup_dir >= 0 || !v1_dirs.empty()) {
+  if (child == nullptr && (cgroup_dir >= 0 || !v1_dirs.empty())) {
     auto set = TakeCgroupSet();
     if (!set.ok()) return std::move(set).error().Context("start command: cgroups");
     cmd->cg = std::move(set).value();
@@ -604,7 +724,14 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   last_start = now;
 
   UniqueFd out_w, err_w, in_r, tty_slave;
-  if (spec.tty.has_value()) {
+  const bool wants_stdin =
+      !spec.tty.has_value() && (spec.stdin_data.has_value() || spec.stdin_stream);
+  if (child != nullptr) {
+    cmd->out.fd = child->TakeStdout();
+    cmd->err.fd = child->TakeStderr();
+    UniqueFd in = child->TakeStdin();
+    if (wants_stdin) cmd->in = std::move(in);  // else the child's stdin becomes /dev/null
+  } else if (spec.tty.has_value()) {
     NSBOX_TRY_CTX(OpenTerminal(*spec.tty, &cmd->out.fd, &tty_slave), "start command: terminal");
     NSBOX_ASSIGN_OR_RETURN(cmd->in, DupCloexec(cmd->out.fd.get(), "the terminal's master"));
     NSBOX_ASSIGN_OR_RETURN(cmd->tty, DupCloexec(cmd->out.fd.get(), "the terminal's master"));
@@ -620,13 +747,13 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   // to enlarge pipes and gives every new pipe, also the commands' own `a | b`, 2 pages. So only
   // the first few concurrent commands get 1 MiB pipes, which keeps the runner's share at half
   // the default budget. Best effort: EPERM leaves the default size, which only costs speed.
-  if (running < kEnlargedPipeCommands && !spec.tty.has_value()) {
+  if (running < kEnlargedPipeCommands && !spec.tty.has_value() && child == nullptr) {
     for (int fd : {cmd->out.fd.get(), cmd->err.fd.get()}) {
       (void)::fcntl(fd, F_SETPIPE_SZ, pipe_size);
     }
   }
   cmd->stdin_stream = spec.stdin_stream || spec.tty.has_value();
-  if (!spec.tty.has_value() && (spec.stdin_data.has_value() || spec.stdin_stream)) {
+  if (wants_stdin && child == nullptr) {
     NSBOX_TRY_CTX(MakePipe(&in_r, &cmd->in), "start command: stdin pipe");
     NSBOX_TRY_CTX(SetNonBlocking(cmd->in.get()), "start command: stdin pipe");
   }
@@ -636,38 +763,8 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     cmd->input.push_back({std::string(), 0, true, nullptr});  // nothing to feed: EOF at once
   }
 
-  std::vector<const char*> argv;
-  argv.reserve(spec.argv.size() + 1);
-  for (const auto& a : spec.argv) argv.push_back(a.c_str());
-  argv.push_back(nullptr);
-  std::vector<const char*> envp;
-  envp.reserve(spec.env.size() + 2);
-  for (const auto& e : spec.env) envp.push_back(e.c_str());
-  // A direct command's PWD, which the child completes (a path of up to PATH_MAX bytes).
-  std::string pwd_env;
-  std::vector<const char*> fallback_argv, fallback_envp;
-  if (!spec.file.empty() && !spec.fallback_argv.empty()) {
-    pwd_env.assign(4 + PATH_MAX, '\0');
-    pwd_env.replace(0, 4, "PWD=");
-    envp.push_back(pwd_env.data());
-    for (const auto& a : spec.fallback_argv) fallback_argv.push_back(a.c_str());
-    fallback_argv.push_back(nullptr);
-    for (const auto& e : spec.fallback_env) fallback_envp.push_back(e.c_str());
-    fallback_envp.push_back(nullptr);
-  }
-  envp.push_back(nullptr);
-
-  SpawnRequest request;
-  request.argv = argv.data();
-  request.envp = envp.data();
-  if (!spec.file.empty()) request.file = spec.file.c_str();
-  if (!fallback_argv.empty()) {
-    request.fallback_argv = fallback_argv.data();
-    request.fallback_envp = fallback_envp.data();
-    request.pwd_env = pwd_env.data();
-    request.pwd_env_size = pwd_env.size();
-  }
-  request.cwd = spec.cwd.empty() ? "/" : spec.cwd.c_str();
+  std::unique_ptr<Launch> launch = PrepareLaunch(spec, child != nullptr);
+  SpawnRequest& request = launch->request;
   if (tty_slave.valid()) {
     request.stdin_fd = request.stdout_fd = request.stderr_fd = tty_slave.get();
     request.controlling_tty = true;
@@ -683,7 +780,9 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   request.reset_signals = reset_signals;
   request.hooks = hooks;
   cmd->started = Clock::now();
-  auto spawned = Spawn(request, *stack);
+  Result<SpawnResult> spawned = child != nullptr
+                                    ? Result<SpawnResult>(child->Launch(request, !wants_stdin))
+                                    : Spawn(request, *stack);
   if (!spawned.ok()) return std::move(spawned).error().Context("start " + spec.argv[0]);
   undo.Release();
   // Only the child holds the other ends now: EOF comes when its tree has closed them.
@@ -700,13 +799,16 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   cmd->events = std::move(events);
   cmd->out.buf = TakeBuffer();
   if (!cmd->err.eof) cmd->err.buf = TakeBuffer();
-  if (spawned->failed_step == SpawnStep::kChdir) {
-    // As bash says it; the child has exited with 1 (api.md: "cannot be started").
-    cmd->start_failure = "nsbox: cd: " + spec.cwd + ": " + strerrordesc_np(spawned->err) + "\n";
-  } else if (spawned->failed_step == SpawnStep::kExec) {
-    // With a fallback, its failure is the one the child reported.
-    const std::string& name = spec.fallback_argv.empty() ? spec.argv[0] : spec.fallback_argv[0];
-    cmd->start_failure = DescribeExecFailure(name, spawned->err).message + "\n";
+  // With a fallback, its failure is the one the child reports.
+  const std::string& name = spec.fallback_argv.empty() ? spec.argv[0] : spec.fallback_argv[0];
+  if (child != nullptr) {
+    // It gets to its chdir and execve after this: what became of them is known at its exit.
+    cmd->warm = std::move(child);
+    cmd->launch = std::move(launch);
+    cmd->start_cwd = spec.cwd;
+    cmd->start_name = name;
+  } else {
+    cmd->start_failure = StartFailureLine(spawned->failed_step, spawned->err, spec.cwd, name);
   }
 
   commands.emplace(cmd->id, cmd);
@@ -721,6 +823,7 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
       if (!c->main_exited) c->impl->BeginKill(c, EndReason::kTimeout);
     });
   }
+  MaybeMakeWarm();
   return cmd->id;
 }
 
@@ -970,6 +1073,12 @@ void Runner::Impl::OnMainExit(const CommandPtr& cmd, int res) {
   cmd->main_exited = true;
   cmd->status = ExitStatusFromSiginfo(info);
   cmd->pidfd.reset();
+  if (cmd->warm != nullptr) {
+    cmd->start_failure = StartFailureLine(cmd->warm->failed_step(), cmd->warm->err(),
+                                          cmd->start_cwd, cmd->start_name);
+    cmd->warm.reset();
+    cmd->launch.reset();
+  }
   if (cmd->timeout_op != 0) reactor.Cancel(cmd->timeout_op);
   if (cmd->out.eof && cmd->err.eof) {
     Finish(cmd);
@@ -1231,6 +1340,7 @@ bool Runner::Impl::Keep(CgroupSet& set) {
   spares.push_back(std::make_shared<SpareSet>(parents, std::move(set)));
   set = CgroupSet();
   ArmIdle();
+  MaybeMakeWarm();
   return true;
 }
 
@@ -1256,6 +1366,7 @@ void Runner::Impl::RequestSpare() {
       if (spares.size() >= kKeptSets || shutting_down) return;
       spares.push_back(owned);
       ArmIdle();
+      MaybeMakeWarm();
     });
   });
 }
@@ -1277,6 +1388,7 @@ void Runner::Impl::ArmIdle() {
 // What only a busy sandbox needs: an idle one keeps no spare cgroups (kernel memory) and no read
 // buffers (they go back to the system).
 void Runner::Impl::ReleaseIdle() {
+  DropWarm();
   reset_signals = NonDefaultSignals();
   spares.clear();  // removes their directories
   if (!buffers.empty()) {
@@ -1284,6 +1396,47 @@ void Runner::Impl::ReleaseIdle() {
     ::malloc_trim(0);
   }
   ReleaseUnusedMainStack();  // on the loop, nsbox-init's main thread; elsewhere it does nothing
+}
+
+// A child made ahead for the next command, in a spare set, while commands come in a row: its
+// cgroups, session, signals, stdio and the pre_exec hook are done before the command comes
+// (≈ 100 µs of each start, docs/benchmarks.md). On the loop, after the command that made room
+// for it has started; it gets ready on whichever CPU is free.
+void Runner::Impl::MaybeMakeWarm() {
+  if (warm != nullptr || warm_off || shutting_down || !in_a_row || spares.empty() ||
+      !dev_null.valid()) {
+    return;
+  }
+  CgroupSet set = spares.back()->Take();
+  spares.pop_back();
+  WarmPrep prep;
+  prep.cgroup_fd = set.v2.valid() ? set.v2.get() : -1;
+  for (size_t i = 0; i < set.v1_procs.size() && i < 2; ++i) {
+    prep.join_procs_fds[i] = set.v1_procs[i].get();
+  }
+  prep.dev_null = dev_null.get();
+  prep.pipe_size = running < kEnlargedPipeCommands ? pipe_size : 0;
+  prep.reset_signals = reset_signals;
+  prep.hooks = hooks;
+  auto made = WarmChild::Start(prep);
+  if (!made.ok()) {
+    log::info("exec: commands start without a child made ahead: {}", made.error().message());
+    warm_off = true;
+    spares.push_back(std::make_shared<SpareSet>(parents, std::move(set)));
+    return;
+  }
+  warm = std::move(made).value();
+  warm_set = std::move(set);
+  RequestSpare();
+}
+
+// Kills and reaps the child made ahead; its set goes back to the spares (or is removed).
+void Runner::Impl::DropWarm() {
+  if (warm == nullptr) return;
+  warm.reset();
+  auto set = std::make_shared<SpareSet>(parents, std::move(warm_set));
+  warm_set = CgroupSet();
+  if (!shutting_down && spares.size() < kKeptSets) spares.push_back(std::move(set));
 }
 
 std::unique_ptr<char[]> Runner::Impl::TakeBuffer() {
@@ -1344,6 +1497,7 @@ void Runner::Impl::Sweep() {
 }
 
 void Runner::Impl::KillAll(EndReason reason) {
+  DropWarm();
   std::vector<CommandPtr> all;
   all.reserve(commands.size());
   for (const auto& [id, cmd] : commands) all.push_back(cmd);
@@ -1466,6 +1620,10 @@ void Runner::Kill(uint64_t id, EndReason reason) {
 void Runner::KillAll(EndReason reason) { impl_->KillAll(reason); }
 
 size_t Runner::running() const { return impl_->running; }
+
+bool Runner::OwnsIdleChild(pid_t pid) const {
+  return impl_->warm != nullptr && impl_->warm->pid() == pid;
+}
 
 void Runner::Input(uint64_t id, std::string data, bool close, InputDone done) {
   impl_->Input(id, std::move(data), close, std::move(done));

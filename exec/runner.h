@@ -143,6 +143,9 @@ class Runner {
   void Kill(uint64_t id, EndReason reason);
   void KillAll(EndReason reason);
   size_t running() const;
+  // Whether `pid` is the runner's child made ahead for the next command (no command yet): a
+  // child of the caller's thread that the caller must not reap.
+  bool OwnsIdleChild(pid_t pid) const;
 
   // The answer to an Input: err 0 once every byte was written to the command's stdin (or
   // terminal), else an errno and a sentence saying why. Runs from RunOnce, or inside Input when

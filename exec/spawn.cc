@@ -3,12 +3,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <linux/sched.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -20,7 +22,9 @@
 #include <atomic>
 #include <charconv>
 #include <cstdint>
+#include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "base/files.h"
@@ -32,19 +36,48 @@ namespace {
 std::atomic<bool> g_force_clone_fallback{false};
 std::atomic<bool> g_force_no_cgroup_kill{false};
 
+// A warm child's stack (WarmChild): its steps and the pre_exec hook need a few KiB, all in the
+// top pages, which are touched before the clone.
+constexpr size_t kWarmStackSize = 64 * 1024;
+constexpr size_t kWarmStackTouched = 16 * 1024;
+
 // The child runs on a stack ASan knows nothing of, sharing the parent's memory and shadow
 // (CLONE_VM). Instrumented child code would poison shadow bytes of that stack that nothing ever
 // unpoisons (the child never returns), and ASan's fake stacks for use-after-return belong to the
 // parent's thread. So the child's own functions are not instrumented, and they call the kernel
-// through syscall(2) rather than libc functions that ASan intercepts.
+// through RawSyscall below rather than libc functions that ASan intercepts.
 #define NSBOX_CHILD_CODE __attribute__((no_sanitize("address")))
 
-// Shared with the child through CLONE_VM: the child writes it just before _exit, the parent reads
-// it once clone returns (CLONE_VFORK orders the two).
-struct ChildReport {
-  SpawnStep step;
-  int err;
-};
+// The child's calls to the kernel. A raw syscall that returns -errno and never writes errno:
+// the warm child runs concurrently with the thread that made it and shares its TLS, where errno
+// lives (CLONE_VM without CLONE_SETTLS). The vfork-like child uses it too, so that the steps
+// both make are one code.
+#if defined(__x86_64__)
+NSBOX_CHILD_CODE inline long RawSyscall(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0,
+                                        long a5 = 0) {
+  long ret;
+  register long r10 asm("r10") = a4;
+  register long r8 asm("r8") = a5;
+  // SAFETY: the caller's SAFETY comment names what the call does; syscall clobbers rcx and r11.
+  asm volatile("syscall"
+               : "=a"(ret)
+               : "0"(nr), "D"(a1), "S"(a2), "d"(a3), "r"(r10), "r"(r8)
+               : "rcx", "r11", "memory");
+  return ret;
+}
+#else
+// Only the vfork-like child runs elsewhere (WarmChild::Start refuses): its parent is suspended.
+NSBOX_CHILD_CODE inline long RawSyscall(long nr, long a1 = 0, long a2 = 0, long a3 = 0, long a4 = 0,
+                                        long a5 = 0) {
+  long ret = ::syscall(nr, a1, a2, a3, a4, a5);
+  return ret < 0 ? -errno : ret;
+}
+#endif
+
+template <typename T>
+NSBOX_CHILD_CODE inline long Arg(T* pointer) {
+  return static_cast<long>(reinterpret_cast<uintptr_t>(pointer));
+}
 
 struct ChildArgs {
   const SpawnRequest* request;
@@ -52,37 +85,153 @@ struct ChildArgs {
   ChildReport* report;
 };
 
-[[noreturn]] NSBOX_CHILD_CODE void ChildFail(ChildReport* report, SpawnStep step, int err,
+// Shared with the parent through CLONE_VM: the vfork-like child writes it just before it exits,
+// and the parent reads it once clone returns (CLONE_VFORK orders the two); a warm child's parent
+// reads it once the child has exited. `ret` is the failed call's -errno.
+[[noreturn]] NSBOX_CHILD_CODE void ChildFail(ChildReport* report, SpawnStep step, long ret,
                                              int exit_code) {
   report->step = step;
-  report->err = err;
-  // SAFETY: exit_group ends only the child (it is its own thread group: no CLONE_THREAD); the
-  // parent, suspended by CLONE_VFORK, resumes.
-  ::syscall(SYS_exit_group, exit_code);
+  report->err = ret < 0 ? static_cast<int>(-ret) : EIO;
+  // SAFETY: exit_group ends only the child (it is its own thread group: no CLONE_THREAD); a
+  // vfork-like child's parent, suspended by CLONE_VFORK, resumes.
+  RawSyscall(SYS_exit_group, exit_code);
   __builtin_unreachable();
 }
 
-// Moves an fd that sits on 0, 1 or 2 above them, so that the dup3 calls below never overwrite a
-// source that is still needed, and never dup an fd onto itself (which would keep its CLOEXEC).
-NSBOX_CHILD_CODE int MoveAboveStdio(int fd) {
-  if (fd >= 3) return fd;
-  // SAFETY: F_DUPFD_CLOEXEC only creates a new fd; the copy is closed by close_range below.
-  return static_cast<int>(::syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 3));
+// Moves an fd that sits below `floor` to `floor` or above, so that the dup3 calls below never
+// overwrite a source that is still needed, and never dup an fd onto itself (which would keep its
+// CLOEXEC). The new fd, or -errno.
+NSBOX_CHILD_CODE long MoveAbove(int fd, int floor) {
+  if (fd >= floor) return fd;
+  // SAFETY: F_DUPFD_CLOEXEC only creates a new fd in the child's own table; the copy is closed
+  // by close_range below.
+  return RawSyscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, floor);
 }
 
-NSBOX_CHILD_CODE int CloseFrom3() {
+// Closes every fd from `first` up; 0 or -errno.
+NSBOX_CHILD_CODE long CloseFrom(int first) {
   // SAFETY: closes fds of the child's own table only (no CLONE_FILES: it has a copy).
-  if (sys::CloseRange(3, ~0U, 0) == 0) return 0;
-  if (errno != ENOSYS) return errno;
+  long ret = RawSyscall(SYS_close_range, first, ~0U, 0);
+  if (ret != -ENOSYS) return ret;
   // Before 5.9: close each fd up to the limit.
   struct rlimit lim {};
   // SAFETY: prlimit64 with a NULL new limit only reads this process's limit into `lim`.
-  if (::syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, nullptr, &lim) < 0) return errno;
-  for (rlim_t fd = 3; fd < lim.rlim_cur; ++fd) {
+  ret = RawSyscall(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, Arg(&lim));
+  if (ret < 0) return ret;
+  for (rlim_t fd = static_cast<rlim_t>(first); fd < lim.rlim_cur; ++fd) {
     // SAFETY: as above; EBADF for fds that are not open is expected and ignored.
-    ::syscall(SYS_close, static_cast<int>(fd));
+    RawSyscall(SYS_close, static_cast<long>(fd));
   }
   return 0;
+}
+
+// The first steps of a command's child, those that do not depend on the command: its v1
+// cgroups, its signal dispositions and its session.
+NSBOX_CHILD_CODE void JoinCgroupsResetSignalsSetsid(const int (&join_procs_fds)[2],
+                                                    uint64_t reset_signals, ChildReport* report) {
+  // The v1 hierarchies (memory, pids) cannot be entered at clone time: the child moves itself,
+  // before it runs anything of the command, so that all it forks is counted there too.
+  for (int procs_fd : join_procs_fds) {
+    if (procs_fd < 0) continue;
+    // SAFETY: writes one byte from a string literal to an fd the parent opened for us.
+    long ret = RawSyscall(SYS_write, procs_fd, Arg("0"), 1);
+    if (ret != 1) ChildFail(report, SpawnStep::kCgroup, ret, kExitNotStarted);
+  }
+
+  // Default dispositions for every signal the parent does not leave at the default: handlers of
+  // nsbox-init must never run in the child, and what it ignores (SIGPIPE) must not stay ignored
+  // for the command. The kernel's sigaction for SIG_DFL with no flags and an empty mask is all
+  // zero bytes, whatever the architecture's layout (handler, flags, [restorer], mask).
+  alignas(8) unsigned char default_action[64] = {};
+  for (int sig = 1; sig < 65; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP) continue;
+    if ((reset_signals & (uint64_t{1} << (sig - 1))) == 0) continue;
+    // SAFETY: rt_sigaction reads `default_action` (large enough for every layout) and changes
+    // the child's own dispositions (no CLONE_SIGHAND); EINVAL for numbers the kernel does not
+    // accept is ignored.
+    RawSyscall(SYS_rt_sigaction, sig, Arg(default_action), 0, 8);
+  }
+
+  // Its own session and process group: a group kill reaches everything it starts, and no
+  // terminal is its controlling terminal (CVE-2017-5226: TIOCSTI), but the fresh pty of a
+  // terminal exec, below.
+  // SAFETY: setsid only changes the calling process's session.
+  long ret = RawSyscall(SYS_setsid);
+  if (ret < 0) ChildFail(report, SpawnStep::kSetsid, ret, kExitNotStarted);
+}
+
+// A command is the OOM killer's choice before the server that runs it: tmpfs pages a command
+// left behind stay charged after it died, and without this the next kill could pick nsbox-init
+// and end the whole sandbox (case MemoryBombThroughTmpfsFromInside). Raising the score needs no
+// privilege; best effort (a host without /proc/self/oom_score_adj just keeps the default). Then
+// api.md's umask.
+NSBOX_CHILD_CODE void RaiseOomScoreSetUmask() {
+  // SAFETY: open/write/close of a /proc file of this process, with a literal path and buffer.
+  long oom_fd =
+      RawSyscall(SYS_openat, AT_FDCWD, Arg("/proc/self/oom_score_adj"), O_WRONLY | O_CLOEXEC);
+  if (oom_fd >= 0) {
+    RawSyscall(SYS_write, oom_fd, Arg("500"), 3);
+    RawSyscall(SYS_close, oom_fd);
+  }
+  // SAFETY: umask only sets the child's file mode creation mask (api.md: umask 022).
+  RawSyscall(SYS_umask, 022);
+}
+
+// The pre_exec hook (no_new_privs, rlimits, the commands' seccomp filter): after the steps above,
+// so that the filter need not allow them.
+NSBOX_CHILD_CODE void RunPreExecHook(const ChildHooks& hooks, ChildReport* report) {
+  if (hooks.pre_exec == nullptr) return;
+  int hook_err = hooks.pre_exec(hooks.ctx);
+  if (hook_err != 0) ChildFail(report, SpawnStep::kPreExec, -hook_err, kExitNotStarted);
+}
+
+// The last steps of a command's child: its cwd, which must be under the jail's root, and
+// execve. Never returns.
+[[noreturn]] NSBOX_CHILD_CODE void ChdirAndExec(const SpawnRequest& req, ChildReport* report) {
+  // SAFETY: chdir reads the NUL-terminated path the parent prepared.
+  long ret = RawSyscall(SYS_chdir, Arg(req.cwd));
+  if (ret < 0) ChildFail(report, SpawnStep::kChdir, ret, kExitNotStarted);
+  // And the directory it reached must be under the jail's root, whatever magic link led there
+  // (runc's verifyCwd): the kernel's getcwd prefixes a path it cannot reach from the root with
+  // "(unreachable)" (fs/d_path.c). ERANGE for a cwd deeper than the buffer is no verdict: it
+  // passes.
+  // A direct command's PWD is that directory, written into its envp entry after "PWD=".
+  char own_buf[512];
+  char* cwd_buf = own_buf;
+  size_t cwd_size = sizeof own_buf;
+  if (req.pwd_env != nullptr && req.fallback_argv != nullptr && req.pwd_env_size > 4) {
+    cwd_buf = req.pwd_env + 4;
+    cwd_size = req.pwd_env_size - 4;
+  }
+  // SAFETY: getcwd writes at most cwd_size bytes into cwd_buf: the child's own stack buffer, or
+  // the part after "PWD=" of the parent's buffer for it, which the parent does not touch until
+  // this child has called execve or exited.
+  const long cwd_len = RawSyscall(SYS_getcwd, Arg(cwd_buf), static_cast<long>(cwd_size));
+  if (cwd_len > 0 && cwd_buf[0] != '/') {
+    ChildFail(report, SpawnStep::kChdir, -ENOENT, kExitNotStarted);
+  }
+  const bool direct = req.fallback_argv == nullptr || req.pwd_env == nullptr || cwd_len > 0;
+
+  // An empty signal mask for the command. A signal that was pending (a kill racing with the
+  // start) is delivered now with its default action, which is what the command would get.
+  alignas(8) unsigned char empty_mask[8] = {};
+  // SAFETY: rt_sigprocmask reads 8 bytes of `empty_mask`, the kernel's sigset size.
+  RawSyscall(SYS_rt_sigprocmask, SIG_SETMASK, Arg(empty_mask), 0, 8);
+
+  // SAFETY: argv and envp (and the fallback's) are NULL-terminated arrays of NUL-terminated
+  // strings the parent built; execve only reads them.
+  long exec_ret = -ENOENT;
+  if (direct) {
+    exec_ret = RawSyscall(SYS_execve, Arg(req.file != nullptr ? req.file : req.argv[0]),
+                          Arg(req.argv), Arg(req.envp));
+  }
+  if (req.fallback_argv != nullptr) {
+    // SAFETY: as above.
+    exec_ret = RawSyscall(SYS_execve, Arg(req.fallback_argv[0]), Arg(req.fallback_argv),
+                          Arg(req.fallback_envp));
+  }
+  ChildFail(report, SpawnStep::kExec, exec_ret,
+            exec_ret == -ENOENT || exec_ret == -ENOTDIR ? kExitNotFound : kExitNotExecutable);
 }
 
 // The child, between clone and execve. Async-signal-safe and allocation-free: it shares the
@@ -98,53 +247,27 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
   // command does happens outside its kill scope.
   if (args->cgroup_procs_fd >= 0) {
     // SAFETY: writes one byte from a string literal to an fd the parent opened for us.
-    if (::syscall(SYS_write, args->cgroup_procs_fd, "0", 1) != 1) {
-      ChildFail(report, SpawnStep::kCgroup, errno, kExitNotStarted);
-    }
+    long ret = RawSyscall(SYS_write, args->cgroup_procs_fd, Arg("0"), 1);
+    if (ret != 1) ChildFail(report, SpawnStep::kCgroup, ret, kExitNotStarted);
   }
-  // The v1 hierarchies (memory, pids) cannot be entered at clone time: the child moves itself,
-  // before it runs anything of the command, so that all it forks is counted there too.
-  for (int procs_fd : req.join_procs_fds) {
-    if (procs_fd < 0) continue;
-    // SAFETY: as above.
-    if (::syscall(SYS_write, procs_fd, "0", 1) != 1) {
-      ChildFail(report, SpawnStep::kCgroup, errno, kExitNotStarted);
-    }
-  }
+  JoinCgroupsResetSignalsSetsid(req.join_procs_fds, req.reset_signals, report);
 
-  // Default dispositions for every signal the parent does not leave at the default: handlers of
-  // nsbox-init must never run in the child, and what it ignores (SIGPIPE) must not stay ignored
-  // for the command. The kernel's sigaction for SIG_DFL with no flags and an empty mask is all
-  // zero bytes, whatever the architecture's layout (handler, flags, [restorer], mask).
-  alignas(8) unsigned char default_action[64] = {};
-  for (int sig = 1; sig < 65; ++sig) {
-    if (sig == SIGKILL || sig == SIGSTOP) continue;
-    if ((req.reset_signals & (uint64_t{1} << (sig - 1))) == 0) continue;
-    // SAFETY: rt_sigaction reads `default_action` (large enough for every layout); EINVAL for
-    // numbers the kernel does not accept is ignored.
-    ::syscall(SYS_rt_sigaction, sig, default_action, nullptr, 8);
-  }
-
-  // Its own session and process group: a group kill reaches everything it starts, and no
-  // terminal is its controlling terminal (CVE-2017-5226: TIOCSTI), but the fresh pty of a
-  // terminal exec, below.
-  // SAFETY: setsid only changes the calling process's session.
-  if (::syscall(SYS_setsid) < 0) ChildFail(report, SpawnStep::kSetsid, errno, kExitNotStarted);
-
-  int in = MoveAboveStdio(req.stdin_fd);
-  int out = in < 0 ? -1 : MoveAboveStdio(req.stdout_fd);
-  int err = out < 0 ? -1 : MoveAboveStdio(req.stderr_fd);
-  if (err < 0) ChildFail(report, SpawnStep::kStdio, errno, kExitNotStarted);
+  long in = MoveAbove(req.stdin_fd, 3);
+  long out = in < 0 ? in : MoveAbove(req.stdout_fd, 3);
+  long err = out < 0 ? out : MoveAbove(req.stderr_fd, 3);
+  if (err < 0) ChildFail(report, SpawnStep::kStdio, err, kExitNotStarted);
   // SAFETY: dup3 onto 0, 1, 2 of the child's own fd table; sources are >= 3 so never equal.
-  if (::syscall(SYS_dup3, in, 0, 0) < 0 || ::syscall(SYS_dup3, out, 1, 0) < 0 ||
-      ::syscall(SYS_dup3, err, 2, 0) < 0) {
-    ChildFail(report, SpawnStep::kStdio, errno, kExitNotStarted);
+  const long sources[3] = {in, out, err};
+  for (long to = 0; to < 3; ++to) {
+    long ret = RawSyscall(SYS_dup3, sources[to], to, 0);
+    if (ret < 0) ChildFail(report, SpawnStep::kStdio, ret, kExitNotStarted);
   }
   // A terminal exec: its terminal, and no other, as the controlling terminal of the session
   // setsid just made (a fresh pty, never one of the host's).
-  // SAFETY: TIOCSCTTY with arg 0 on the child's own fd 0; it never steals a terminal.
-  if (req.controlling_tty && ::syscall(SYS_ioctl, 0, TIOCSCTTY, 0) < 0) {
-    ChildFail(report, SpawnStep::kTerminal, errno, kExitNotStarted);
+  if (req.controlling_tty) {
+    // SAFETY: TIOCSCTTY with arg 0 on the child's own fd 0; it never steals a terminal.
+    long ret = RawSyscall(SYS_ioctl, 0, TIOCSCTTY, 0);
+    if (ret < 0) ChildFail(report, SpawnStep::kTerminal, ret, kExitNotStarted);
   }
 
   // Nothing of nsbox reaches the command: every fd but stdio goes (CVE-2024-21626 leaked a host
@@ -152,74 +275,12 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
   // host's cgroup directory among them), and a cwd of "/proc/self/fd/4" would otherwise put the
   // command in a host directory outside the jail's root, from which ".." walks the host's tree
   // (adversarial case ExecCwdThroughInitsFdsStaysInside).
-  int close_err = CloseFrom3();
-  if (close_err != 0) ChildFail(report, SpawnStep::kCloseFds, close_err, kExitNotStarted);
+  long closed = CloseFrom(3);
+  if (closed < 0) ChildFail(report, SpawnStep::kCloseFds, closed, kExitNotStarted);
 
-  // A command is the OOM killer's choice before the server that runs it: tmpfs pages a command
-  // left behind stay charged after it died, and without this the next kill could pick
-  // nsbox-init and end the whole sandbox (case MemoryBombThroughTmpfsFromInside). Raising the
-  // score needs no privilege; best effort (a host without /proc/self/oom_score_adj just keeps
-  // the default).
-  // SAFETY: open/write/close of a /proc file of this process, with a literal path and buffer.
-  int oom_fd = static_cast<int>(
-      ::syscall(SYS_openat, AT_FDCWD, "/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC));
-  if (oom_fd >= 0) {
-    (void)::syscall(SYS_write, oom_fd, "500", 3);
-    ::syscall(SYS_close, oom_fd);
-  }
-
-  // SAFETY: chdir reads the NUL-terminated path the parent prepared.
-  if (::syscall(SYS_chdir, req.cwd) < 0) {
-    ChildFail(report, SpawnStep::kChdir, errno, kExitNotStarted);
-  }
-  // And the directory it reached must be under the jail's root, whatever magic link led there
-  // (runc's verifyCwd): the kernel's getcwd prefixes a path it cannot reach from the root with
-  // "(unreachable)" (fs/d_path.c). ERANGE for a cwd deeper than the buffer is no verdict: it
-  // passes.
-  // A direct command's PWD is that directory, written into its envp entry after "PWD=".
-  char own_buf[512];
-  char* cwd_buf = own_buf;
-  size_t cwd_size = sizeof own_buf;
-  if (req.pwd_env != nullptr && req.fallback_argv != nullptr && req.pwd_env_size > 4) {
-    cwd_buf = req.pwd_env + 4;
-    cwd_size = req.pwd_env_size - 4;
-  }
-  // SAFETY: getcwd writes at most cwd_size bytes into cwd_buf: the child's own stack buffer, or
-  // the part after "PWD=" of the parent's buffer for it, which the parent does not touch until
-  // this child has called execve or exited (CLONE_VFORK).
-  const long cwd_len = ::syscall(SYS_getcwd, cwd_buf, cwd_size);
-  if (cwd_len > 0 && cwd_buf[0] != '/') {
-    ChildFail(report, SpawnStep::kChdir, ENOENT, kExitNotStarted);
-  }
-  const bool direct = req.fallback_argv == nullptr || req.pwd_env == nullptr || cwd_len > 0;
-  // SAFETY: umask only sets the child's file mode creation mask (api.md: umask 022).
-  ::syscall(SYS_umask, 022);
-
-  // no_new_privs, capabilities, seccomp: last, so the filter need not allow the steps above.
-  if (req.hooks.pre_exec != nullptr) {
-    int hook_err = req.hooks.pre_exec(req.hooks.ctx);
-    if (hook_err != 0) ChildFail(report, SpawnStep::kPreExec, hook_err, kExitNotStarted);
-  }
-
-  // An empty signal mask for the command. A signal that was pending (a kill racing with the
-  // start) is delivered now with its default action, which is what the command would get.
-  alignas(8) unsigned char empty_mask[8] = {};
-  // SAFETY: rt_sigprocmask reads 8 bytes of `empty_mask`, the kernel's sigset size.
-  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, empty_mask, nullptr, 8);
-
-  // SAFETY: argv and envp (and the fallback's) are NULL-terminated arrays of NUL-terminated
-  // strings the parent built; execve only reads them.
-  if (direct) {
-    ::syscall(SYS_execve, req.file != nullptr ? req.file : req.argv[0], req.argv, req.envp);
-  }
-  int exec_err = errno;
-  if (req.fallback_argv != nullptr) {
-    // SAFETY: as above.
-    ::syscall(SYS_execve, req.fallback_argv[0], req.fallback_argv, req.fallback_envp);
-    exec_err = errno;
-  }
-  ChildFail(report, SpawnStep::kExec, exec_err,
-            exec_err == ENOENT || exec_err == ENOTDIR ? kExitNotFound : kExitNotExecutable);
+  RaiseOomScoreSetUmask();
+  RunPreExecHook(req.hooks, report);
+  ChdirAndExec(req, report);
 }
 
 // clone3 with the child on its own stack. A raw clone3 with CLONE_VM returns twice from the same
@@ -238,7 +299,8 @@ NSBOX_CHILD_CODE long Clone3Run(struct clone_args* args, size_t size, int (*fn)(
   // args->stack_size, set by the kernel; it is aligned to 16 for the call as the SysV ABI
   // requires, rbp is cleared to end frame-pointer walks, and fn never returns (ChildMain ends in
   // exit_group); should it return, exit_group ends the child and ud2 traps. The parent resumes
-  // after the child's execve or exit (CLONE_VFORK) with rcx and r11 clobbered by syscall.
+  // after the child's execve or exit (CLONE_VFORK; a WarmChild's parent at once) with rcx and
+  // r11 clobbered by syscall.
   asm volatile(
       "syscall\n\t"
       "testq %%rax, %%rax\n\t"
@@ -292,6 +354,166 @@ void ReapExited(int pidfd, pid_t pid) {
 }
 
 }  // namespace
+
+// ---- A command's child made ahead ---------------------------------------------------------
+
+int WarmChildMain(void* arg);  // WarmChild's friend; runs in the child only
+
+// The warm child, from clone to its wait for a command, and on to execve. Like ChildMain it
+// shares the parent's memory, but the parent goes on running: it reads and writes only its
+// WarmChild and, once handed a command, the SpawnRequest, and calls the kernel only through
+// RawSyscall (errno is the parent thread's).
+NSBOX_CHILD_CODE int WarmChildMain(void* arg) {
+  auto* w = static_cast<WarmChild*>(arg);
+  const WarmPrep& prep = w->prep_;
+  ChildReport* report = &w->report_;
+  JoinCgroupsResetSignalsSetsid(prep.join_procs_fds, prep.reset_signals, report);
+  // What `ps` in the sandbox shows until execve names it after the command.
+  // SAFETY: sets the calling thread's comm from a literal of fewer than 16 bytes.
+  RawSyscall(SYS_prctl, PR_SET_NAME, Arg(kWarmChildName));
+
+  // Its stdio: the pipes' ends on 0, 1 and 2, and /dev/null on 3 (close-on-exec) for a command
+  // that is given no stdin; nothing else of nsbox-init's fds (as in ChildMain).
+  long in = MoveAbove(w->child_in_, 4);
+  long out = in < 0 ? in : MoveAbove(w->child_out_, 4);
+  long err = out < 0 ? out : MoveAbove(w->child_err_, 4);
+  long null = err < 0 ? err : MoveAbove(prep.dev_null, 4);
+  if (null < 0) ChildFail(report, SpawnStep::kStdio, null, kExitNotStarted);
+  // SAFETY: dup3 onto 0-3 of the child's own fd table; sources are >= 4 so never equal.
+  const long sources[4] = {in, out, err, null};
+  for (long to = 0; to < 4; ++to) {
+    long ret = RawSyscall(SYS_dup3, sources[to], to, to == 3 ? O_CLOEXEC : 0);
+    if (ret < 0) ChildFail(report, SpawnStep::kStdio, ret, kExitNotStarted);
+  }
+  long closed = CloseFrom(4);
+  if (closed < 0) ChildFail(report, SpawnStep::kCloseFds, closed, kExitNotStarted);
+  RaiseOomScoreSetUmask();
+  RunPreExecHook(prep.hooks, report);
+
+  // Ready: wait for the command. Every signal is blocked but SIGKILL and SIGSTOP; the runner
+  // kills a child it no longer wants.
+  w->state_.store(static_cast<uint32_t>(WarmChild::State::kReady), std::memory_order_release);
+  const auto go = static_cast<uint32_t>(WarmChild::State::kGo);
+  for (;;) {
+    const uint32_t state = w->state_.load(std::memory_order_acquire);
+    if (state == go) break;
+    // SAFETY: waits while the word still holds `state`; the runner stores kGo, then wakes it.
+    RawSyscall(SYS_futex, Arg(&w->state_), FUTEX_WAIT_PRIVATE, state, 0);
+  }
+  const SpawnRequest& req = *w->request_;
+  if (w->null_stdin_) {
+    // SAFETY: dup3 of the child's own /dev/null onto its stdin.
+    long ret = RawSyscall(SYS_dup3, 3, 0, 0);
+    if (ret < 0) ChildFail(report, SpawnStep::kStdio, ret, kExitNotStarted);
+  }
+  // Only stdio is left when the cwd is looked up, as in ChildMain: a cwd of /proc/self/fd/3
+  // fails as not found, whatever fd 3 was.
+  // SAFETY: closes the child's own fd 3.
+  RawSyscall(SYS_close, 3);
+  ChdirAndExec(req, report);
+}
+
+WarmChild::~WarmChild() {
+  if (launched_ || reaped_ || !pidfd_.valid()) return;
+  // SAFETY: signals the child this object made and has not reaped; then reaps it.
+  sys::PidfdSendSignal(pidfd_.get(), SIGKILL, nullptr, 0);
+  ReapExited(pidfd_.get(), pid_);
+}
+
+Result<std::unique_ptr<WarmChild>> WarmChild::Start(const WarmPrep& prep) {
+#if defined(__x86_64__)
+  if (g_force_clone_fallback.load(std::memory_order_relaxed)) {
+    return Error::Sys("clone3", "a command's child made ahead", ENOSYS);
+  }
+  std::unique_ptr<WarmChild> w(new WarmChild());
+  w->prep_ = prep;
+  NSBOX_ASSIGN_OR_RETURN(w->stack_, ChildStack::Create(kWarmStackSize));
+  // Touched here, so that the pages the child uses are charged to this process's memory cgroup,
+  // not to the command's (whose figures they would spoil, and whose reuse they would hold).
+  std::memset(w->stack_->base() + w->stack_->size() - kWarmStackTouched, 0, kWarmStackTouched);
+
+  UniqueFd child_in, child_out, child_err;
+  int fds[2];
+  for (auto [host_end, child_end, host_reads] :
+       {std::tuple{&w->in_, &child_in, false}, std::tuple{&w->out_, &child_out, true},
+        std::tuple{&w->err_, &child_err, true}}) {
+    if (::pipe2(fds, O_CLOEXEC) < 0) {
+      return Error::Sys("pipe2", "a command's child made ahead", errno);
+    }
+    host_end->reset(host_reads ? fds[0] : fds[1]);
+    child_end->reset(host_reads ? fds[1] : fds[0]);
+    int flags = ::fcntl(host_end->get(), F_GETFL);
+    if (flags < 0 || ::fcntl(host_end->get(), F_SETFL, flags | O_NONBLOCK) < 0) {
+      return Error::Sys("fcntl(O_NONBLOCK)", "a command's child made ahead", errno);
+    }
+    // Best effort, as for a command's own pipes (Runner: pipe-user-pages-soft).
+    if (host_reads && prep.pipe_size > 0) {
+      (void)::fcntl(host_end->get(), F_SETPIPE_SZ, prep.pipe_size);
+    }
+  }
+  w->child_in_ = child_in.get();
+  w->child_out_ = child_out.get();
+  w->child_err_ = child_err.get();
+
+  int pidfd = -1;
+  long pid;
+  {
+    BlockAllSignals blocked;
+    struct clone_args ca {};
+    ca.flags = CLONE_VM | CLONE_PIDFD;
+    if (prep.cgroup_fd >= 0) {
+      ca.flags |= CLONE_INTO_CGROUP;
+      ca.cgroup = static_cast<uint64_t>(prep.cgroup_fd);
+    }
+    ca.pidfd = reinterpret_cast<uintptr_t>(&pidfd);
+    ca.exit_signal = SIGCHLD;
+    ca.stack = reinterpret_cast<uintptr_t>(w->stack_->base());
+    ca.stack_size = w->stack_->size();
+    pid = Clone3Run(&ca, sizeof ca, WarmChildMain, w.get());
+  }
+  if (pid < 0) return Error::Sys("clone3", "a command's child made ahead", static_cast<int>(-pid));
+  w->pid_ = static_cast<pid_t>(pid);
+  w->pidfd_.reset(pidfd);
+  return w;  // the child's ends close here: it has its own copies
+#else
+  (void)prep;
+  return Error::Sys("clone3", "a command's child made ahead", ENOSYS);
+#endif
+}
+
+WarmChild::State WarmChild::Poll() {
+  if (launched_) return State::kGo;
+  if (reaped_) return State::kFailed;
+  siginfo_t info{};
+  if (::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED | WNOHANG) == 0 &&
+      info.si_pid == 0) {
+    return state_.load(std::memory_order_acquire) == static_cast<uint32_t>(State::kReady)
+               ? State::kReady
+               : State::kPreparing;
+  }
+  // Exited (and reaped just now), or reaped by someone else (ECHILD): either way gone.
+  reaped_ = true;
+  return State::kFailed;
+}
+
+Status WarmChild::Failure() const {
+  if (report_.step == SpawnStep::kNone) return Ok();
+  return Error::Sys(SpawnStepName(report_.step), "a command's child made ahead", report_.err);
+}
+
+SpawnResult WarmChild::Launch(const SpawnRequest& request, bool null_stdin) {
+  request_ = &request;
+  null_stdin_ = null_stdin;
+  state_.store(static_cast<uint32_t>(State::kGo), std::memory_order_release);
+  // SAFETY: wakes the child waiting on the word (one waiter at most).
+  ::syscall(SYS_futex, &state_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+  launched_ = true;
+  SpawnResult result;
+  result.pid = pid_;
+  result.pidfd = std::move(pidfd_);
+  result.used_clone3 = true;
+  return result;
+}
 
 std::string_view SpawnStepName(SpawnStep step) {
   switch (step) {

@@ -199,6 +199,7 @@ void InitServer::ReapOrphans() {
     p = end;
     while (*p == ' ') ++p;
     if (command_pids_.count(static_cast<pid_t>(pid)) != 0) continue;
+    if (runner_ != nullptr && runner_->OwnsIdleChild(static_cast<pid_t>(pid))) continue;
     siginfo_t info{};
     ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
   }

@@ -147,13 +147,19 @@ TEST_F(InitUsageTest, FiguresArePerExecAndTheirCgroupsAreRemoved) {
       Run(Python("b = bytearray(b'x') * (150 << 20)\n"
                  "print(open('/proc/self/cgroup').read(), end='')\n"));
   ASSERT_TRUE(big.ok && big.exit.exit_code == 0) << big.Describe();
-  // One process that ended with its cgroups empty: the next command runs in the same ones, and
-  // its memory peak is its own, not the 150 MiB before it.
-  ExecRun small = Run("cat /proc/self/cgroup");
-  ASSERT_TRUE(small.ok && small.exit.exit_code == 0) << small.Describe();
-  EXPECT_EQ(small.out, big.out);
-  ASSERT_TRUE(small.exit.usage.memory_peak_bytes.has_value());
-  EXPECT_LT(*small.exit.usage.memory_peak_bytes, 50 * kMiB);
+  // One process that ended with its cgroups empty: a later command runs in the same ones (the
+  // next, or, with the runner's child made ahead for the next command in a set of its own, one
+  // of the few after it), and its memory peak is its own, not the 150 MiB before it.
+  int reused = 0;
+  for (int i = 0; i < 6 && reused == 0; ++i) {
+    ExecRun small = Run("cat /proc/self/cgroup");
+    ASSERT_TRUE(small.ok && small.exit.exit_code == 0) << small.Describe();
+    if (small.out != big.out) continue;
+    ++reused;
+    ASSERT_TRUE(small.exit.usage.memory_peak_bytes.has_value());
+    EXPECT_LT(*small.exit.usage.memory_peak_bytes, 50 * kMiB);
+  }
+  EXPECT_EQ(reused, 1) << "no command ran in the cgroups the big one left";
   EXPECT_GE(*big.exit.usage.memory_peak_bytes, 150 * kMiB);
   std::vector<std::string> left;
   for (int i = 0; i < 100; ++i) {
@@ -172,11 +178,15 @@ TEST_F(InitUsageTest, ACgroupThatStillHoldsMemoryIsNotReused) {
       Run(Python("open('/tmp/held', 'wb').write(b'x' * (8 << 20))\n"
                  "print(open('/proc/self/cgroup').read(), end='')\n"));
   ASSERT_TRUE(fill.ok && fill.exit.exit_code == 0) << fill.Describe();
-  ExecRun next = Run("cat /proc/self/cgroup");
-  ASSERT_TRUE(next.ok && next.exit.exit_code == 0) << next.Describe();
-  EXPECT_NE(next.out, fill.out) << "the same cgroups, holding the 8 MiB file";
-  ASSERT_TRUE(next.exit.usage.memory_peak_bytes.has_value());
-  EXPECT_LT(*next.exit.usage.memory_peak_bytes, 4 * kMiB);
+  // Neither the next command nor any of the few after it (the runner's child made ahead takes
+  // the spare sets in turn) runs there.
+  for (int i = 0; i < 6; ++i) {
+    ExecRun next = Run("cat /proc/self/cgroup");
+    ASSERT_TRUE(next.ok && next.exit.exit_code == 0) << next.Describe();
+    EXPECT_NE(next.out, fill.out) << "the same cgroups, holding the 8 MiB file";
+    ASSERT_TRUE(next.exit.usage.memory_peak_bytes.has_value());
+    EXPECT_LT(*next.exit.usage.memory_peak_bytes, 4 * kMiB);
+  }
 }
 
 // Under a sandbox memory limit, a memory bomb is OOM-killed and the answer says so.
