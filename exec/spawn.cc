@@ -485,14 +485,18 @@ WarmChild::State WarmChild::Poll() {
   if (launched_) return State::kGo;
   if (reaped_) return State::kFailed;
   siginfo_t info{};
-  if (::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED | WNOHANG) == 0 &&
-      info.si_pid == 0) {
+  int rc;
+  do {
+    rc = ::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED | WNOHANG);
+  } while (rc < 0 && errno == EINTR);
+  if (rc == 0 && info.si_pid == 0) {
     return state_.load(std::memory_order_acquire) == static_cast<uint32_t>(State::kReady)
                ? State::kReady
                : State::kPreparing;
   }
-  // Exited (and reaped just now), or reaped by someone else (ECHILD): either way gone.
-  reaped_ = true;
+  // Exited (and reaped just now), or reaped by someone else (ECHILD): either way gone. Any other
+  // error leaves it to the destructor, which kills and reaps it.
+  if (rc == 0 || errno == ECHILD) reaped_ = true;
   return State::kFailed;
 }
 

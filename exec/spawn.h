@@ -126,12 +126,15 @@ struct WarmPrep {
   ChildHooks hooks;                       // run before it waits
 };
 
+// The name (comm) of a WarmChild until it execs the command: what `ps` shows in a busy sandbox.
+inline constexpr char kWarmChildName[] = "nsbox-next";
+
 // A command's child made ahead, for a sandbox that runs commands in a row: born in the next
 // command's cgroups (clone3 + CLONE_INTO_CGROUP), moved into its v1 ones, in its own session,
 // its signal dispositions reset, its stdio pipes in place and the pre_exec hook (no_new_privs,
 // rlimits, the commands' seccomp filter) applied, it waits on a futex for the command. Launch
 // hands over argv, env and cwd; the child makes its last few calls and execs. That takes the
-// ≈ 100 µs of those steps off the command's start (docs/init.md "A child made ahead").
+// ≈ 100 µs of those steps off the command's start (docs/init.md "The loop").
 //
 // The child shares the memory of this process (CLONE_VM, like the vfork-like child of Spawn,
 // but the parent goes on running), so it runs only raw syscalls on its own stack, and touches
@@ -139,9 +142,6 @@ struct WarmPrep {
 // clone time, reduced at once to its stdio). The pre_exec hook runs in it concurrently with the
 // thread that made it and shares that thread's TLS: a hook must not rely on errno but to report
 // its own failure. x86-64 only (the clone trampoline); elsewhere Start fails with ENOSYS.
-// The name (comm) of a WarmChild until it execs the command: what `ps` shows in a busy sandbox.
-inline constexpr char kWarmChildName[] = "nsbox-next";
-
 class WarmChild {
  public:
   enum class State : uint32_t { kPreparing, kReady, kGo, kFailed };
@@ -192,7 +192,6 @@ class WarmChild {
   UniqueFd out_, err_, in_;
   bool launched_ = false;
   bool reaped_ = false;
-  bool killed_ = false;  // died without failing a step
 };
 
 // Writes "1" to cgroup.kill (5.14): SIGKILL to the whole subtree, also to processes forked while
