@@ -202,6 +202,33 @@ Status SetNonBlocking(int fd) {
   return Ok();
 }
 
+// A command's stdio pipes: the host's ends (stdout and stderr read, stdin written) non-blocking,
+// the child's ends for it to take; all close-on-exec. Pipe pages count against the sandbox
+// user's fs.pipe-user-pages-soft (64 MiB by default; without CAP_SYS_RESOURCE in the initial
+// namespace, as in a jail). Past it the kernel refuses to enlarge pipes and gives every new pipe,
+// also the commands' own `a | b`, 2 pages. So only the first few concurrent commands get 1 MiB
+// pipes (`enlarge_to`, 0 for none), which keeps the runner's share at half the default budget.
+// Best effort: EPERM leaves the default size, which only costs speed.
+struct StdioPipes {
+  UniqueFd out, err, in;                    // the host's ends
+  UniqueFd child_out, child_err, child_in;  // the child's
+};
+
+Status MakeStdioPipes(bool with_stdin, int enlarge_to, StdioPipes* p) {
+  NSBOX_TRY_CTX(MakePipe(&p->out, &p->child_out), "stdout pipe");
+  NSBOX_TRY_CTX(MakePipe(&p->err, &p->child_err), "stderr pipe");
+  NSBOX_TRY_CTX(SetNonBlocking(p->out.get()), "stdout pipe");
+  NSBOX_TRY_CTX(SetNonBlocking(p->err.get()), "stderr pipe");
+  if (enlarge_to > 0) {
+    for (int fd : {p->out.get(), p->err.get()}) (void)::fcntl(fd, F_SETPIPE_SZ, enlarge_to);
+  }
+  if (with_stdin) {
+    NSBOX_TRY_CTX(MakePipe(&p->child_in, &p->in), "stdin pipe");
+    NSBOX_TRY_CTX(SetNonBlocking(p->in.get()), "stdin pipe");
+  }
+  return Ok();
+}
+
 bool SameFile(int a, int b) {
   struct stat sa {
   }, sb{};
@@ -645,6 +672,7 @@ struct Runner::Impl {
   // come in a row, dropped when the runner idles. `warm_off` once one failed a step.
   std::unique_ptr<WarmChild> warm;
   CgroupSet warm_set;
+  StdioPipes warm_pipes;  // the host's ends of its pipes
   bool warm_off = false;
   std::unique_ptr<ChildStack> stack;
   UniqueFd dev_null;
@@ -723,40 +751,31 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   in_a_row = now - last_start < kIdleRelease;
   last_start = now;
 
-  UniqueFd out_w, err_w, in_r, tty_slave;
+  // The child made ahead has its pipes already; a terminal exec gets a pty of its own.
+  StdioPipes pipes;
+  UniqueFd tty_slave;
   const bool wants_stdin =
       !spec.tty.has_value() && (spec.stdin_data.has_value() || spec.stdin_stream);
   if (child != nullptr) {
-    cmd->out.fd = child->TakeStdout();
-    cmd->err.fd = child->TakeStderr();
-    UniqueFd in = child->TakeStdin();
-    if (wants_stdin) cmd->in = std::move(in);  // else the child's stdin becomes /dev/null
+    pipes = std::move(warm_pipes);
+    warm_pipes = StdioPipes();
   } else if (spec.tty.has_value()) {
     NSBOX_TRY_CTX(OpenTerminal(*spec.tty, &cmd->out.fd, &tty_slave), "start command: terminal");
     NSBOX_ASSIGN_OR_RETURN(cmd->in, DupCloexec(cmd->out.fd.get(), "the terminal's master"));
     NSBOX_ASSIGN_OR_RETURN(cmd->tty, DupCloexec(cmd->out.fd.get(), "the terminal's master"));
     cmd->err.eof = true;  // one stream: the terminal
   } else {
-    NSBOX_TRY_CTX(MakePipe(&cmd->out.fd, &out_w), "start command: stdout pipe");
-    NSBOX_TRY_CTX(MakePipe(&cmd->err.fd, &err_w), "start command: stderr pipe");
-    NSBOX_TRY_CTX(SetNonBlocking(cmd->out.fd.get()), "start command: stdout pipe");
-    NSBOX_TRY_CTX(SetNonBlocking(cmd->err.fd.get()), "start command: stderr pipe");
+    NSBOX_TRY_CTX(
+        MakeStdioPipes(wants_stdin, running < kEnlargedPipeCommands ? pipe_size : 0, &pipes),
+        "start command");
   }
-  // Pipe pages count against the sandbox user's fs.pipe-user-pages-soft (64 MiB by default;
-  // without CAP_SYS_RESOURCE in the initial namespace, as in a jail). Past it the kernel refuses
-  // to enlarge pipes and gives every new pipe, also the commands' own `a | b`, 2 pages. So only
-  // the first few concurrent commands get 1 MiB pipes, which keeps the runner's share at half
-  // the default budget. Best effort: EPERM leaves the default size, which only costs speed.
-  if (running < kEnlargedPipeCommands && !spec.tty.has_value() && child == nullptr) {
-    for (int fd : {cmd->out.fd.get(), cmd->err.fd.get()}) {
-      (void)::fcntl(fd, F_SETPIPE_SZ, pipe_size);
-    }
+  if (!spec.tty.has_value()) {
+    cmd->out.fd = std::move(pipes.out);
+    cmd->err.fd = std::move(pipes.err);
+    // A child made ahead has a stdin pipe; it takes /dev/null instead when there is no input.
+    if (wants_stdin) cmd->in = std::move(pipes.in);
   }
   cmd->stdin_stream = spec.stdin_stream || spec.tty.has_value();
-  if (wants_stdin && child == nullptr) {
-    NSBOX_TRY_CTX(MakePipe(&in_r, &cmd->in), "start command: stdin pipe");
-    NSBOX_TRY_CTX(SetNonBlocking(cmd->in.get()), "start command: stdin pipe");
-  }
   if (spec.stdin_data.has_value() && !spec.stdin_data->empty()) {
     cmd->input.push_back({*spec.stdin_data, 0, !cmd->stdin_stream, nullptr});
   } else if (!cmd->stdin_stream && cmd->in.valid()) {
@@ -769,9 +788,9 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     request.stdin_fd = request.stdout_fd = request.stderr_fd = tty_slave.get();
     request.controlling_tty = true;
   } else {
-    request.stdin_fd = in_r.valid() ? in_r.get() : dev_null.get();
-    request.stdout_fd = out_w.get();
-    request.stderr_fd = err_w.get();
+    request.stdin_fd = pipes.child_in.valid() ? pipes.child_in.get() : dev_null.get();
+    request.stdout_fd = pipes.child_out.get();
+    request.stderr_fd = pipes.child_err.get();
   }
   request.cgroup_fd = cmd->cg.v2.valid() ? cmd->cg.v2.get() : -1;
   for (size_t i = 0; i < cmd->cg.v1_procs.size() && i < 2; ++i) {
@@ -786,9 +805,7 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   if (!spawned.ok()) return std::move(spawned).error().Context("start " + spec.argv[0]);
   undo.Release();
   // Only the child holds the other ends now: EOF comes when its tree has closed them.
-  out_w.reset();
-  err_w.reset();
-  in_r.reset();
+  pipes = StdioPipes();
   tty_slave.reset();  // never inherited by another command: only this child holds the slave
   if (in_a_row) RequestSpare();
 
@@ -1414,11 +1431,16 @@ void Runner::Impl::MaybeMakeWarm() {
   for (size_t i = 0; i < set.v1_procs.size() && i < 2; ++i) {
     prep.join_procs_fds[i] = set.v1_procs[i].get();
   }
+  StdioPipes pipes;
+  Status piped = MakeStdioPipes(true, running < kEnlargedPipeCommands ? pipe_size : 0, &pipes);
+  prep.stdin_fd = pipes.child_in.get();
+  prep.stdout_fd = pipes.child_out.get();
+  prep.stderr_fd = pipes.child_err.get();
   prep.dev_null = dev_null.get();
-  prep.pipe_size = running < kEnlargedPipeCommands ? pipe_size : 0;
   prep.reset_signals = reset_signals;
   prep.hooks = hooks;
-  auto made = WarmChild::Start(prep);
+  auto made =
+      piped.ok() ? WarmChild::Start(prep) : Result<std::unique_ptr<WarmChild>>(piped.error());
   if (!made.ok()) {
     log::info("exec: commands start without a child made ahead: {}", made.error().message());
     warm_off = true;
@@ -1427,6 +1449,11 @@ void Runner::Impl::MaybeMakeWarm() {
   }
   warm = std::move(made).value();
   warm_set = std::move(set);
+  // The child has its own copies of its ends.
+  pipes.child_in.reset();
+  pipes.child_out.reset();
+  pipes.child_err.reset();
+  warm_pipes = std::move(pipes);
   RequestSpare();
 }
 
@@ -1434,6 +1461,7 @@ void Runner::Impl::MaybeMakeWarm() {
 void Runner::Impl::DropWarm() {
   if (warm == nullptr) return;
   warm.reset();
+  warm_pipes = StdioPipes();
   auto set = std::make_shared<SpareSet>(parents, std::move(warm_set));
   warm_set = CgroupSet();
   if (!shutting_down && spares.size() < kKeptSets) spares.push_back(std::move(set));

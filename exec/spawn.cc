@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
-#include <tuple>
 #include <utility>
 
 #include "base/files.h"
@@ -123,6 +122,28 @@ NSBOX_CHILD_CODE long CloseFrom(int first) {
     RawSyscall(SYS_close, static_cast<long>(fd));
   }
   return 0;
+}
+
+// Puts `fds` on 0, 1, ... count-1 of the child's own fd table (those from 3 up close-on-exec)
+// and closes every other fd. Nothing of nsbox reaches the command: every fd but stdio goes
+// (CVE-2024-21626 leaked a host directory fd this way), before the chdir: the child holds a copy
+// of nsbox-init's fds (the host's cgroup directory among them), and a cwd of "/proc/self/fd/4"
+// would otherwise put the command in a host directory outside the jail's root, from which ".."
+// walks the host's tree (adversarial case ExecCwdThroughInitsFdsStaysInside).
+NSBOX_CHILD_CODE void PlaceStdioCloseTheRest(const int* fds, int count, ChildReport* report) {
+  long moved[4];
+  for (int i = 0; i < count; ++i) {
+    moved[i] = MoveAbove(fds[i], count);
+    if (moved[i] < 0) ChildFail(report, SpawnStep::kStdio, moved[i], kExitNotStarted);
+  }
+  // SAFETY: dup3 onto 0..count-1 of the child's own fd table; sources are >= count so never
+  // equal.
+  for (long to = 0; to < count; ++to) {
+    long ret = RawSyscall(SYS_dup3, moved[to], to, to >= 3 ? O_CLOEXEC : 0);
+    if (ret < 0) ChildFail(report, SpawnStep::kStdio, ret, kExitNotStarted);
+  }
+  long closed = CloseFrom(count);
+  if (closed < 0) ChildFail(report, SpawnStep::kCloseFds, closed, kExitNotStarted);
 }
 
 // The first steps of a command's child, those that do not depend on the command: its v1
@@ -252,16 +273,8 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
   }
   JoinCgroupsResetSignalsSetsid(req.join_procs_fds, req.reset_signals, report);
 
-  long in = MoveAbove(req.stdin_fd, 3);
-  long out = in < 0 ? in : MoveAbove(req.stdout_fd, 3);
-  long err = out < 0 ? out : MoveAbove(req.stderr_fd, 3);
-  if (err < 0) ChildFail(report, SpawnStep::kStdio, err, kExitNotStarted);
-  // SAFETY: dup3 onto 0, 1, 2 of the child's own fd table; sources are >= 3 so never equal.
-  const long sources[3] = {in, out, err};
-  for (long to = 0; to < 3; ++to) {
-    long ret = RawSyscall(SYS_dup3, sources[to], to, 0);
-    if (ret < 0) ChildFail(report, SpawnStep::kStdio, ret, kExitNotStarted);
-  }
+  const int stdio[3] = {req.stdin_fd, req.stdout_fd, req.stderr_fd};
+  PlaceStdioCloseTheRest(stdio, 3, report);
   // A terminal exec: its terminal, and no other, as the controlling terminal of the session
   // setsid just made (a fresh pty, never one of the host's).
   if (req.controlling_tty) {
@@ -269,14 +282,6 @@ NSBOX_CHILD_CODE int ChildMain(void* arg) {
     long ret = RawSyscall(SYS_ioctl, 0, TIOCSCTTY, 0);
     if (ret < 0) ChildFail(report, SpawnStep::kTerminal, ret, kExitNotStarted);
   }
-
-  // Nothing of nsbox reaches the command: every fd but stdio goes (CVE-2024-21626 leaked a host
-  // directory fd this way). Before the chdir: the child holds a copy of nsbox-init's fds (the
-  // host's cgroup directory among them), and a cwd of "/proc/self/fd/4" would otherwise put the
-  // command in a host directory outside the jail's root, from which ".." walks the host's tree
-  // (adversarial case ExecCwdThroughInitsFdsStaysInside).
-  long closed = CloseFrom(3);
-  if (closed < 0) ChildFail(report, SpawnStep::kCloseFds, closed, kExitNotStarted);
 
   RaiseOomScoreSetUmask();
   RunPreExecHook(req.hooks, report);
@@ -374,19 +379,8 @@ NSBOX_CHILD_CODE int WarmChildMain(void* arg) {
 
   // Its stdio: the pipes' ends on 0, 1 and 2, and /dev/null on 3 (close-on-exec) for a command
   // that is given no stdin; nothing else of nsbox-init's fds (as in ChildMain).
-  long in = MoveAbove(w->child_in_, 4);
-  long out = in < 0 ? in : MoveAbove(w->child_out_, 4);
-  long err = out < 0 ? out : MoveAbove(w->child_err_, 4);
-  long null = err < 0 ? err : MoveAbove(prep.dev_null, 4);
-  if (null < 0) ChildFail(report, SpawnStep::kStdio, null, kExitNotStarted);
-  // SAFETY: dup3 onto 0-3 of the child's own fd table; sources are >= 4 so never equal.
-  const long sources[4] = {in, out, err, null};
-  for (long to = 0; to < 4; ++to) {
-    long ret = RawSyscall(SYS_dup3, sources[to], to, to == 3 ? O_CLOEXEC : 0);
-    if (ret < 0) ChildFail(report, SpawnStep::kStdio, ret, kExitNotStarted);
-  }
-  long closed = CloseFrom(4);
-  if (closed < 0) ChildFail(report, SpawnStep::kCloseFds, closed, kExitNotStarted);
+  const int stdio[4] = {prep.stdin_fd, prep.stdout_fd, prep.stderr_fd, prep.dev_null};
+  PlaceStdioCloseTheRest(stdio, 4, report);
   RaiseOomScoreSetUmask();
   RunPreExecHook(prep.hooks, report);
 
@@ -432,29 +426,6 @@ Result<std::unique_ptr<WarmChild>> WarmChild::Start(const WarmPrep& prep) {
   // not to the command's (whose figures they would spoil, and whose reuse they would hold).
   std::memset(w->stack_->base() + w->stack_->size() - kWarmStackTouched, 0, kWarmStackTouched);
 
-  UniqueFd child_in, child_out, child_err;
-  int fds[2];
-  for (auto [host_end, child_end, host_reads] :
-       {std::tuple{&w->in_, &child_in, false}, std::tuple{&w->out_, &child_out, true},
-        std::tuple{&w->err_, &child_err, true}}) {
-    if (::pipe2(fds, O_CLOEXEC) < 0) {
-      return Error::Sys("pipe2", "a command's child made ahead", errno);
-    }
-    host_end->reset(host_reads ? fds[0] : fds[1]);
-    child_end->reset(host_reads ? fds[1] : fds[0]);
-    int flags = ::fcntl(host_end->get(), F_GETFL);
-    if (flags < 0 || ::fcntl(host_end->get(), F_SETFL, flags | O_NONBLOCK) < 0) {
-      return Error::Sys("fcntl(O_NONBLOCK)", "a command's child made ahead", errno);
-    }
-    // Best effort, as for a command's own pipes (Runner: pipe-user-pages-soft).
-    if (host_reads && prep.pipe_size > 0) {
-      (void)::fcntl(host_end->get(), F_SETPIPE_SZ, prep.pipe_size);
-    }
-  }
-  w->child_in_ = child_in.get();
-  w->child_out_ = child_out.get();
-  w->child_err_ = child_err.get();
-
   int pidfd = -1;
   long pid;
   {
@@ -474,7 +445,7 @@ Result<std::unique_ptr<WarmChild>> WarmChild::Start(const WarmPrep& prep) {
   if (pid < 0) return Error::Sys("clone3", "a command's child made ahead", static_cast<int>(-pid));
   w->pid_ = static_cast<pid_t>(pid);
   w->pidfd_.reset(pidfd);
-  return w;  // the child's ends close here: it has its own copies
+  return w;
 #else
   (void)prep;
   return Error::Sys("clone3", "a command's child made ahead", ENOSYS);

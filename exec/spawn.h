@@ -118,10 +118,14 @@ Result<SpawnResult> Spawn(const SpawnRequest& request, ChildStack& stack);
 // What a child made ahead for the next command (WarmChild) does before it waits: the steps of
 // a command's child that do not depend on the command.
 struct WarmPrep {
-  int cgroup_fd = -1;                     // as SpawnRequest::cgroup_fd
-  int join_procs_fds[2] = {-1, -1};       // as SpawnRequest::join_procs_fds
-  int dev_null = -1;                      // the command's stdin when it is given none
-  int pipe_size = 0;                      // F_SETPIPE_SZ of its stdout and stderr pipes; 0: as made
+  int cgroup_fd = -1;                // as SpawnRequest::cgroup_fd
+  int join_procs_fds[2] = {-1, -1};  // as SpawnRequest::join_procs_fds
+  // The child's ends of its stdio pipes (the caller keeps the others), and the command's stdin
+  // when it is given none. The child takes copies; the caller closes these after Start.
+  int stdin_fd = -1;
+  int stdout_fd = -1;
+  int stderr_fd = -1;
+  int dev_null = -1;
   uint64_t reset_signals = ~uint64_t{0};  // as SpawnRequest::reset_signals
   ChildHooks hooks;                       // run before it waits
 };
@@ -131,10 +135,10 @@ inline constexpr char kWarmChildName[] = "nsbox-next";
 
 // A command's child made ahead, for a sandbox that runs commands in a row: born in the next
 // command's cgroups (clone3 + CLONE_INTO_CGROUP), moved into its v1 ones, in its own session,
-// its signal dispositions reset, its stdio pipes in place and the pre_exec hook (no_new_privs,
-// rlimits, the commands' seccomp filter) applied, it waits on a futex for the command. Launch
-// hands over argv, env and cwd; the child makes its last few calls and execs. That takes the
-// ≈ 100 µs of those steps off the command's start (docs/init.md "The loop").
+// its signal dispositions reset, the caller's pipes on its stdio and the pre_exec hook
+// (no_new_privs, rlimits, the commands' seccomp filter) applied, it waits on a futex for the
+// command. Launch hands over argv, env and cwd; the child makes its last few calls and execs. That
+// takes the ≈ 100 µs of those steps off the command's start (docs/init.md "The loop").
 //
 // The child shares the memory of this process (CLONE_VM, like the vfork-like child of Spawn,
 // but the parent goes on running), so it runs only raw syscalls on its own stack, and touches
@@ -160,7 +164,7 @@ class WarmChild {
   Status Failure() const;
 
   // Hands a command over to a kReady child (the request's argv, envp, file, fallback, pwd_env
-  // and cwd; stdin is the pipe TakeStdin gives, or /dev/null when `null_stdin`). The request
+  // and cwd; stdin is WarmPrep::stdin_fd, or /dev/null when `null_stdin`). The request
   // and all it points to must stay valid until the child has exited, and this object too: the
   // child reads them, and writes where it failed here (failed_step).
   SpawnResult Launch(const SpawnRequest& request, bool null_stdin);
@@ -169,10 +173,6 @@ class WarmChild {
   int err() const { return report_.err; }
 
   pid_t pid() const { return pid_; }
-  // The host's ends of its stdio pipes, non-blocking and close-on-exec.
-  UniqueFd TakeStdout() { return std::move(out_); }
-  UniqueFd TakeStderr() { return std::move(err_); }
-  UniqueFd TakeStdin() { return std::move(in_); }
 
  private:
   WarmChild() = default;
@@ -184,12 +184,10 @@ class WarmChild {
   bool null_stdin_ = false;
   ChildReport report_;
   WarmPrep prep_;
-  int child_in_ = -1, child_out_ = -1, child_err_ = -1;  // the child's ends, as numbered here
 
   std::unique_ptr<ChildStack> stack_;
   pid_t pid_ = -1;
   UniqueFd pidfd_;
-  UniqueFd out_, err_, in_;
   bool launched_ = false;
   bool reaped_ = false;
 };
