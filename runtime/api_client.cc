@@ -337,6 +337,12 @@ Status ApiClient::Connect() {
   if (endpoint_.socket_path.empty()) {
     conn->socket.set_option(asio::ip::tcp::no_delay(true), ec);  // small requests, answer now
   }
+  // Reads wait in poll(POLLIN), not in a blocking recv. A socket has one wait queue for both
+  // directions: the daemon's read of each request frees our sent bytes and wakes whatever sleeps
+  // there. A blocked recv wakes for it, finds nothing and sleeps again (a cross-CPU wake-up per
+  // request on this machine kind); poll wakes only for what it asked.
+  conn->socket.native_non_blocking(true, ec);
+  if (ec) return FromBoost(ec, "connect to nsboxd at " + endpoint_.Describe());
   conn_ = std::move(conn);
   return Ok();
 }
@@ -346,6 +352,8 @@ Result<UniqueFd> ApiClient::ReleaseSocket() {
   Disconnect();
   NSBOX_TRY(Connect());
   boost::system::error_code ec;
+  conn_->socket.native_non_blocking(false, ec);  // its new owner reads it blocking
+  if (ec) return FromBoost(ec, "take the connection to nsboxd at " + endpoint_.Describe());
   UniqueFd fd(conn_->socket.release(ec));
   conn_.reset();
   if (ec) return FromBoost(ec, "take the connection to nsboxd at " + endpoint_.Describe());
