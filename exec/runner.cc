@@ -672,7 +672,8 @@ struct Runner::Impl {
   // come in a row, dropped when the runner idles. `warm_off` once one failed a step.
   std::unique_ptr<WarmChild> warm;
   CgroupSet warm_set;
-  StdioPipes warm_pipes;  // the host's ends of its pipes
+  StdioPipes warm_pipes;                   // the host's ends of its pipes
+  std::unique_ptr<ChildStack> warm_stack;  // a launched child's, once it exited: the next one's
   bool warm_off = false;
   std::unique_ptr<ChildStack> stack;
   UniqueFd dev_null;
@@ -1093,6 +1094,7 @@ void Runner::Impl::OnMainExit(const CommandPtr& cmd, int res) {
   if (cmd->warm != nullptr) {
     cmd->start_failure = StartFailureLine(cmd->warm->failed_step(), cmd->warm->err(),
                                           cmd->start_cwd, cmd->start_name);
+    warm_stack = cmd->warm->TakeStack();  // the child is reaped: the next one's
     cmd->warm.reset();
     cmd->launch.reset();
   }
@@ -1406,6 +1408,7 @@ void Runner::Impl::ArmIdle() {
 // buffers (they go back to the system).
 void Runner::Impl::ReleaseIdle() {
   DropWarm();
+  warm_stack.reset();
   reset_signals = NonDefaultSignals();
   spares.clear();  // removes their directories
   if (!buffers.empty()) {
@@ -1439,8 +1442,8 @@ void Runner::Impl::MaybeMakeWarm() {
   prep.dev_null = dev_null.get();
   prep.reset_signals = reset_signals;
   prep.hooks = hooks;
-  auto made =
-      piped.ok() ? WarmChild::Start(prep) : Result<std::unique_ptr<WarmChild>>(piped.error());
+  auto made = piped.ok() ? WarmChild::Start(prep, std::move(warm_stack))
+                         : Result<std::unique_ptr<WarmChild>>(piped.error());
   if (!made.ok()) {
     log::info("exec: commands start without a child made ahead: {}", made.error().message());
     warm_off = true;

@@ -414,17 +414,23 @@ WarmChild::~WarmChild() {
   ReapExited(pidfd_.get(), pid_);
 }
 
-Result<std::unique_ptr<WarmChild>> WarmChild::Start(const WarmPrep& prep) {
+Result<std::unique_ptr<WarmChild>> WarmChild::Start(const WarmPrep& prep,
+                                                    std::unique_ptr<ChildStack> stack) {
 #if defined(__x86_64__)
   if (g_force_clone_fallback.load(std::memory_order_relaxed)) {
     return Error::Sys("clone3", "a command's child made ahead", ENOSYS);
   }
   std::unique_ptr<WarmChild> w(new WarmChild());
   w->prep_ = prep;
-  NSBOX_ASSIGN_OR_RETURN(w->stack_, ChildStack::Create(kWarmStackSize));
-  // Touched here, so that the pages the child uses are charged to this process's memory cgroup,
-  // not to the command's (whose figures they would spoil, and whose reuse they would hold).
-  std::memset(w->stack_->base() + w->stack_->size() - kWarmStackTouched, 0, kWarmStackTouched);
+  if (stack != nullptr && stack->size() == kWarmStackSize) {
+    w->stack_ = std::move(stack);  // its pages were touched by this process when it was made
+  } else {
+    NSBOX_ASSIGN_OR_RETURN(w->stack_, ChildStack::Create(kWarmStackSize));
+    // Touched here, so that the pages the child uses are charged to this process's memory
+    // cgroup, not to the command's (whose figures they would spoil, and whose reuse they would
+    // hold).
+    std::memset(w->stack_->base() + w->stack_->size() - kWarmStackTouched, 0, kWarmStackTouched);
+  }
 
   int pidfd = -1;
   long pid;
@@ -448,6 +454,7 @@ Result<std::unique_ptr<WarmChild>> WarmChild::Start(const WarmPrep& prep) {
   return w;
 #else
   (void)prep;
+  (void)stack;
   return Error::Sys("clone3", "a command's child made ahead", ENOSYS);
 #endif
 }

@@ -155,7 +155,9 @@ class WarmChild {
   // A child that was never launched is killed and reaped.
   ~WarmChild();
 
-  static Result<std::unique_ptr<WarmChild>> Start(const WarmPrep& prep);
+  // `stack`: one that TakeStack gave back, reused instead of a new mapping (none: a new one).
+  static Result<std::unique_ptr<WarmChild>> Start(const WarmPrep& prep,
+                                                  std::unique_ptr<ChildStack> stack = nullptr);
 
   // kReady: waiting and alive (checked through its pidfd); kFailed: its preparation failed
   // (Failure says why) or it died (killed by a process of the sandbox).
@@ -173,6 +175,11 @@ class WarmChild {
   int err() const { return report_.err; }
 
   pid_t pid() const { return pid_; }
+
+  // After a launched child has exited and been reaped (or exec'd: it then no longer uses this
+  // process's memory): its stack, for the next child's Start. Unmapping it here would cost the
+  // caller a TLB shootdown on every CPU the child ran on, on the way to the command's answer.
+  std::unique_ptr<ChildStack> TakeStack() { return std::move(stack_); }
 
  private:
   WarmChild() = default;
