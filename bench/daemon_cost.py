@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""What one request costs nsboxd itself: its CPU time and its malloc calls, two builds side by side.
+
+    sudo bench/daemon_cost.py OLD_NSBOX NEW_NSBOX [--mode exec|read] [--requests N]
+        [--blocks B] [--pace MS] [--mallocs]
+
+Starts each `nsbox` binary as a daemon (`nsbox serve`, its own socket and state directory under
+/var/tmp; the script and both daemons at nice -10), creates one sandbox in each and warms it up,
+then sends B blocks of N requests to each daemon in turn over one keep-alive connection, MS
+milliseconds apart: warm execs of /bin/true (`--mode exec`) or reads of a 4 KiB file
+(`--mode read`). For each block it prints the daemon's CPU time per request (the sum of its
+threads' /proc/PID/task/TID/schedstat; the sandbox's processes are not the daemon's), and the
+medians at the end. A daemon's CPU time is a steadier figure than a latency on this machine,
+whose speed drifts from minute to minute (docs/benchmarks.md).
+
+--mallocs also counts the daemon's calls to malloc with a uprobe (tracefs, `nm` and `readelf`
+needed; the binary must have its symbols): one `p:` line in /sys/kernel/tracing/uprobe_events at
+malloc's file offset, enabled for the block, its hits read from uprobe_profile. The hits are every
+process's that runs that binary: give the two builds as two files, and run nothing else of them.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+TRACING = "/sys/kernel/tracing"
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost", timeout=60)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(60)
+        self.sock.connect(self.path)
+
+
+def call(conn, method, url, body=None):
+    conn.request(method, url, body, {"Content-Type": "application/json"} if body else {})
+    r = conn.getresponse()
+    data = r.read()
+    if r.status >= 300:
+        sys.exit(f"{method} {url}: {r.status} {data[:200]!r}")
+    return data
+
+
+def cpu_ns(pid):
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            pass  # a worker thread that ended meanwhile
+    return total
+
+
+def uprobe_events(line):
+    # O_APPEND without the seek to the end that Python's "a" mode adds: tracefs refuses it.
+    fd = os.open(f"{TRACING}/uprobe_events", os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+class MallocProbe:
+    """A uprobe on malloc in one binary, counted for one process."""
+
+    def __init__(self, binary, name):
+        out = subprocess.run(["nm", binary], capture_output=True, text=True, check=True).stdout
+        addr = next(int(l.split()[0], 16) for l in out.splitlines()
+                    if l.endswith(" malloc") and l.split()[1] in "Tt")
+        # The file offset of a non-PIE binary's text: its address less the first segment's.
+        seg = subprocess.run(["readelf", "-lW", binary], capture_output=True, text=True).stdout
+        base = min(int(l.split()[2], 16) for l in seg.splitlines() if l.strip().startswith("LOAD"))
+        self.event = f"nsbox_cost/{name}"
+        uprobe_events(f"p:{self.event} {binary}:{addr - base:#x}")
+        self.dir = f"{TRACING}/events/{self.event}"
+
+    def hits(self):
+        name = self.event.split("/")[1]
+        with open(f"{TRACING}/uprobe_profile") as f:
+            for l in f:
+                parts = l.split()
+                if len(parts) == 3 and parts[1] == name:
+                    return int(parts[2])
+        sys.exit(f"daemon_cost.py: no {self.event} in uprobe_profile")
+
+    def count(self, fn):
+        with open(f"{self.dir}/enable", "w") as f:
+            f.write("1")
+        before = self.hits()
+        fn()
+        after = self.hits()
+        with open(f"{self.dir}/enable", "w") as f:
+            f.write("0")
+        return after - before
+
+    def remove(self):
+        uprobe_events(f"-:{self.event}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("--mode", choices=["exec", "read"], default="exec")
+    ap.add_argument("--requests", type=int, default=500)
+    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--pace", type=float, default=1.0, help="milliseconds between requests")
+    ap.add_argument("--mallocs", action="store_true")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("daemon_cost.py: run as root (nsboxd makes cgroups and namespaces)")
+    os.nice(-10)
+    builds = {"old": args.old, "new": args.new}
+    daemons, conns, probes = {}, {}, {}
+    base = f"/var/tmp/nsbox-cost-{os.getpid()}"
+    exec_body = json.dumps({"command": "/bin/true"})
+    try:
+        for name, binary in builds.items():
+            sock, state = f"{base}-{name}.sock", f"{base}-{name}"
+            daemons[name] = subprocess.Popen(
+                [binary, "serve", "--socket", sock, "--state-dir", state],
+                stderr=open(f"{base}-{name}.log", "w"))
+            for _ in range(100):
+                if os.path.exists(sock):
+                    break
+                time.sleep(0.05)
+            conns[name] = UnixConnection(sock)
+            call(conns[name], "PUT", "/v1/sandboxes/cost", "{}")
+            call(conns[name], "PUT", "/v1/sandboxes/cost/files?path=f4k", b"x" * 4096)
+            if args.mallocs:
+                probes[name] = MallocProbe(binary, name)
+
+        def block(name):
+            conn = conns[name]
+            for _ in range(args.requests):
+                if args.mode == "exec":
+                    call(conn, "POST", "/v1/sandboxes/cost/exec", exec_body)
+                else:
+                    call(conn, "GET", "/v1/sandboxes/cost/files?path=f4k")
+                time.sleep(args.pace / 1000)
+
+        for name in builds:
+            block(name)  # warm-up: the sandbox's start, its first commands
+        cpu = {n: [] for n in builds}
+        mallocs = {n: [] for n in builds}
+        for b in range(args.blocks):
+            for name in (("old", "new") if b % 2 == 0 else ("new", "old")):
+                pid = daemons[name].pid
+                before = cpu_ns(pid)
+                if args.mallocs:
+                    mallocs[name].append(probes[name].count(lambda: block(name)) /
+                                         args.requests)
+                else:
+                    block(name)
+                cpu[name].append((cpu_ns(pid) - before) / args.requests / 1000)
+                line = f"block {b} {name}: daemon CPU {cpu[name][-1]:.1f} us per {args.mode}"
+                if args.mallocs:
+                    line += f", {mallocs[name][-1]:.1f} mallocs"
+                print(line, flush=True)
+        for name in builds:
+            line = f"{name}: median daemon CPU {statistics.median(cpu[name]):.1f} us per request"
+            if args.mallocs:
+                line += f", {statistics.median(mallocs[name]):.1f} mallocs per request"
+            print(line)
+    finally:
+        for p in probes.values():
+            p.remove()
+        for d in daemons.values():
+            d.terminate()
+            d.wait()
+
+
+if __name__ == "__main__":
+    main()
