@@ -151,15 +151,19 @@ TEST_F(InitUsageTest, FiguresArePerExecAndTheirCgroupsAreRemoved) {
   // next, or, with the runner's child made ahead for the next command in a set of its own, one
   // of the few after it), and its memory peak is its own, not the 150 MiB before it.
   int reused = 0;
+  std::string seen;  // where the small commands ran, for the failure's message
   for (int i = 0; i < 6 && reused == 0; ++i) {
     ExecRun small = Run("cat /proc/self/cgroup");
     ASSERT_TRUE(small.ok && small.exit.exit_code == 0) << small.Describe();
+    seen += small.out;
     if (small.out != big.out) continue;
     ++reused;
     ASSERT_TRUE(small.exit.usage.memory_peak_bytes.has_value());
     EXPECT_LT(*small.exit.usage.memory_peak_bytes, 50 * kMiB);
   }
-  EXPECT_EQ(reused, 1) << "no command ran in the cgroups the big one left";
+  EXPECT_EQ(reused, 1) << "no command ran in the cgroups the big one left:\n"
+                       << big.out << "the next ones ran in:\n"
+                       << seen;
   EXPECT_GE(*big.exit.usage.memory_peak_bytes, 150 * kMiB);
   std::vector<std::string> left;
   for (int i = 0; i < 100; ++i) {
