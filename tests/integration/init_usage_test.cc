@@ -140,7 +140,7 @@ TEST_F(InitUsageTest, OrphanedChildrenAreMeasured) {
 TEST_F(InitUsageTest, FiguresArePerExecAndTheirCgroupsAreRemoved) {
   if (!HasV1Memory()) GTEST_SKIP() << "no cgroup v1 memory hierarchy";
   // The interpreter's files, read once: their page cache is charged to the cgroup that first
-  // read them, and a cgroup left holding more than 1 MiB is not passed on.
+  // read them, and a cgroup left holding more than 2 MiB is not passed on.
   ExecRun warm = Run(Python("print(open('/proc/self/cgroup').read(), end='')\n"));
   ASSERT_TRUE(warm.ok && warm.exit.exit_code == 0) << warm.Describe();
   ExecRun big =
