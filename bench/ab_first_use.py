@@ -21,35 +21,14 @@ human pace rather than in a burst. --bwrap also times `bwrap --unshare-all ... /
 """
 
 import argparse
-import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost", timeout=60)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(60)
-        self.sock.connect(self.path)
-
-
-def call(conn, method, url, body=None):
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    conn.request(method, url, body, headers)
-    r = conn.getresponse()
-    data = r.read()
-    if r.status >= 300:
-        sys.exit(f"{method} {url}: {r.status} {data[:200]!r}")
-    return data
+from nsboxd_http import call, start_daemon
 
 
 BWRAP = ["/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
@@ -91,17 +70,9 @@ def main():
     base = f"/var/tmp/nsbox-ab-{os.getpid()}"
     try:
         for name, binary in builds.items():
-            sock, state = f"{base}-{name}.sock", f"{base}-{name}"
-            daemons[name] = subprocess.Popen(
-                [binary, "serve", "--socket", sock, "--state-dir", state] +
-                getattr(args, f"{name}_args").split(),
-                stderr=open(f"{base}-{name}.log", "w"))
-            for _ in range(100):
-                if os.path.exists(sock):
-                    break
-                time.sleep(0.05)
-            conns[name] = UnixConnection(sock)
-            call(conns[name], "GET", "/v1/health")
+            daemons[name], conns[name] = start_daemon(
+                binary, f"{base}-{name}.sock", f"{base}-{name}", f"{base}-{name}.log",
+                getattr(args, f"{name}_args").split())
         body = json.dumps({"command": "/bin/true"})
         put = {n: [] for n in builds}
         first = {n: [] for n in builds}

@@ -20,36 +20,16 @@ process's that runs that binary: give the two builds as two files, and run nothi
 """
 
 import argparse
-import http.client
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from nsboxd_http import call, start_daemon
+
 TRACING = "/sys/kernel/tracing"
-
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost", timeout=60)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(60)
-        self.sock.connect(self.path)
-
-
-def call(conn, method, url, body=None):
-    conn.request(method, url, body, {"Content-Type": "application/json"} if body else {})
-    r = conn.getresponse()
-    data = r.read()
-    if r.status >= 300:
-        sys.exit(f"{method} {url}: {r.status} {data[:200]!r}")
-    return data
 
 
 def cpu_ns(pid):
@@ -128,15 +108,8 @@ def main():
     exec_body = json.dumps({"command": "/bin/true"})
     try:
         for name, binary in builds.items():
-            sock, state = f"{base}-{name}.sock", f"{base}-{name}"
-            daemons[name] = subprocess.Popen(
-                [binary, "serve", "--socket", sock, "--state-dir", state],
-                stderr=open(f"{base}-{name}.log", "w"))
-            for _ in range(100):
-                if os.path.exists(sock):
-                    break
-                time.sleep(0.05)
-            conns[name] = UnixConnection(sock)
+            daemons[name], conns[name] = start_daemon(
+                binary, f"{base}-{name}.sock", f"{base}-{name}", f"{base}-{name}.log")
             call(conns[name], "PUT", "/v1/sandboxes/cost", "{}")
             call(conns[name], "PUT", "/v1/sandboxes/cost/files?path=f4k", b"x" * 4096)
             if args.mallocs:

@@ -1,0 +1,42 @@
+"""What the bench scripts share: an nsboxd started on its own socket, and HTTP over that socket."""
+
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost", timeout=60)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(60)
+        self.sock.connect(self.path)
+
+
+def call(conn, method, url, body=None):
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    conn.request(method, url, body, headers)
+    r = conn.getresponse()
+    data = r.read()
+    if r.status >= 300:
+        sys.exit(f"{method} {url}: {r.status} {data[:200]!r}")
+    return data
+
+
+def start_daemon(binary, sock, state, log, extra_args=()):
+    """`binary serve` on `sock` and `state`, its stderr to `log`; the process and a connection."""
+    daemon = subprocess.Popen([binary, "serve", "--socket", sock, "--state-dir", state] +
+                              list(extra_args), stderr=open(log, "w"))
+    for _ in range(100):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.05)
+    conn = UnixConnection(sock)
+    call(conn, "GET", "/v1/health")
+    return daemon, conn
