@@ -639,6 +639,8 @@ struct Runner::Impl {
   void ReleaseIdle();
   void MaybeMakeWarm();
   void DropWarm();
+  Status OpenDevNull();  // dev_null and pipe_size, once
+  void Anticipate();
   std::unique_ptr<char[]> TakeBuffer();
   void KeepBuffer(std::unique_ptr<char[]> buf);
   void MaybeRetire(const CommandPtr& cmd);
@@ -690,6 +692,26 @@ struct Runner::Impl {
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
 };
 
+Status Runner::Impl::OpenDevNull() {
+  if (dev_null.valid()) return Ok();
+  NSBOX_ASSIGN_OR_RETURN(dev_null, OpenAt(AT_FDCWD, "/dev/null", O_RDWR));
+  pipe_size = PipeSizeToAsk();
+  return Ok();
+}
+
+void Runner::Impl::Anticipate() {
+  if (shutting_down || spares.empty() || warm != nullptr) return;
+  if (auto opened = OpenDevNull(); !opened.ok()) {
+    log::warn("exec: a child made ahead for the first command: {}", opened.error().message());
+    return;
+  }
+  // As if a command had just started: the first one comes in a row, and finds the child.
+  last_start = Clock::now();
+  in_a_row = true;
+  MaybeMakeWarm();
+  ArmIdle();
+}
+
 Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents events) {
   if (spec.argv.empty()) return Error::Msg("start command: empty argv");
   if (shutting_down) return Error::Msg("start command: the runner is shutting down");
@@ -698,12 +720,7 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     if (!created.ok()) return std::move(created).error().Context("start command");
     stack = std::move(created).value();
   }
-  if (!dev_null.valid()) {
-    auto fd = OpenAt(AT_FDCWD, "/dev/null", O_RDWR);
-    if (!fd.ok()) return std::move(fd).error().Context("start command");
-    dev_null = std::move(fd).value();
-    pipe_size = PipeSizeToAsk();
-  }
+  NSBOX_TRY_CTX(OpenDevNull(), "start command");
 
   auto cmd = std::make_shared<Command>();
   cmd->impl = this;
@@ -1603,7 +1620,7 @@ void Runner::Impl::Shutdown() {
 
 struct PremadeCgroups::State {
   std::shared_ptr<CgroupParents> parents;
-  std::shared_ptr<SpareSet> set;  // removed with it, if no runner took it
+  std::vector<std::shared_ptr<SpareSet>> sets;  // removed with it, if no runner took them
 };
 
 Result<PremadeCgroups> PremadeCgroups::Make(int cgroup_dir, RunnerV1Cgroups v1) {
@@ -1613,8 +1630,12 @@ Result<PremadeCgroups> PremadeCgroups::Make(int cgroup_dir, RunnerV1Cgroups v1) 
   auto state = std::make_shared<State>();
   NSBOX_ASSIGN_OR_RETURN(state->parents,
                          DupParents(cgroup_dir, layout.dirs, layout.memory, layout.pids));
-  NSBOX_ASSIGN_OR_RETURN(CgroupSet set, MakeCgroupSet(*state->parents));
-  state->set = std::make_shared<SpareSet>(state->parents, std::move(set));
+  // Two: the first command's child made ahead takes one (Runner::Anticipate), and a command
+  // that comes before that child is ready takes the other.
+  for (size_t i = 0; i < kKeptSets; ++i) {
+    NSBOX_ASSIGN_OR_RETURN(CgroupSet set, MakeCgroupSet(*state->parents));
+    state->sets.push_back(std::make_shared<SpareSet>(state->parents, std::move(set)));
+  }
   PremadeCgroups out;
   out.state_ = std::move(state);
   return out;
@@ -1623,10 +1644,10 @@ Result<PremadeCgroups> PremadeCgroups::Make(int cgroup_dir, RunnerV1Cgroups v1) 
 Runner::Runner(Reactor& reactor, int cgroup_dir, ChildHooks hooks, RunnerV1Cgroups v1,
                PremadeCgroups premade)
     : impl_(std::make_unique<Impl>(reactor, cgroup_dir, hooks, v1, premade.state_ != nullptr)) {
-  if (premade.state_ != nullptr && premade.state_->set != nullptr) {
-    // Made from the same directories: the runner's parents, and its first kept set.
+  if (premade.state_ != nullptr && !premade.state_->sets.empty()) {
+    // Made from the same directories: the runner's parents, and its first kept sets.
     impl_->parents = premade.state_->parents;
-    impl_->spares.push_back(std::move(premade.state_->set));
+    impl_->spares = std::move(premade.state_->sets);
     impl_->ArmIdle();
   }
   // Writing stdin to a command that has closed it must fail with EPIPE, not kill nsbox-init
@@ -1654,6 +1675,8 @@ void Runner::Kill(uint64_t id, EndReason reason) {
 void Runner::KillAll(EndReason reason) { impl_->KillAll(reason); }
 
 size_t Runner::running() const { return impl_->running; }
+
+void Runner::Anticipate() { impl_->Anticipate(); }
 
 bool Runner::OwnsIdleChild(pid_t pid) const {
   return impl_->warm != nullptr && impl_->warm->pid() == pid;

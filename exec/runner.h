@@ -102,10 +102,11 @@ struct RunnerV1Cgroups {
   int pids_dir = -1;
 };
 
-// The cgroups of a first command, made before its runner exists: a jail of nsboxd's pool makes
-// them while it waits for its sandbox, so that the sandbox's first command does not (three
-// mkdirs in cgroupfs on a hybrid host, ≈ 150-200 µs here). The runner made with it takes them
-// as a kept set (released after 2 s idle, as any); dropped unused, they are removed.
+// The cgroups of the first commands, made before their runner exists: a jail of nsboxd's pool
+// makes two sets while it waits for its sandbox, so that the sandbox's first command does not
+// (three mkdirs in cgroupfs on a hybrid host, ≈ 150-200 µs here), nor the child made ahead for
+// it (Runner::Anticipate). The runner made with it takes them as kept sets (released after 2 s
+// idle, as any); dropped unused, they are removed.
 class PremadeCgroups {
  public:
   PremadeCgroups() = default;
@@ -143,6 +144,10 @@ class Runner {
   void Kill(uint64_t id, EndReason reason);
   void KillAll(EndReason reason);
   size_t running() const;
+  // A command is expected soon (the sandbox has just started): where the cgroups made ahead are
+  // there (PremadeCgroups), the next command's child is made now, as for commands in a row, and
+  // dropped after 2 s idle as any.
+  void Anticipate();
   // Whether `pid` is the runner's child made ahead for the next command (no command yet): a
   // child of the caller's thread that the caller must not reap.
   bool OwnsIdleChild(pid_t pid) const;
