@@ -221,8 +221,18 @@ class Registry {
   void PoolLoop();
   Result<std::unique_ptr<Sandbox>> StartPooled();
   std::unique_ptr<Sandbox> TakePooled();
+  // Adoptions at creation under way (Create), each on a detached thread of its own.
+  std::mutex adopting_mu_;
+  std::condition_variable adopting_cv_;
+  int adopting_ = 0;
   // A started sandbox for `entry`: a pooled jail adopted where one fits, else a new one.
   Result<std::unique_ptr<Sandbox>> StartFor(const SandboxEntry& entry, const SandboxOptions& o);
+  // After `pooled` failed to adopt with `error`: put back in the pool when nothing was done to it
+  // (ENOENT: a limit needs a cgroup it has not), else stopped.
+  void AdoptionFailed(const std::string& id, std::unique_ptr<Sandbox> pooled, const Error& error);
+  // How a sandbox of `config` whose directory is `dir` starts (its image's overlay aside).
+  SandboxOptions OptionsFor(const SandboxConfig& config, const std::string& hash,
+                            const std::string& dir) const;
 
   std::string state_dir_;
   std::string sandboxes_dir_;

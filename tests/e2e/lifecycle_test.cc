@@ -401,6 +401,15 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   ASSERT_EQ(pooled.size(), 1u) << "the default pool keeps one jail";
   const std::string id = "pool-adopter";
   Create(id);
+  // Adopted at its creation, while the PUT made its config.json durable: running before any
+  // request needs it (a GET starts nothing).
+  bool adopted_at_creation = false;
+  for (int i = 0; i < 200 && !adopted_at_creation; ++i) {
+    adopted_at_creation = Str(Obj(client().Get(SbPath(id))), "state") == "running";
+    if (!adopted_at_creation) std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_TRUE(adopted_at_creation) << "the new sandbox did not adopt the pooled jail on its own";
+  EXPECT_FALSE(IsPooledJail(pooled[0]));
   EXPECT_EQ(Sh(id, "hostname; cat /etc/hostname; touch /workspace/w && echo ok"),
             id + "\n" + id + "\nok\n");
   // The jail that was pooled is now the sandbox's: alive, with a workspace.
@@ -465,6 +474,45 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   EXPECT_EQ(Descendants(daemon().pid(), true).size(), 0u);
   Response ran = fresh.PostJson(SbPath(id, "/exec"), json::object{{"command", "hostname"}});
   EXPECT_EQ(Str(Obj(ran), "stdout"), id + "\n") << ran.Describe();
+}
+
+// A sandbox deleted or stopped at once after its PUT, while it may still be adopting the pooled
+// jail: the delete and the stop wait for the adoption and undo it; nothing is left but the pool.
+TEST_F(LifecycleTest, DeleteOrStopRightAfterCreationUndoesTheAdoption) {
+  const std::set<std::string> cgroups_before = FindNsboxCgroups();
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(WaitPoolFull(client()));
+    const std::string id = "adopt-undone-" + std::to_string(i);
+    Create(id);
+    if (i % 2 == 0) {
+      Response r = client().Delete(SbPath(id));
+      EXPECT_EQ(r.status, 204) << r.Describe();
+      EXPECT_EQ(client().Get(SbPath(id)).status, 404);
+    } else {
+      Response r = client().Request("POST", SbPath(id, "/stop"));
+      EXPECT_EQ(r.status, 200) << r.Describe();
+      EXPECT_EQ(Str(Obj(r), "state"), "stopped") << r.Describe();
+      EXPECT_EQ(Sh(id, "echo again"), "again\n");
+      EXPECT_EQ(client().Delete(SbPath(id)).status, 204);
+    }
+    EXPECT_NE(daemon().Log(0).find("sandbox=" + id + " adopted a jail of the pool (pid "),
+              std::string::npos)
+        << daemon().Log(0);
+  }
+  EXPECT_TRUE(daemon().SandboxDirs().empty());
+  ASSERT_TRUE(WaitPoolFull(client()));
+  // Only the pool's jail is left, and no cgroup of a sandbox.
+  std::vector<ProcessId> left;
+  std::vector<std::string> cgroups;
+  for (int i = 0; i < 200; ++i) {
+    left = Descendants(daemon().pid());
+    cgroups = NewNsboxCgroups(cgroups_before);
+    if (left.empty() && cgroups.empty()) break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " processes of sandboxes left";
+  EXPECT_TRUE(cgroups.empty()) << cgroups.size() << " cgroups left, the first " << cgroups[0];
+  EXPECT_EQ(PooledJails(daemon().pid()).size(), 1u);
 }
 
 TEST_F(LifecycleTest, FilesSurviveSigtermRestart) {
