@@ -705,10 +705,15 @@ void Runner::Impl::Anticipate() {
     log::warn("exec: a child made ahead for the first command: {}", opened.error().message());
     return;
   }
-  // As if a command had just started: the first one comes in a row, and finds the child.
-  last_start = Clock::now();
+  // A child for the first command only. That command still counts as a lone one, so that a
+  // sandbox that runs one command does for it what it did before: no cgroup thread, no set made
+  // for a next command, no second child (each would leave its share of kernel memory behind in
+  // an idle sandbox, if only for a while: a removed memory cgroup lingers while anything is still
+  // charged to it).
+  const bool was_in_a_row = in_a_row;
   in_a_row = true;
   MaybeMakeWarm();
+  in_a_row = was_in_a_row;
   ArmIdle();
 }
 

@@ -145,8 +145,8 @@ class Runner {
   void KillAll(EndReason reason);
   size_t running() const;
   // A command is expected soon (the sandbox has just started): where the cgroups made ahead are
-  // there (PremadeCgroups), the next command's child is made now, as for commands in a row, and
-  // dropped after 2 s idle as any.
+  // there (PremadeCgroups), the first command's child is made now, as for commands in a row, and
+  // dropped after 2 s idle as any. That command still counts as a lone one.
   void Anticipate();
   // Whether `pid` is the runner's child made ahead for the next command (no command yet): a
   // child of the caller's thread that the caller must not reap.
