@@ -432,7 +432,12 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     if (auto ok = CheckNetwork(config.network); !ok.ok()) return ok.error();
   }
   std::unique_lock<std::mutex> lock(mu_);
-  if (auto it = by_id_.find(config.id); it != by_id_.end()) return std::pair{it->second, false};
+  // One creation of an id at a time: a concurrent one waits for it and finds what it made.
+  for (;;) {
+    if (auto it = by_id_.find(config.id); it != by_id_.end()) return std::pair{it->second, false};
+    if (creating_.find(config.id) == creating_.end()) break;
+    creating_cv_.wait(lock);
+  }
   const std::string hash = IdHash(config.id);
   const std::string dir = sandboxes_dir_ + "/" + hash;
   config.created_at = NowRfc3339();
@@ -444,6 +449,22 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     if (config.image_id.empty() || !info.ok()) return ApiError::ImageNotFound(config.image);
     image = std::move(info).value();
   }
+  // The registry's lock is not held while the sandbox's directory is made durable: its fsyncs
+  // take a millisecond or more (seconds on a busy disk), and every request takes that lock to
+  // find its sandbox. Meanwhile the id is marked as being created: its image counts as in use,
+  // and a concurrent creation of the same id waits. Unmarked on every way out, under the lock.
+  creating_.emplace(config.id, config);
+  struct Unmark {
+    Registry& r;
+    std::unique_lock<std::mutex>& lock;
+    const std::string& id;
+    ~Unmark() {
+      if (!lock.owns_lock()) lock.lock();
+      r.creating_.erase(id);
+      r.creating_cv_.notify_all();
+    }
+  } unmark{*this, lock, config.id};
+  lock.unlock();
   bool made_dir = false;
   std::string spare = image ? std::string() : TakeSpareDir();
   // A host-image sandbox adopts a pooled jail while its config.json is made durable, on a thread
@@ -451,45 +472,56 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   // nsbox-init's work) would otherwise be on its first command's path. The thread holds the
   // entry's lifecycle lock from before the entry is published until the jail is its box (or has
   // failed), so a request that needs the sandbox meanwhile waits for it in Running, and a stop or
-  // delete comes after it. The directories are the spare's, pinned by open_tree, so the rename
-  // below does not move them. Not for a sandbox with a network, which Running attaches after
-  // its start.
+  // delete comes after it. The directories are the spare's, pinned (open_tree) here, before the
+  // rename below, which the thread might come after. Not for a sandbox with a network, which
+  // Running attaches after its start.
   auto entry = std::make_shared<SandboxEntry>(config, hash, dir);
   std::thread adopter;
   std::future<void> adopter_holds_lifecycle;
   if (!spare.empty() && !config.network.networked()) {
     if (std::unique_ptr<Sandbox> pooled = TakePooled()) {
-      std::promise<void> holds;
-      adopter_holds_lifecycle = holds.get_future();
-      {
-        std::lock_guard<std::mutex> adopting(adopting_mu_);
-        ++adopting_;
-      }
-      try {
-        adopter = std::thread([this, entry, pooled = std::move(pooled), holds = std::move(holds),
-                               o = OptionsFor(config, hash, spare)]() mutable {
-          {
-            std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
-            holds.set_value();
-            if (auto adopted = pooled->Adopt(o.jail); adopted.ok()) {
-              log::info("sandbox={} adopted a jail of the pool (pid {})", entry->config_.id,
-                        pooled->init_pid());
-              std::lock_guard<std::mutex> entry_lock(entry->mu_);
-              entry->box_ = std::move(pooled);
-            } else {
-              AdoptionFailed(entry->config_.id, std::move(pooled), adopted.error());
+      SandboxOptions o = OptionsFor(config, hash, spare);
+      auto workspace = PinDirectory(o.jail.workspace);
+      auto home = workspace.ok() ? PinDirectory(o.jail.home) : Result<PinnedDir>(workspace.error());
+      if (!home.ok()) {
+        log::warn("sandbox={} adopt a pooled jail: {}", config.id, home.error().message());
+        std::lock_guard<std::mutex> pool_lock(pool_mu_);
+        pool_.insert(pool_.begin(), std::move(pooled));
+      } else {
+        std::promise<void> holds;
+        adopter_holds_lifecycle = holds.get_future();
+        {
+          std::lock_guard<std::mutex> adopting(adopting_mu_);
+          ++adopting_;
+        }
+        try {
+          adopter = std::thread([this, entry, pooled = std::move(pooled), holds = std::move(holds),
+                                 jail = std::move(o.jail), workspace = std::move(workspace).value(),
+                                 home = std::move(home).value()]() mutable {
+            {
+              std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
+              holds.set_value();
+              auto adopted = pooled->Adopt(jail, std::move(workspace), std::move(home));
+              if (adopted.ok()) {
+                log::info("sandbox={} adopted a jail of the pool (pid {})", entry->config_.id,
+                          pooled->init_pid());
+                std::lock_guard<std::mutex> entry_lock(entry->mu_);
+                entry->box_ = std::move(pooled);
+              } else {
+                AdoptionFailed(entry->config_.id, std::move(pooled), adopted.error());
+              }
             }
-          }
+            std::lock_guard<std::mutex> adopting(adopting_mu_);
+            --adopting_;
+            adopting_cv_.notify_all();
+          });
+        } catch (const std::system_error& e) {
+          // The jail went with the thread's function, stopped; the sandbox starts on first use.
+          log::warn("sandbox={} adopt a pooled jail: {}", config.id, e.what());
+          adopter_holds_lifecycle = std::future<void>();
           std::lock_guard<std::mutex> adopting(adopting_mu_);
           --adopting_;
-          adopting_cv_.notify_all();
-        });
-      } catch (const std::system_error& e) {
-        // The jail went with the thread's function, stopped; the sandbox starts on first use.
-        log::warn("sandbox={} adopt a pooled jail: {}", config.id, e.what());
-        adopter_holds_lifecycle = std::future<void>();
-        std::lock_guard<std::mutex> adopting(adopting_mu_);
-        --adopting_;
+        }
       }
     }
   }
@@ -553,9 +585,6 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   }();
   if (!made.ok()) {
     if (adopter.joinable()) {
-      // Joined without the registry's lock: the adoption waits for nsbox-init's answer, which
-      // the daemon's loop reads, and the loop takes that lock to find sandboxes.
-      lock.unlock();
       adopter.join();
       std::shared_ptr<Sandbox> box;
       {
@@ -563,7 +592,6 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
         box = std::move(entry->box_);
       }
       if (box != nullptr) (void)box->Stop();
-      lock.lock();
     }
     if (!spare.empty()) (void)RemoveTree(spare);  // not used, or its config.json half-written
     if (made_dir) (void)RemoveTree(dir);
@@ -576,6 +604,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     adopter_holds_lifecycle.wait();
     adopter.detach();  // it ends holding the entry's lifecycle lock, which StopAll waits for
   }
+  lock.lock();
   by_id_[config.id] = entry;
   log::info("sandbox={} created in {}", config.id, dir);
   return std::pair{entry, true};
@@ -1140,6 +1169,9 @@ std::set<std::string> Registry::ImageIdsInUseLocked() const {
   for (const auto& [id, e] : by_id_) {
     if (!e->config_.image_id.empty()) ids.insert(e->config_.image_id);
   }
+  for (const auto& [id, config] : creating_) {
+    if (!config.image_id.empty()) ids.insert(config.image_id);
+  }
   return ids;
 }
 
@@ -1247,6 +1279,9 @@ ApiOutcome<bool> Registry::RemoveImage(const std::string& name) {
   std::vector<std::string> users;
   for (const auto& [id, e] : by_id_) {
     if (e->config_.image == name) users.push_back(id);
+  }
+  for (const auto& [id, config] : creating_) {
+    if (config.image == name) users.push_back(id);
   }
   if (!users.empty()) {
     std::string list;

@@ -267,6 +267,9 @@ class Registry {
   std::thread janitor_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>, std::less<>> by_id_;
+  // Ids whose creation is under way, with their configuration (Create); under mu_.
+  std::map<std::string, SandboxConfig, std::less<>> creating_;
+  std::condition_variable creating_cv_;
   mutable std::mutex pool_mu_;
   std::condition_variable pool_cv_;
   std::vector<std::unique_ptr<Sandbox>> pool_;

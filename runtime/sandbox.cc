@@ -154,6 +154,12 @@ Status Sandbox::Confirm() {
 }
 
 Status Sandbox::Adopt(const JailOptions& jail) {
+  NSBOX_ASSIGN_OR_RETURN(auto workspace, PinDirectory(jail.workspace));
+  NSBOX_ASSIGN_OR_RETURN(auto home, PinDirectory(jail.home));
+  return Adopt(jail, std::move(workspace), std::move(home));
+}
+
+Status Sandbox::Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir home) {
   if (!pooled()) return Error(EINVAL, "this sandbox was not started for the pool");
   const PoolFacts& pool = *pool_;
   if (jail.image != "host" || jail.overlay || jail.shared_etc_dir != pool.shared_etc_dir ||
@@ -171,8 +177,6 @@ Status Sandbox::Adopt(const JailOptions& jail) {
   }
   NSBOX_ASSIGN_OR_RETURN(auto cgroup_plan,
                          isolate::PlanCgroups(pool.layout, limits, pool.cgroup_name));
-  NSBOX_ASSIGN_OR_RETURN(auto workspace, PinDirectory(jail.workspace));
-  NSBOX_ASSIGN_OR_RETURN(auto home, PinDirectory(jail.home));
   if (!workspace.tree.valid() || !home.tree.valid()) {
     return Error(ENOSYS, "open_tree: the kernel cannot clone the sandbox's directories");
   }

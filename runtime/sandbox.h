@@ -46,6 +46,10 @@ class Sandbox {
   // the host's /etc changed since it was made; ENOENT: a limit needs a cgroup it has not) the
   // caller stops it and starts the sandbox the usual way.
   Status Adopt(const JailOptions& jail);
+  // The same, with the workspace and home already pinned by the caller (PinDirectory; their
+  // paths in `jail` are then not used): a caller that renames their directory while the adoption
+  // runs pins them first.
+  Status Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir home);
   bool pooled() const { return pending_hello_.has_value(); }
   // Stop(), if it was not called.
   ~Sandbox();
