@@ -653,20 +653,24 @@ TEST_P(RunnerTest, AnEmptyCgroupServesTheNextCommand) {
   EXPECT_NE(cgroup_of(after), cgroup_of(left)) << left.out << after.out;
 }
 
+// The exec-* cgroups under `dir`, sorted.
+std::vector<std::string> ExecCgroups(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.is_directory() && e.path().filename().string().rfind("exec-", 0) == 0) {
+      names.push_back(e.path().filename());
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 // Commands in a row: the next one's cgroup is made ahead, or left by a command that ended with
 // its cgroup reusable (at most two are kept), ended ones are removed off the loop, and an idle
 // runner keeps no cgroup at all.
 TEST_P(RunnerTest, CgroupsAreMadeAheadAndReleasedWhenIdle) {
   if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant";
-  auto exec_cgroups = [this] {
-    std::vector<std::string> names;
-    for (const auto& e : std::filesystem::directory_iterator(cgroup_path_)) {
-      if (e.is_directory() && e.path().filename().string().rfind("exec-", 0) == 0) {
-        names.push_back(e.path().filename());
-      }
-    }
-    return names;
-  };
+  auto exec_cgroups = [this] { return ExecCgroups(cgroup_path_); };
   for (int i = 0; i < 5; ++i) {
     Outcome o = Run(Bash("exit 3"));
     EXPECT_EQ(o.result.exit_code, 3);
@@ -786,18 +790,6 @@ TEST_P(RunnerTest, AChildMadeAheadTakesTheNextCommand) {
 
   // Idle for the release time (2 s): none left, and it was reaped.
   EXPECT_TRUE(Loop([&] { return WarmChildren().empty(); }, milliseconds(5000)));
-}
-
-// The exec-* cgroups under `dir`, sorted.
-std::vector<std::string> ExecCgroups(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.is_directory() && e.path().filename().string().rfind("exec-", 0) == 0) {
-      names.push_back(e.path().filename());
-    }
-  }
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 // A runner made with cgroups made ahead (a jail of nsboxd's pool) and told a command is coming
