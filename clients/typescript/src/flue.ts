@@ -105,6 +105,13 @@ export function nsboxDriver(client: NsboxClient, id: string): SandboxDriver {
       if (options?.timeoutMs !== undefined) execOptions.timeoutMs = Math.max(1, Math.ceil(options.timeoutMs));
       if (options?.signal !== undefined) execOptions.signal = options.signal;
       const r = await client.exec(id, command, execOptions);
+      if (r.reason === 'timeout' && options?.signal !== undefined) {
+        // nsboxd's deadline starts after the caller's own timer (Flue's bash tool sets one with
+        // the same timeoutMs), so that timer is due by now; on a busy host Node may still read
+        // this answer before running it. One turn of the timers lets it fire, and the caller sees
+        // its signal aborted, as local() makes it see: its exec ends on the same signal.
+        await new Promise((resolve) => setTimeout(resolve, 0));
+      }
       // local() reports a signal death it did not cause as the generic exit code 1 (nsboxd says
       // 128+N and names the signal); keep local()'s value so swapping the two changes nothing.
       const exitCode = r.reason === 'signaled' ? 1 : r.exitCode;
