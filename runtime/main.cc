@@ -71,6 +71,11 @@ int main(int argc, char** argv) {
                         "also listen on TCP HOST:PORT (requires --token-file)");
   serve_cmd->add_option("--token-file", serve.token_file,
                         "file holding the bearer token TCP clients must send");
+  serve_cmd
+      ->add_option("--auth-timeout", serve.auth_timeout_seconds,
+                   "seconds a TCP connection has to send a request with the token before it is "
+                   "closed (default 30)")
+      ->check(CLI::Range(1, 3600));
   std::string output_ring;
   std::string output_spill;
   serve_cmd->add_option("--output-ring", output_ring,

@@ -82,6 +82,53 @@ constexpr size_t kHeaderLimit = 64u << 10;   // a 4096-byte path percent-encoded
 constexpr size_t kStreamChunk = 256u << 10;  // file bodies move in pieces of this size
 constexpr size_t kWorkerThreads = 32;
 
+// TCP connections that have not yet sent a request with a valid token, at most this many at once:
+// beyond it a new one is closed at once, so that a peer without the token cannot take the fds
+// that the daemon's sandboxes and its Unix socket need (docs/security.md).
+constexpr size_t kMaxUnauthenticatedTcp = 1024;
+
+// A TCP connection until it has sent a request with a valid token. It is counted among the
+// unauthenticated ones (by the acceptor, which checks the count, then by this), and cut off once
+// `timeout` has passed since its accept: its socket's pending operations are cancelled and no
+// further request is read. Passed() ends both, and so does its destruction. The timer's handler
+// and the count are shared, so that either may outlive the session, and the session (a coroutine
+// frame that the loop destroys as it ends) may outlive the daemon.
+class PendingAuth {
+ public:
+  PendingAuth(asio::io_context& io, Socket& socket, std::shared_ptr<size_t> counter,
+              std::chrono::seconds timeout)
+      : timer_(io, timeout), state_(std::make_shared<State>()), counter_(std::move(counter)) {
+    state_->socket = &socket;
+    timer_.async_wait([state = state_](const boost::system::error_code& ec) {
+      if (ec || state->socket == nullptr) return;
+      state->expired = true;
+      boost::system::error_code ignored;
+      state->socket->cancel(ignored);
+    });
+  }
+  PendingAuth(const PendingAuth&) = delete;
+  PendingAuth& operator=(const PendingAuth&) = delete;
+  ~PendingAuth() { Passed(); }
+
+  void Passed() {
+    if (counter_ == nullptr) return;
+    --*counter_;
+    counter_.reset();
+    state_->socket = nullptr;
+    timer_.cancel();
+  }
+  bool expired() const { return state_->expired; }
+
+ private:
+  struct State {
+    Socket* socket = nullptr;
+    bool expired = false;
+  };
+  asio::steady_timer timer_;
+  std::shared_ptr<State> state_;
+  std::shared_ptr<size_t> counter_;  // null once passed
+};
+
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -745,12 +792,13 @@ json::object ExecJson(const ExecSession& s) {
 class Daemon {
  public:
   Daemon(asio::io_context& io, Registry& registry, std::string token, ExecLogLimits log_limits,
-         std::chrono::seconds retention)
+         std::chrono::seconds retention, std::chrono::seconds auth_timeout)
       : io_(io),
         registry_(registry),
         token_(std::move(token)),
         log_limits_(log_limits),
         retention_(retention),
+        auth_timeout_(auth_timeout),
         ports_(io, metrics_, [this](std::shared_ptr<SandboxEntry> entry) {
           return InnerSocket(std::move(entry));
         }) {}
@@ -769,9 +817,10 @@ class Daemon {
     bool tcp = false;
     bool body_done = false;  // the request's body was read to its end
     bool continue_sent = false;
-    bool must_close = false;  // the answer ends the connection, whatever else holds
-    int status = 0;           // of the answer, for the metrics
-    std::string sandbox_id;   // for the logs
+    bool must_close = false;      // the answer ends the connection, whatever else holds
+    int status = 0;               // of the answer, for the metrics
+    std::string sandbox_id;       // for the logs
+    PendingAuth* auth = nullptr;  // TCP, until a request has shown the token
   };
 
   asio::awaitable<void> Session(Socket socket, bool tcp);
@@ -903,6 +952,10 @@ class Daemon {
   std::atomic<int> running_execs_{0};  // requests and sockets that started an exec, still on
   const ExecLogLimits log_limits_;
   const std::chrono::seconds retention_;
+  const std::chrono::seconds auth_timeout_;  // for TCP connections to show the token
+  // TCP connections not yet past the token, counted on the loop only.
+  std::shared_ptr<size_t> unauthenticated_tcp_ = std::make_shared<size_t>(0);
+  Clock::time_point refused_logged_{};  // the last warning about kMaxUnauthenticatedTcp
   bool shutting_down_ = false;
   PortForwarder ports_;
 };
@@ -936,6 +989,20 @@ asio::awaitable<void> Daemon::AcceptLoop(Acceptor& acceptor, bool tcp) {
       (void)co_await pause.async_wait(kTuple);
       continue;
     }
+    if (tcp && *unauthenticated_tcp_ >= kMaxUnauthenticatedTcp) {
+      // A flood of connections without the token: the newest goes at once. Said once a minute.
+      if (Clock::now() - refused_logged_ > std::chrono::minutes(1)) {
+        refused_logged_ = Clock::now();
+        log::warn(
+            "{} TCP connections have not shown the token yet; closing new ones until "
+            "fewer wait",
+            *unauthenticated_tcp_);
+      }
+      boost::system::error_code ignored;
+      socket.close(ignored);
+      continue;
+    }
+    if (tcp) ++*unauthenticated_tcp_;  // until the session's PendingAuth has passed
     asio::co_spawn(io_, Session(std::move(socket), tcp), asio::detached);
   }
 }
@@ -972,17 +1039,25 @@ void Daemon::Shutdown(std::vector<Acceptor*> acceptors) {
 asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
   beast::flat_buffer buffer;
   bool linger = false;
+  std::optional<PendingAuth> auth;
+  if (tcp) auth.emplace(io_, socket, unauthenticated_tcp_, auth_timeout_);
   for (;;) {
+    if (auth && auth->expired()) break;
     http::request_parser<http::buffer_body> parser;
     parser.header_limit(kHeaderLimit);
     parser.body_limit(boost::none);  // JSON bodies are limited by ReadJson; uploads stream
     auto [ec, n] = co_await http::async_read_header(socket, buffer, parser, kTuple);
     (void)n;
+    if (auth && auth->expired()) {
+      log::debug("a TCP connection sent no request with the token within {} s: closed",
+                 auth_timeout_.count());
+      break;
+    }
     if (ec) {
       if (ec != http::error::end_of_stream && ec != asio::error::eof &&
           ec != asio::error::connection_reset && ec != asio::error::operation_aborted) {
         // Not HTTP: one answer, then the connection closes.
-        Ctx c{socket, buffer, parser, tcp, false, false, false, 0, {}};
+        Ctx c{socket, buffer, parser, tcp, false, false, false, 0, {}, nullptr};
         bool too_big = ec == http::error::header_limit;
         {
           const ApiError reply_error =
@@ -993,7 +1068,7 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
       }
       break;
     }
-    Ctx c{socket, buffer, parser, tcp, false, false, false, 0, {}};
+    Ctx c{socket, buffer, parser, tcp, false, false, false, 0, {}, auth ? &*auth : nullptr};
     c.body_done = parser.is_done();
     auto start = Clock::now();
     bool keep = co_await Handle(c);
@@ -1069,6 +1144,7 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
       const CookieSplit cookies = SplitCookies(req);
       ok = cookies.token && TokenMatches(*cookies.token, token_);
     }
+    if (ok && c.auth != nullptr) c.auth->Passed();
     if (!ok) {
       {
         const ApiError reply_error =
@@ -3415,7 +3491,8 @@ int Serve(const ServeOptions& options) {
   int exit_code = 0;
   {
     Daemon daemon(io, **registry, token, log_limits,
-                  std::chrono::seconds(options.exec_retention_seconds));
+                  std::chrono::seconds(options.exec_retention_seconds),
+                  std::chrono::seconds(options.auth_timeout_seconds));
     daemon.RestorePorts();
     std::vector<Acceptor*> acceptors{unix_acceptor->get()};
     asio::co_spawn(io, daemon.AcceptLoop(**unix_acceptor, false), asio::detached);

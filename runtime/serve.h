@@ -10,10 +10,13 @@
 namespace nsbox::runtime {
 
 struct ServeOptions {
-  std::string socket;       // default: DefaultSocketPath()
-  std::string state_dir;    // default: DefaultStateDir()
-  std::string listen;       // "HOST:PORT" for the optional TCP listener
-  std::string token_file;   // required with `listen`
+  std::string socket;      // default: DefaultSocketPath()
+  std::string state_dir;   // default: DefaultStateDir()
+  std::string listen;      // "HOST:PORT" for the optional TCP listener
+  std::string token_file;  // required with `listen`
+  // A TCP connection that has not sent a request with the token this long after it was accepted
+  // is closed (docs/security.md).
+  uint64_t auth_timeout_seconds = 30;
   std::string init_binary;  // nsbox-init; default: beside the running executable
   // Exec sessions (docs/exec.md): each exec's output ring in memory, what spills to the
   // sandbox's state dir beyond it, and how long an ended exec stays for re-attach.

@@ -367,6 +367,45 @@ TEST_F(ExhaustionTest, SlowLorisClientsDoNotStarveOthers) {
   for (int fd : fds) close(fd);
 }
 
+// A flood of TCP connections that never show the token: the daemon holds at most 1,024 of them
+// (each for --auth-timeout at most) and closes newer ones at once, so that such a peer cannot take
+// the fds the sandboxes need. The Unix socket and the sandboxes are served meanwhile; once some of
+// the flood hangs up, TCP clients with the token are served again.
+TEST_F(ExhaustionTest, ConnectionsWithoutTheTokenAreCapped) {
+  RaiseFdLimit();
+  const std::string id = NewSandbox("flood");
+  std::vector<int> flood;
+  for (int i = 0; i < 1024; ++i) {
+    int fd = Connect("", tcp_port());
+    ASSERT_GE(fd, 0) << "connection " << i << ": " << strerror(errno);
+    flood.push_back(fd);
+  }
+  // Accepted in order: this one finds 1,024 waiting, and is closed without a word.
+  const int extra = Connect("", tcp_port());
+  ASSERT_GE(extra, 0) << strerror(errno);
+  pollfd p{extra, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1) << "the connection beyond the cap was not closed";
+  char c;
+  EXPECT_LE(recv(extra, &c, 1, 0), 0) << "it was answered instead of closed";
+  close(extra);
+  EXPECT_GE(HealthLatencyMs(), 0) << "the Unix socket is still served";
+  EXPECT_EQ(Sh(id, "echo served"), "served\n");
+  EXPECT_NE(daemon().Log().find("TCP connections have not shown the token yet"), std::string::npos);
+
+  for (int i = 0; i < 100; ++i) close(flood[i]);
+  Client with_token(e2e::Endpoint::Tcp("127.0.0.1", tcp_port()), bearer());
+  int status = 0;
+  for (int i = 0; i < 50 && status != 200; ++i) {  // the daemon sees the hang-ups in its time
+    status = with_token.Get("/v1/health", milliseconds(2000)).status;
+    if (status != 200) {
+      with_token.Disconnect();
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+  EXPECT_EQ(status, 200) << "a client with the token, once the flood has thinned";
+  for (size_t i = 100; i < flood.size(); ++i) close(flood[i]);
+}
+
 // A client that sends a request and never reads the answer (a 32 MiB file), then one that hangs
 // up halfway: the daemon neither blocks nor holds them.
 TEST_F(ExhaustionTest, NeverReadingDownloadDoesNotBlockOthers) {

@@ -741,6 +741,83 @@ TEST_F(TcpTest, BearerTokenIsRequired) {
   EXPECT_TRUE(d.Stop()) << d.error() << "\n" << d.Log();
 }
 
+// --auth-timeout: a TCP connection has that long from its accept to send a request with the token.
+// Silent, dribbling and wrong-token connections are closed then; one that has shown the token
+// stays, also through a request that outlasts the deadline; the Unix socket has no deadline.
+TEST_F(TcpTest, ConnectionsThatDoNotShowTheTokenAreClosedAtTheAuthTimeout) {
+  Daemon d;
+  const std::string token = "s3cret-token-0123456789abcdef";
+  const std::string token_file = d.dir() + "/token";
+  {
+    FILE* f = std::fopen(token_file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "%s\n", token.c_str());
+    std::fclose(f);
+    chmod(token_file.c_str(), 0600);
+  }
+  const uint16_t port = FreeTcpPort();
+  ASSERT_NE(port, 0);
+  ASSERT_TRUE(d.Start({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", token_file,
+                       "--auth-timeout", "1"}))
+      << d.error();
+  const Endpoint tcp = Endpoint::Tcp("127.0.0.1", port);
+  ASSERT_EQ(Client(tcp, token).Request("PUT", "/v1/sandboxes/late").status, 201);
+  const auto start = std::chrono::steady_clock::now();
+  auto ms_since_start = [&start] {
+    return std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  const std::string with_token = "Authorization: Bearer " + token + "\r\n";
+  const std::string health = "GET /v1/health HTTP/1.1\r\nHost: x\r\n";
+
+  RawConnection silent(tcp);
+  RawConnection dribbling(tcp);
+  ASSERT_TRUE(dribbling.Send(health + "X-Slow: "));
+  RawConnection wrong(tcp);
+  ASSERT_TRUE(wrong.Send(health + "Authorization: Bearer not-the-token-at-all\r\n\r\n"));
+  EXPECT_EQ(wrong.ReadResponse().status, 401);
+  RawConnection right(tcp);
+  ASSERT_TRUE(right.Send(health + with_token + "\r\n"));
+  EXPECT_EQ(right.ReadResponse().status, 200);
+  RawConnection slow_request(tcp);
+  const std::string exec_body = R"({"command":"sleep 1.6; echo late"})";
+  ASSERT_TRUE(slow_request.Send("POST /v1/sandboxes/late/exec HTTP/1.1\r\nHost: x\r\n" +
+                                with_token + "Content-Type: application/json\r\nContent-Length: " +
+                                std::to_string(exec_body.size()) + "\r\n\r\n" + exec_body));
+  RawConnection local(d.endpoint());
+
+  for (int i = 0; i < 8; ++i) {  // the dribbler keeps sending, a byte every 100 ms
+    (void)dribbling.Send("a", milliseconds(100));
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(silent.WaitClosed(milliseconds(4000))) << "a connection that sent nothing";
+  EXPECT_GE(ms_since_start(), 900) << "closed before its time";
+  EXPECT_TRUE(dribbling.WaitClosed(milliseconds(4000))) << "a header that never ends";
+  EXPECT_TRUE(wrong.WaitClosed(milliseconds(4000))) << "a connection with a wrong token";
+
+  Response late = slow_request.ReadResponse(milliseconds(10000));
+  EXPECT_EQ(late.status, 200) << late.Describe();
+  EXPECT_NE(late.body.find("late\\n"), std::string::npos) << late.Describe();
+  EXPECT_GE(ms_since_start(), 1500);
+  // Past the deadline: the connections that showed the token, and the Unix socket's, still serve.
+  ASSERT_TRUE(right.Send(health + with_token + "\r\n"));
+  EXPECT_EQ(right.ReadResponse().status, 200) << "a connection that showed the token";
+  ASSERT_TRUE(slow_request.Send(health + with_token + "\r\n"));
+  EXPECT_EQ(slow_request.ReadResponse().status, 200);
+  ASSERT_TRUE(local.Send(health + "\r\n"));
+  EXPECT_EQ(local.ReadResponse().status, 200) << "the Unix socket has no deadline";
+  EXPECT_TRUE(d.Stop()) << d.error() << "\n" << d.Log();
+}
+
+TEST_F(TcpTest, AuthTimeoutOutOfRangeRefusesToStart) {
+  Daemon d;
+  for (const char* bad : {"0", "3601", "-1", "soon"}) {
+    int code = d.RunToExit({"--auth-timeout", bad});
+    EXPECT_NE(code, 0) << bad;
+    EXPECT_NE(code, -1) << bad << ": it kept running";
+  }
+}
+
 TEST_F(TcpTest, ListenWithoutTokenFileRefusesToStart) {
   Daemon d;
   const uint16_t port = FreeTcpPort();
