@@ -345,10 +345,17 @@ TEST_F(JailTest, DeniedSyscallsFailWithTheProfileErrno) {
 TEST_F(JailTest, ForeignSyscallAbisKillTheProcess) {
   KeyValues in = Probe({}, {"syscalls", "abi_i386", "abi_x32"});
   KeyValues host = Control({"syscalls", "abi_i386", "abi_x32"});
-  // The compiled filter kills any architecture but x86_64 (SCMP_FLTATR_ACT_BADARCH).
-  EXPECT_EQ(Get(in, "sys.abi_i386"), "SIGSYS");
+  // The compiled filter kills any architecture but x86_64 (SCMP_FLTATR_ACT_BADARCH). On a kernel
+  // without the i386 ABI (IA32 emulation off), int 0x80 is a SIGSEGV on the host too: the call
+  // never reaches the filter, nor runs.
+  if (Get(host, "sys.abi_i386") == "SIGSEGV") {
+    std::fprintf(stderr, "note: this kernel has no i386 ABI; int 0x80 is a SIGSEGV everywhere\n");
+    EXPECT_EQ(Get(in, "sys.abi_i386"), "SIGSEGV");
+  } else {
+    EXPECT_EQ(Get(in, "sys.abi_i386"), "SIGSYS");
+    EXPECT_EQ(Get(host, "sys.abi_i386"), "0") << "control: int 0x80 getpid works on the host";
+  }
   EXPECT_EQ(Get(in, "sys.abi_x32"), "SIGSYS");
-  EXPECT_EQ(Get(host, "sys.abi_i386"), "0") << "control: int 0x80 getpid works on the host";
   EXPECT_NE(Get(host, "sys.abi_x32"), "SIGSYS");
 }
 
