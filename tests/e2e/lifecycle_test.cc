@@ -46,16 +46,29 @@ std::vector<ProcessId> WaitGone(const std::vector<ProcessId>& ps, milliseconds t
   return alive;
 }
 
-// The cgroups of `cgroups` that still exist after waiting up to `timeout`.
-std::vector<std::string> WaitCgroupsGone(const std::vector<std::string>& cgroups,
-                                         milliseconds timeout) {
+// Cgroup directories, each with the inode it has now.
+using CgroupInodes = std::vector<std::pair<std::string, ino_t>>;
+CgroupInodes WithInodes(const std::vector<std::string>& cgroups) {
+  CgroupInodes out;
+  for (const auto& c : cgroups) {
+    struct stat st;
+    out.emplace_back(c, stat(c.c_str(), &st) == 0 ? st.st_ino : 0);
+  }
+  return out;
+}
+
+// The cgroups of `cgroups` that still exist after waiting up to `timeout`. A directory of the
+// same path but another inode is a new cgroup, not one left: a restarted daemon names its pool's
+// jails as the one before did (pool-1, pool-2, ...), and a sandbox adopted from the pool kept
+// that name.
+std::vector<std::string> WaitCgroupsGone(const CgroupInodes& cgroups, milliseconds timeout) {
   const auto t0 = Clock::now();
   std::vector<std::string> left;
   do {
     left.clear();
-    for (const auto& c : cgroups) {
+    for (const auto& [c, ino] : cgroups) {
       struct stat st;
-      if (stat(c.c_str(), &st) == 0) left.push_back(c);
+      if (stat(c.c_str(), &st) == 0 && st.st_ino == ino) left.push_back(c);
     }
     if (left.empty()) break;
     std::this_thread::sleep_for(milliseconds(50));
@@ -256,6 +269,7 @@ TEST_F(LifecycleTest, DeleteRemovesEverything) {
     if (HoldsAny(c, procs)) cgroups.push_back(c);
   }
   EXPECT_FALSE(cgroups.empty()) << "no cgroup of its own (the host allows them here)";
+  const CgroupInodes cgroup_inodes = WithInodes(cgroups);
 
   Response del = Delete(id);
   EXPECT_EQ(del.status, 204) << del.Describe();
@@ -272,7 +286,7 @@ TEST_F(LifecycleTest, DeleteRemovesEverything) {
   auto alive = WaitGone(procs, milliseconds(3000));
   EXPECT_TRUE(alive.empty()) << Describe(alive);
   // Its cgroups are gone.
-  auto left = WaitCgroupsGone(cgroups, milliseconds(3000));
+  auto left = WaitCgroupsGone(cgroup_inodes, milliseconds(3000));
   EXPECT_TRUE(left.empty()) << "cgroup left: " << left.front();
   std::vector<std::string> appeared = NewNsboxCgroups(cgroups_before);
   EXPECT_TRUE(appeared.empty()) << "cgroup left: " << appeared.front();
@@ -547,7 +561,7 @@ TEST_F(LifecycleTest, FilesSurviveSigkillAndNothingOfTheOldDaemonStays) {
   ASSERT_EQ(PutFile(a, "/workspace/a.txt", "aaa").status, 204);
   Sh(b, "echo bbb > /workspace/b.txt; sleep 1000 & setsid sleep 1000 &");
   const auto procs = Descendants(daemon().pid());
-  const std::vector<std::string> cgroups = NewNsboxCgroups(cgroups_before);
+  const CgroupInodes cgroups = WithInodes(NewNsboxCgroups(cgroups_before));
   ASSERT_FALSE(procs.empty());
   // A command running at the moment of the kill, too.
   std::thread t([&] {
