@@ -786,7 +786,8 @@ TEST_F(TcpTest, ConnectionsThatDoNotShowTheTokenAreClosedAtTheAuthTimeout) {
                                 std::to_string(exec_body.size()) + "\r\n\r\n" + exec_body));
   RawConnection local(d.endpoint());
 
-  for (int i = 0; i < 8; ++i) {  // the dribbler keeps sending, a byte every 100 ms
+  EXPECT_FALSE(silent.WaitClosed(milliseconds(300))) << "closed before its time";
+  for (int i = 0; i < 6; ++i) {  // the dribbler keeps sending, a byte every 100 ms
     (void)dribbling.Send("a", milliseconds(100));
     std::this_thread::sleep_for(milliseconds(100));
   }
