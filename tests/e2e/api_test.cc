@@ -695,25 +695,32 @@ class TcpTest : public ::testing::Test {
   void SetUp() override {
     if (auto reason = E2eUnavailable()) GTEST_SKIP() << "NOT RUN: " << *reason;
   }
-};
 
-TEST_F(TcpTest, BearerTokenIsRequired) {
-  Daemon d;
   const std::string token = "s3cret-token-0123456789abcdef";
-  const std::string token_file = d.dir() + "/token";
-  {
+
+  // Starts `d` on its Unix socket and on a free TCP port with `token` (a 0600 file), plus
+  // `extra` arguments; sets `*tcp` to the TCP endpoint. Call with ASSERT_NO_FATAL_FAILURE.
+  void StartWithToken(Daemon& d, const std::vector<std::string>& extra, Endpoint* tcp) {
+    const std::string token_file = d.dir() + "/token";
     FILE* f = std::fopen(token_file.c_str(), "w");
     ASSERT_NE(f, nullptr);
     std::fprintf(f, "%s\n", token.c_str());
     std::fclose(f);
     chmod(token_file.c_str(), 0600);
+    const uint16_t port = FreeTcpPort();
+    ASSERT_NE(port, 0);
+    std::vector<std::string> args = {"--listen", "127.0.0.1:" + std::to_string(port),
+                                     "--token-file", token_file};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_TRUE(d.Start(args)) << d.error();
+    *tcp = Endpoint::Tcp("127.0.0.1", port);
   }
-  const uint16_t port = FreeTcpPort();
-  ASSERT_NE(port, 0);
-  ASSERT_TRUE(
-      d.Start({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", token_file}))
-      << d.error();
-  const Endpoint tcp = Endpoint::Tcp("127.0.0.1", port);
+};
+
+TEST_F(TcpTest, BearerTokenIsRequired) {
+  Daemon d;
+  Endpoint tcp;
+  ASSERT_NO_FATAL_FAILURE(StartWithToken(d, {}, &tcp));
 
   Client none(tcp);
   ExpectError(none.Get("/v1/health"), 401, "unauthorized", "no token");
@@ -746,21 +753,8 @@ TEST_F(TcpTest, BearerTokenIsRequired) {
 // stays, also through a request that outlasts the deadline; the Unix socket has no deadline.
 TEST_F(TcpTest, ConnectionsThatDoNotShowTheTokenAreClosedAtTheAuthTimeout) {
   Daemon d;
-  const std::string token = "s3cret-token-0123456789abcdef";
-  const std::string token_file = d.dir() + "/token";
-  {
-    FILE* f = std::fopen(token_file.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fprintf(f, "%s\n", token.c_str());
-    std::fclose(f);
-    chmod(token_file.c_str(), 0600);
-  }
-  const uint16_t port = FreeTcpPort();
-  ASSERT_NE(port, 0);
-  ASSERT_TRUE(d.Start({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", token_file,
-                       "--auth-timeout", "1"}))
-      << d.error();
-  const Endpoint tcp = Endpoint::Tcp("127.0.0.1", port);
+  Endpoint tcp;
+  ASSERT_NO_FATAL_FAILURE(StartWithToken(d, {"--auth-timeout", "1"}, &tcp));
   ASSERT_EQ(Client(tcp, token).Request("PUT", "/v1/sandboxes/late").status, 201);
   const auto start = std::chrono::steady_clock::now();
   auto ms_since_start = [&start] {
