@@ -78,12 +78,27 @@ Status FsyncPath(const std::string& path) {
   return Ok();
 }
 
-Status WriteFileDurable(const std::string& dir, const std::string& name, std::string_view data) {
+Status MakeSlotDurable(const std::string& dir, const std::string& name, size_t size) {
   const std::string path = dir + "/" + name;
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!fd.valid()) return Error::Sys("open", path, errno);
-  NSBOX_TRY(WriteAll(fd.get(), data, path));
+  NSBOX_TRY(WriteAll(fd.get(), std::string(size, ' '), path));
   if (::fsync(fd.get()) != 0) return Error::Sys("fsync", path, errno);
+  return Ok();
+}
+
+Status FillSlotDurable(const std::string& dir, const std::string& name, std::string_view data) {
+  const std::string path = dir + "/" + name;
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd.valid()) return Error::Sys("open", path, errno);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error::Sys("fstat", path, errno);
+  std::string padded(data);
+  if (padded.size() < static_cast<size_t>(st.st_size)) {
+    padded.resize(static_cast<size_t>(st.st_size), ' ');
+  }
+  NSBOX_TRY(WriteAll(fd.get(), padded, path));
+  if (::fdatasync(fd.get()) != 0) return Error::Sys("fdatasync", path, errno);
   return Ok();
 }
 

@@ -389,7 +389,8 @@ Status Registry::Load() {
     const std::string path = sandboxes_dir_ + "/" + name;
     if (name.rfind(kSparePrefix, 0) == 0) {
       // Made ahead by the previous daemon and never used (or used by a PUT that did not
-      // finish): workspace/ and home/, empty, and maybe a config.json of no sandbox.
+      // finish): workspace/ and home/, empty, and config.json's slot (spaces, or the config
+      // of a PUT that never answered).
       if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
       continue;
     }
@@ -530,9 +531,10 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
         "a directory of this id exists but could not be loaded (see the daemon's start-up log); "
         "move it away to reuse the id";
     if (!spare.empty()) {
-      // A skeleton made ahead (MakeSpareDir: workspace/ and home/, durable): config.json is
-      // written and made durable in it, then it is renamed into place, never over anything.
-      NSBOX_TRY(WriteFileDurable(spare, "config.json", EncodeConfig(config)));
+      // A skeleton made ahead (MakeSpareDir: workspace/ and home/, and config.json's slot,
+      // durable): config.json is written over its slot and made durable, then the skeleton is
+      // renamed into place, never over anything.
+      NSBOX_TRY(FillSlotDurable(spare, "config.json", EncodeConfig(config)));
       if (::renameat2(AT_FDCWD, spare.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
         int err = errno;
         Error e = Error::Sys("rename", spare + " to " + dir, err);
@@ -595,11 +597,16 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     }
     if (!spare.empty()) (void)RemoveTree(spare);  // not used, or its config.json half-written
     if (made_dir) (void)RemoveTree(dir);
+    if (!image) AskForSpareDir();
     return ApiError::Internal("create sandbox '" + config.id + "': " + made.error().message());
   }
   if (auto st = FsyncPath(sandboxes_dir_); !st.ok()) {
     log::warn("sandbox={} fsync {}: {}", config.id, sandboxes_dir_, st.error().message());
   }
+  // The next skeleton, once the fsyncs above are done and a little later: made during them, its
+  // own mkdirs and fsyncs would join this creation's journal commits and make them wait; made
+  // at once after them, it would compete with the new sandbox's first command (docs/daemon.md).
+  if (!image) AskForSpareDir();
   if (adopter.joinable()) {
     adopter_holds_lifecycle.wait();
     adopter.detach();  // it ends holding the entry's lifecycle lock, which StopAll waits for
@@ -622,6 +629,9 @@ Result<std::string> Registry::MakeSpareDir() const {
         return Error::Sys("chown", path, errno);
       }
     }
+    // The slot a PUT writes config.json over: a file whose blocks are already on disk, so that
+    // making the config durable needs no journal commit (base/files.h, FillSlotDurable).
+    NSBOX_TRY(MakeSlotDurable(spare, "config.json", kConfigSlotBytes));
     NSBOX_TRY(FsyncPath(spare));
     return FsyncPath(sandboxes_dir_);
   }();
@@ -636,12 +646,24 @@ std::string Registry::TakeSpareDir() {
   std::string spare;
   {
     std::lock_guard<std::mutex> lock(janitor_mu_);
-    spare = std::move(spare_dir_);
-    spare_dir_.clear();
+    if (spares_.empty()) return spare;
+    spare = std::move(spares_.front());
+    spares_.erase(spares_.begin());
+    if (!spares_.empty()) return spare;  // the next one after this creation (AskForSpareDir)
+    // Creations in a burst: the next one now, beside this creation's fsyncs.
     janitor_spare_ = true;
   }
   janitor_cv_.notify_one();
   return spare;
+}
+
+void Registry::AskForSpareDir() {
+  {
+    std::lock_guard<std::mutex> lock(janitor_mu_);
+    janitor_spare_ = true;
+    spare_not_before_ = std::chrono::steady_clock::now() + kSpareDelay;
+  }
+  janitor_cv_.notify_one();
 }
 
 std::shared_ptr<SandboxEntry> Registry::Find(std::string_view id) const {
@@ -1195,8 +1217,16 @@ void Registry::JanitorLoop() {
   for (;;) {
     janitor_cv_.wait(lock, [this] { return janitor_work_ || janitor_spare_ || janitor_stop_; });
     if (janitor_stop_) break;
+    if (!janitor_work_ && !spares_.empty() &&
+        std::chrono::steady_clock::now() < spare_not_before_) {
+      // One skeleton is still ready: the next waits for the delay (AskForSpareDir), unless a
+      // creation takes that one meanwhile.
+      janitor_cv_.wait_until(lock, spare_not_before_,
+                             [this] { return janitor_work_ || janitor_stop_ || spares_.empty(); });
+      continue;
+    }
     const bool purge = janitor_work_;
-    const bool spare = janitor_spare_ && spare_dir_.empty();
+    const bool spare = janitor_spare_ && spares_.size() < kSpares;
     janitor_work_ = false;
     janitor_spare_ = false;
     lock.unlock();
@@ -1206,26 +1236,30 @@ void Registry::JanitorLoop() {
       }
     }
     std::string made;
+    bool failed = false;
     if (spare) {
       // A failure is no error for anyone: the next creation makes its directories itself.
       auto dir = MakeSpareDir();
       if (dir.ok()) {
         made = std::move(dir).value();
       } else {
+        failed = true;
         log::warn("{}", dir.error().message());
       }
     }
     lock.lock();
     if (!made.empty()) {
-      if (spare_dir_.empty()) {
-        spare_dir_ = std::move(made);
+      if (spares_.size() < kSpares) {
+        spares_.push_back(std::move(made));
       } else {
         (void)RemoveTree(made);
       }
     }
+    // Until there are kSpares; after a failure, at the next creation's request.
+    if (spare && !failed && spares_.size() < kSpares) janitor_spare_ = true;
   }
-  // The skeleton nobody took: removed now, or by the next start.
-  if (!spare_dir_.empty()) (void)RemoveTree(spare_dir_);
+  // The skeletons nobody took: removed now, or by the next start.
+  for (const std::string& spare : spares_) (void)RemoveTree(spare);
 }
 
 namespace {

@@ -256,14 +256,24 @@ class Registry {
   // (three mkdirs, two chowns and a directory fsync fewer on the request's path). Taken by
   // Create.
   static constexpr char kSparePrefix[] = ".spare-";
+  // config.json's slot in a spare directory: one block, more than a config with a few dozen
+  // environment variables takes (a longer one grows the file).
+  static constexpr size_t kConfigSlotBytes = 4096;
   Result<std::string> MakeSpareDir() const;
-  std::string TakeSpareDir();  // "" when none is ready; asks the janitor for the next
+  // "" when none is ready. Taking the last one has the janitor make the next at once.
+  std::string TakeSpareDir();
+  // Has the janitor make the next skeleton, kSpareDelay from now if one is still ready: after a
+  // creation's fsyncs and, most often, its first command, which it would otherwise compete with.
+  void AskForSpareDir();
+  static constexpr size_t kSpares = 2;  // two: creations in a burst of two find one each
+  static constexpr std::chrono::milliseconds kSpareDelay{50};
+  std::chrono::steady_clock::time_point spare_not_before_;  // under janitor_mu_
   std::mutex janitor_mu_;
   std::condition_variable janitor_cv_;
   bool janitor_work_ = false;
   bool janitor_spare_ = false;
   bool janitor_stop_ = false;
-  std::string spare_dir_;  // under janitor_mu_
+  std::vector<std::string> spares_;  // under janitor_mu_, oldest first
   std::thread janitor_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>, std::less<>> by_id_;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -348,25 +349,52 @@ std::vector<std::string> SpareDirs(const std::string& state) {
   return out;
 }
 
-// A creation takes the directory made ahead (its workspace and home as a creation makes them),
-// the daemon makes the next one, and a start removes those a previous daemon left, used or not.
+// A creation takes a directory made ahead (its workspace and home as a creation makes them),
+// the daemon makes the next ones, and a start removes those a previous daemon left, used or not.
 TEST_F(LifecycleTest, ACreationTakesTheDirectoryMadeAhead) {
-  auto wait_one_spare = [&] {
+  auto wait_two_spares = [&] {
     const auto deadline = Clock::now() + milliseconds(5000);
     std::vector<std::string> spares;
-    while ((spares = SpareDirs(daemon().state_dir())).size() != 1 && Clock::now() < deadline) {
+    while ((spares = SpareDirs(daemon().state_dir())).size() != 2 && Clock::now() < deadline) {
       std::this_thread::sleep_for(milliseconds(10));
     }
     return spares;
   };
-  std::vector<std::string> before = wait_one_spare();
-  ASSERT_EQ(before.size(), 1u);
+  auto count_existing = [](const std::vector<std::string>& dirs) {
+    return std::count_if(dirs.begin(), dirs.end(),
+                         [](const std::string& d) { return std::filesystem::exists(d); });
+  };
+  // The slot config.json is written over: one block of spaces, on disk ahead of the PUT.
+  auto is_blank = [](std::string_view s) { return s.find_first_not_of(" \n") == s.npos; };
+  std::vector<std::string> before = wait_two_spares();
+  ASSERT_EQ(before.size(), 2u);
+  for (const std::string& spare : before) {
+    const std::string slot = ReadHostFile(spare + "/config.json");
+    EXPECT_EQ(slot.size(), 4096u);
+    EXPECT_TRUE(is_blank(slot));
+  }
   const std::string id = "made-ahead";
   Create(id);
-  // The very directory, renamed into place with its config.json.
-  EXPECT_FALSE(std::filesystem::exists(before[0]));
+  // One of them, renamed into place with its config.json: the config, then spaces to the slot's
+  // size.
+  EXPECT_EQ(count_existing(before), 1);
   const std::string dir = daemon().SandboxDir(id);
   ASSERT_FALSE(dir.empty());
+  const std::string config = ReadHostFile(dir + "/config.json");
+  EXPECT_EQ(config.size(), 4096u);
+  EXPECT_EQ(config.front(), '{');
+  const size_t end = config.find("}\n");
+  ASSERT_NE(end, std::string::npos);
+  EXPECT_TRUE(is_blank(std::string_view(config).substr(end + 2)));
+
+  // A config longer than the slot grows the file, with nothing of the slot after it.
+  json::object env;
+  for (int i = 0; i < 100; ++i) env["VAR_" + std::to_string(i)] = std::string(60, 'v');
+  const std::string big = "made-ahead-big";
+  ASSERT_EQ(client().PutJson(SbPath(big), json::object{{"env", env}}).status, 201);
+  const std::string big_config = ReadHostFile(daemon().SandboxDir(big) + "/config.json");
+  EXPECT_GT(big_config.size(), 4096u);
+  EXPECT_EQ(big_config.substr(big_config.size() - 2), "}\n");
   for (const char* sub : {"", "/workspace", "/home"}) {
     struct stat st {};
     ASSERT_EQ(stat((dir + sub).c_str(), &st), 0) << dir + sub;
@@ -377,9 +405,13 @@ TEST_F(LifecycleTest, ACreationTakesTheDirectoryMadeAhead) {
   }
   EXPECT_EQ(Sh(id, "touch /workspace/f /root/g && ls /workspace /root"),
             "/root:\ng\n\n/workspace:\nf\n");
-  std::vector<std::string> after = wait_one_spare();
-  ASSERT_EQ(after.size(), 1u);
-  EXPECT_NE(after[0], before[0]);
+  // The second creation took the other; two new ones are made.
+  EXPECT_EQ(count_existing(before), 0);
+  std::vector<std::string> after = wait_two_spares();
+  ASSERT_EQ(after.size(), 2u);
+  for (const std::string& spare : after) {
+    EXPECT_EQ(std::count(before.begin(), before.end(), spare), 0) << spare;
+  }
 
   // Left by a daemon that died: an unused one, and one with a half-written config.json of a PUT
   // that never answered. Neither is a sandbox; the next start removes both.
@@ -389,10 +421,12 @@ TEST_F(LifecycleTest, ACreationTakesTheDirectoryMadeAhead) {
   std::ofstream(half + "/config.json") << "{\"version\":1,\"id\":\"ha";
   ASSERT_TRUE(daemon().Restart()) << daemon().error();
   Client fresh(daemon().endpoint());
-  EXPECT_EQ(Arr(fresh.Get("/v1/sandboxes"), "sandboxes").size(), 1u);
-  after = wait_one_spare();
-  ASSERT_EQ(after.size(), 1u);
-  EXPECT_NE(after[0], half);
+  // Both configs load, the padded one and the long one.
+  EXPECT_EQ(Arr(fresh.Get("/v1/sandboxes"), "sandboxes").size(), 2u);
+  EXPECT_EQ(Sh(big, "echo $VAR_99"), std::string(60, 'v') + "\n");
+  after = wait_two_spares();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(std::count(after.begin(), after.end(), half), 0);
   EXPECT_FALSE(std::filesystem::exists(half));
 }
 
