@@ -413,8 +413,8 @@ TEST_F(LifecycleTest, ACreationTakesTheDirectoryMadeAhead) {
     EXPECT_EQ(std::count(before.begin(), before.end(), spare), 0) << spare;
   }
 
-  // Left by a daemon that died: an unused one, and one with a half-written config.json of a PUT
-  // that never answered. Neither is a sandbox; the next start removes both.
+  // Left by a daemon that died: its two unused ones, and one with a half-written config.json of
+  // a PUT that never answered. None is a sandbox; the next start removes all three.
   daemon().Kill();
   const std::string half = daemon().state_dir() + "/sandboxes/.spare-0123456789abcdef";
   std::filesystem::create_directories(half + "/workspace");
