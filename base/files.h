@@ -34,9 +34,9 @@ Status MakeSlotDurable(const std::string& dir, const std::string& name, size_t s
 // Writes `data` over the slot `dir/name` (MakeSlotDurable) from its start, padded with spaces to
 // the slot's size, and fdatasyncs it. Bytes that fit the slot change no metadata, so the
 // fdatasync is a data write and a cache flush, where a new file's fsync also commits the file
-// system's journal (≈ 0.4 ms less on this project's virtio disk, docs/daemon.md); longer data
-// grows the file and its fdatasync commits the new size too. For text whose reader takes
-// trailing spaces for nothing, as JSON's does.
+// system's journal (0.2-0.5 ms less on this project's virtio disk, bench/put_durability.py);
+// longer data grows the file and its fdatasync commits the new size too. For text whose reader
+// takes trailing spaces for nothing, as JSON's does.
 Status FillSlotDurable(const std::string& dir, const std::string& name, std::string_view data);
 // temp file, fsync, rename, fsync of the directory: a crash leaves the old file or the new.
 Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data);
