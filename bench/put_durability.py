@@ -52,36 +52,22 @@ def make_ahead(base, name, slot):
     return path
 
 
-def new_file(base, spare, target):
+def put(way, base, spare, target):
+    """One way of a PUT's durable steps, timed: the config written, the rename, the fsyncs."""
+    config = os.path.join(spare, "config.json")
     start = time.perf_counter()
-    fd = os.open(os.path.join(spare, "config.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, CONFIG)
-    os.fsync(fd)
+    if way == "slot":
+        fd = os.open(config, os.O_WRONLY)
+        os.write(fd, CONFIG.ljust(SLOT, b" "))
+        os.fdatasync(fd)
+    else:
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, CONFIG)
+        if way == "new file":
+            os.fsync(fd)
     os.rename(spare, target)
-    fsync_path(base)
-    elapsed = time.perf_counter() - start
-    os.close(fd)
-    return elapsed
-
-
-def slot(base, spare, target):
-    start = time.perf_counter()
-    fd = os.open(os.path.join(spare, "config.json"), os.O_WRONLY)
-    os.write(fd, CONFIG.ljust(SLOT, b" "))
-    os.fdatasync(fd)
-    os.rename(spare, target)
-    fsync_path(base)
-    elapsed = time.perf_counter() - start
-    os.close(fd)
-    return elapsed
-
-
-def rename_first(base, spare, target):
-    start = time.perf_counter()
-    fd = os.open(os.path.join(spare, "config.json"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, CONFIG)
-    os.rename(spare, target)
-    os.fsync(fd)
+    if way == "rename first":
+        os.fsync(fd)
     fsync_path(base)
     elapsed = time.perf_counter() - start
     os.close(fd)
@@ -93,25 +79,25 @@ def main():
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--runs", type=int, default=150)
     args = ap.parse_args()
-    ways = [("new file", new_file, False), ("slot", slot, True), ("rename first", rename_first, False)]
-    times = {name: [] for name, _, _ in ways}
+    ways = ["new file", "slot", "rename first"]
+    times = {way: [] for way in ways}
     base = tempfile.mkdtemp(prefix="nsbox-put-durability-", dir=args.dir)
     try:
         for i in range(args.runs):
-            for k, (name, way, with_slot) in enumerate(ways):
-                spare = make_ahead(base, f".spare-{i}-{k}", with_slot)
+            for k, way in enumerate(ways):
+                spare = make_ahead(base, f".spare-{i}-{k}", way == "slot")
                 time.sleep(0.02)  # the janitor's commits are done before the PUT
-                times[name].append(way(base, spare, os.path.join(base, f"sb-{i}-{k}")))
+                times[way].append(put(way, base, spare, os.path.join(base, f"sb-{i}-{k}")))
                 time.sleep(0.02)
     finally:
         shutil.rmtree(base)
     print(f"{args.runs} runs in {args.dir}; µs")
     print("| way | median | p10 | p90 |")
     print("|---|---|---|---|")
-    for name, _, _ in ways:
-        t = sorted(x * 1e6 for x in times[name])
+    for way in ways:
+        t = sorted(x * 1e6 for x in times[way])
         p10, p90 = t[len(t) // 10], t[len(t) * 9 // 10]
-        print(f"| {name} | {statistics.median(t):,.0f} | {p10:,.0f} | {p90:,.0f} |")
+        print(f"| {way} | {statistics.median(t):,.0f} | {p10:,.0f} | {p90:,.0f} |")
 
 
 if __name__ == "__main__":
