@@ -1,6 +1,24 @@
 #include "base/log.h"
 
-#include <spdlog/sinks/stdout_sinks.h>
+// spdlog is compiled here, once (SPDLOG_COMPILED_LIB, cmake/Dependencies.cmake): its
+// implementation headers, which header-only use makes every file that logs compile again (6 of
+// the 10 s a small file takes), and the sinks nsbox uses. Debian's libspdlog.so cannot serve: the
+// nsbox binaries are static.
+#include <spdlog/common-inl.h>
+#include <spdlog/details/backtracer-inl.h>
+#include <spdlog/details/log_msg-inl.h>
+#include <spdlog/details/log_msg_buffer-inl.h>
+#include <spdlog/details/os-inl.h>
+#include <spdlog/details/periodic_worker-inl.h>
+#include <spdlog/details/registry-inl.h>
+#include <spdlog/logger-inl.h>
+#include <spdlog/pattern_formatter-inl.h>
+#include <spdlog/sinks/ansicolor_sink-inl.h>
+#include <spdlog/sinks/base_sink-inl.h>
+#include <spdlog/sinks/sink-inl.h>
+#include <spdlog/sinks/stdout_color_sinks-inl.h>
+#include <spdlog/sinks/stdout_sinks-inl.h>
+#include <spdlog/spdlog-inl.h>
 
 #include <string>
 

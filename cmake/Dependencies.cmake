@@ -9,10 +9,12 @@ find_package(CLI11 REQUIRED)
 find_package(GTest REQUIRED)
 find_package(Threads REQUIRED)
 
-# Header-only spdlog and fmt so that the nsbox binary can be linked statically (Debian's
-# fmt::fmt-header-only target still links libfmt.so, so the definitions are set by hand).
+# spdlog compiled once, in base/log.cc, and header-only fmt, so that the nsbox binaries can be
+# linked statically (Debian ships neither libspdlog.a nor libfmt.a, and its fmt::fmt-header-only
+# target still links libfmt.so, so the definitions are set by hand).
 add_library(nsbox_log_deps INTERFACE)
-target_compile_definitions(nsbox_log_deps INTERFACE SPDLOG_FMT_EXTERNAL FMT_HEADER_ONLY=1)
+target_compile_definitions(nsbox_log_deps INTERFACE SPDLOG_COMPILED_LIB SPDLOG_FMT_EXTERNAL
+                                                    FMT_HEADER_ONLY=1)
 
 if(NSBOX_STATIC)
   # Prefer the static archives Debian ships (libseccomp.a, libcap.a, liburing.a).
@@ -26,13 +28,18 @@ else()
 endif()
 
 # HTTP and JSON for nsboxd, the CLI's client and the tests: Boost.Beast (on Boost.Asio) and
-# Boost.JSON from Debian's boost 1.81, all header-only (Boost.JSON's sources are compiled once,
-# in runtime/json_impl.cc), so the static nsbox binary needs no Boost library at run time.
+# Boost.JSON from Debian's boost 1.81, header-only libraries whose sources are compiled once, in
+# base/asio_impl.cc (Asio and Beast) and base/json_impl.cc, so the static nsbox binary needs no
+# Boost library at run time. Every file that includes them must see the same definitions: use
+# nsbox_http_deps, never Boost::headers alone.
 find_package(Boost 1.81 REQUIRED CONFIG)
+add_library(nsbox_boost_headers INTERFACE)
+target_link_libraries(nsbox_boost_headers INTERFACE Boost::headers Threads::Threads)
+target_compile_definitions(nsbox_boost_headers INTERFACE
+    BOOST_ASIO_NO_DEPRECATED BOOST_ASIO_SEPARATE_COMPILATION BOOST_BEAST_SEPARATE_COMPILATION
+    BOOST_JSON_NO_LIB BOOST_CONTAINER_NO_LIB)
 add_library(nsbox_http_deps INTERFACE)
-target_link_libraries(nsbox_http_deps INTERFACE Boost::headers Threads::Threads)
-target_compile_definitions(nsbox_http_deps INTERFACE BOOST_ASIO_NO_DEPRECATED
-                                                     BOOST_JSON_NO_LIB BOOST_CONTAINER_NO_LIB)
+target_link_libraries(nsbox_http_deps INTERFACE nsbox_boost_headers nsbox_asio)
 
 # Image import: libarchive reads every tar flavour (only the tar format and the gzip, zstd, xz and
 # bzip2 filters are referenced, so a static link pulls neither libxml2 nor the other formats),
