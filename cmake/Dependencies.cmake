@@ -28,18 +28,19 @@ else()
 endif()
 
 # HTTP and JSON for nsboxd, the CLI's client and the tests: Boost.Beast (on Boost.Asio) and
-# Boost.JSON from Debian's boost 1.81, header-only libraries whose sources are compiled once, in
-# base/asio_impl.cc (Asio and Beast) and base/json_impl.cc, so the static nsbox binary needs no
-# Boost library at run time. Every file that includes them must see the same definitions: use
-# nsbox_http_deps, never Boost::headers alone.
+# Boost.JSON from Debian's boost 1.81, so the static nsbox binary needs no Boost library at run
+# time. Beast's and JSON's sources are compiled once, in base/beast_impl.cc and base/json_impl.cc;
+# Asio stays header-only (compiled once, its socket_ops would bring glibc's getaddrinfo into the
+# static binaries, for 1 s less on serve.cc). Every file that includes them must see the same
+# definitions: use nsbox_http_deps, never Boost::headers alone.
 find_package(Boost 1.81 REQUIRED CONFIG)
 add_library(nsbox_boost_headers INTERFACE)
 target_link_libraries(nsbox_boost_headers INTERFACE Boost::headers Threads::Threads)
 target_compile_definitions(nsbox_boost_headers INTERFACE
-    BOOST_ASIO_NO_DEPRECATED BOOST_ASIO_SEPARATE_COMPILATION BOOST_BEAST_SEPARATE_COMPILATION
+    BOOST_ASIO_NO_DEPRECATED BOOST_BEAST_SEPARATE_COMPILATION
     BOOST_JSON_NO_LIB BOOST_CONTAINER_NO_LIB)
 add_library(nsbox_http_deps INTERFACE)
-target_link_libraries(nsbox_http_deps INTERFACE nsbox_boost_headers nsbox_asio)
+target_link_libraries(nsbox_http_deps INTERFACE nsbox_boost_headers nsbox_beast)
 
 # Image import: libarchive reads every tar flavour (only the tar format and the gzip, zstd, xz and
 # bzip2 filters are referenced, so a static link pulls neither libxml2 nor the other formats),
