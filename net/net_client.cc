@@ -129,10 +129,7 @@ void NetHelper::Watch() {
     if (n < 0 || (fds[1].revents & POLLIN) != 0) return;  // destroyed
     if ((fds[0].revents & (POLLHUP | POLLERR)) != 0) break;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    dead_ = true;
-  }
+  dead_ = true;
   if (on_death_) on_death_();
 }
 
@@ -157,7 +154,14 @@ NetHelper::~NetHelper() {
 }
 
 bool NetHelper::alive() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  if (dead_) return false;
+  // The channel hangs up the moment nsbox-net dies; the watcher may not have run yet.
+  pollfd p{channel_.get(), 0, 0};
+  int n = 0;
+  do {
+    n = ::poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  if (n > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0) dead_ = true;
   return !dead_;
 }
 

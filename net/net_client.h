@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -54,7 +55,8 @@ class NetHelper {
     uint64_t refused = 0;
   };
   Result<std::map<std::string, Counts>> Counters();
-  // Whether nsbox-net still answers (false once it died: every call then fails).
+  // Whether nsbox-net still runs (false once it died: every call then fails). Asks the channel
+  // itself, so that a death is seen before the watcher thread has run; never waits.
   bool alive() const;
   const std::string& resolver_address() const { return gateway_; }
   pid_t pid() const { return pid_; }
@@ -73,7 +75,9 @@ class NetHelper {
   std::function<void()> on_death_;
   pid_t pid_ = -1;
   std::string gateway_;
-  bool dead_ = false;
+  // Set by the watcher, a failed call or alive(); read without mu_ (alive() never waits for a
+  // call under way).
+  mutable std::atomic<bool> dead_{false};
 };
 
 // nsbox-net beside the running executable (or in the build tree's net/ beside runtime/).

@@ -204,14 +204,6 @@ bool SandboxEntry::running() const {
   return box_ != nullptr && box_->client().connected();
 }
 
-std::shared_ptr<Sandbox> SandboxEntry::running_box() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (deleted_ || box_ == nullptr || !box_->client().connected()) return nullptr;
-  // Its network was lost (nsbox-net died): Registry::Running attaches it again.
-  if (network_.networked() && address_.empty()) return nullptr;
-  return box_;
-}
-
 std::string SandboxEntry::NewExecId() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string exec_id;
@@ -685,16 +677,41 @@ std::map<std::string, uint64_t> Registry::CountByState() const {
   return out;
 }
 
+std::shared_ptr<Sandbox> Registry::RunningNow(const SandboxEntry& entry) {
+  bool networked = false;
+  std::shared_ptr<Sandbox> box;
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    if (entry.deleted_ || entry.box_ == nullptr || !entry.box_->client().connected()) {
+      return nullptr;
+    }
+    networked = entry.network_.networked();
+    // Its network went with a dead nsbox-net: Running attaches it again.
+    if (networked && entry.address_.empty()) return nullptr;
+    box = entry.box_;
+  }
+  // nsbox-net may have died a moment ago, before its watcher cleared the addresses: a request
+  // that reached the sandbox now would find no network.
+  if (networked && NetLost()) return nullptr;
+  return box;
+}
+
+bool Registry::NetLost() {
+  std::unique_lock<std::mutex> lock(net_mu_, std::try_to_lock);
+  return !lock.owns_lock() || net_ == nullptr || !net_->alive();
+}
+
 ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
+  if (std::shared_ptr<Sandbox> box = RunningNow(entry)) return box;
+  bool networked = false;
   {
     std::lock_guard<std::mutex> lock(entry.mu_);
     if (entry.deleted_) return ApiError::SandboxNotFound(entry.config_.id);
-    // A sandbox whose network went with a dead nsbox-net takes the slow path: attached again.
-    const bool lost_network = entry.network_.networked() && entry.address_.empty();
-    if (entry.box_ != nullptr && entry.box_->client().connected() && !lost_network) {
-      return entry.box_;
-    }
+    networked = entry.network_.networked();
   }
+  // A dead nsbox-net is replaced now, and every sandbox's address cleared, so that the check
+  // below attaches this one again (a failed start is reported by that attach).
+  if (networked) (void)Net();
   std::lock_guard<std::mutex> lifecycle(entry.lifecycle_mu_);
   std::shared_ptr<Sandbox> dead;
   std::shared_ptr<Sandbox> running;

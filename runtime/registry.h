@@ -99,8 +99,6 @@ class SandboxEntry {
   const std::string& hash() const { return hash_; }
   const std::string& dir() const { return dir_; }
   bool running() const;
-  // Its nsbox-init while it runs and answers, else null (Registry::Running starts it).
-  std::shared_ptr<Sandbox> running_box() const;
 
   // The exec sessions (docs/exec.md): running execs and ended ones kept for re-attach until
   // their retention ends. The sessions themselves are used on the daemon's event loop only.
@@ -167,6 +165,9 @@ class Registry {
 
   // The sandbox's running nsbox-init, started on demand.
   ApiOutcome<std::shared_ptr<Sandbox>> Running(SandboxEntry& entry);
+  // Its running nsbox-init when Running would return it without waiting for anything: running,
+  // answering, and its network (if it has one) attached to a live nsbox-net. Else null.
+  std::shared_ptr<Sandbox> RunningNow(const SandboxEntry& entry);
   // Ends every process (running execs answer "stopped") and nsbox-init; the files stay.
   ApiOutcome<bool> Stop(SandboxEntry& entry);
   // Stop, then removes the sandbox and all its files. sandbox_not_found when there is none.
@@ -214,6 +215,9 @@ class Registry {
   void CollectImagesLocked();
   // nsbox-net, started on first need; the error of the last failed start otherwise.
   Result<net::NetHelper*> Net();
+  // Whether the sandboxes' networks may be gone: nsbox-net is dead, or is being started (its
+  // lock is held). Never waits.
+  bool NetLost();
   // Gives the running `box` of `entry` its network (the caller holds its lifecycle lock).
   Status AttachLocked(SandboxEntry& entry, Sandbox& box, const net::NetworkPolicy& policy);
   void DetachLocked(SandboxEntry& entry);

@@ -1927,7 +1927,7 @@ asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> Daemon::FindEntry(
 
 asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> Daemon::EnsureRunning(
     std::shared_ptr<SandboxEntry> entry) {
-  if (std::shared_ptr<Sandbox> box = entry->running_box()) co_return box;
+  if (std::shared_ptr<Sandbox> box = registry_.RunningNow(*entry)) co_return box;
   auto work = [this, entry] { return registry_.Running(*entry); };
   co_return co_await Blocking(std::move(work));
 }

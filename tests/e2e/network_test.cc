@@ -472,16 +472,22 @@ TEST_F(NetworkTest, ASandboxGetsItsNetworkBackAfterNsboxNetDies) {
   const std::string id = NewId();
   CreateNet(id, Allow({"allowed.test"}));
   ExpectReaches(id, "http://allowed.test/", "allowed.test");
-  std::vector<e2e::ProcessId> helpers;
-  for (const auto& p : e2e::Descendants(daemon().pid())) {
-    if (p.comm == "nsbox-net") helpers.push_back(p);
+  // The request right after the death finds the network back: the daemon asks nsbox-net, not
+  // only its watcher thread, which may not have run yet (it had not in one CI run of three).
+  // Three rounds, for that window to be met.
+  for (int round = 0; round < 3; ++round) {
+    std::vector<e2e::ProcessId> helpers;
+    for (const auto& p : e2e::Descendants(daemon().pid())) {
+      if (p.comm == "nsbox-net") helpers.push_back(p);
+    }
+    ASSERT_EQ(helpers.size(), 1u) << "one nsbox-net under the daemon, round " << round;
+    ASSERT_EQ(::kill(helpers[0].pid, SIGKILL), 0);
+    for (int i = 0; i < 1000 && e2e::StillAlive(helpers[0]); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_FALSE(e2e::StillAlive(helpers[0]));
+    ExpectReaches(id, "http://allowed.test/", "allowed.test");
   }
-  ASSERT_EQ(helpers.size(), 1u) << "one nsbox-net under the daemon";
-  ASSERT_EQ(::kill(helpers[0].pid, SIGKILL), 0);
-  for (int i = 0; i < 100 && e2e::StillAlive(helpers[0]); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ExpectReaches(id, "http://allowed.test/", "allowed.test");
   ExpectRefused(id, Url(inet().denied_address()));
   EXPECT_FALSE(AddressOf(id).empty());
   int now = 0;
