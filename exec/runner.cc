@@ -665,7 +665,14 @@ struct Runner::Impl {
   std::shared_ptr<CgroupParents> parents;  // dups of the above, made at the first Start
   // Sets for the next commands (at most kKeptSets): made ahead, or left reusable by a command.
   std::vector<std::shared_ptr<SpareSet>> spares;
-  bool spare_pending = false;                    // the cgroup thread is making one
+  bool spare_pending = false;  // the cgroup thread is making one
+  // Where the cgroup thread leaves the set it made for the loop to take: held here, not by the
+  // closure it posts, so that Shutdown removes it even when the loop never runs that closure.
+  struct MadeSpare {
+    std::mutex mu;
+    std::shared_ptr<SpareSet> set;
+  };
+  std::shared_ptr<MadeSpare> made_spare = std::make_shared<MadeSpare>();
   std::vector<std::unique_ptr<char[]>> buffers;  // read buffers kept for the next commands
   Clock::time_point last_start;                  // of the last Start (the epoch before the first)
   bool in_a_row = false;  // the last Start came within kIdleRelease of the one before
@@ -1393,26 +1400,36 @@ bool Runner::Impl::Keep(CgroupSet& set) {
 void Runner::Impl::RequestSpare() {
   if (parents == nullptr || !spares.empty() || spare_pending || shutting_down) return;
   spare_pending = true;
-  cgroup_thread->Submit([reactor = &reactor, alive = alive, parents = parents, this] {
-    auto made = MakeCgroupSet(*parents);
-    if (!made.ok()) {
-      reactor->Post([alive, this, e = made.error()] {
-        if (!*alive) return;  // the runner is gone; `this` must not be touched
-        spare_pending = false;
-        log::warn("exec cgroups made ahead: {}", e.message());
+  cgroup_thread->Submit(
+      [reactor = &reactor, alive = alive, parents = parents, slot = made_spare, this] {
+        auto made = MakeCgroupSet(*parents);
+        if (!made.ok()) {
+          reactor->Post([alive, this, e = made.error()] {
+            if (!*alive) return;  // the runner is gone; `this` must not be touched
+            spare_pending = false;
+            log::warn("exec cgroups made ahead: {}", e.message());
+          });
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(slot->mu);
+          slot->set = std::make_shared<SpareSet>(parents, std::move(made).value());
+        }
+        reactor->Post([alive, slot, this] {
+          if (!*alive) return;  // Shutdown removed the set; `this` must not be touched
+          std::shared_ptr<SpareSet> owned;
+          {
+            std::lock_guard<std::mutex> lock(slot->mu);
+            owned = std::move(slot->set);
+          }
+          spare_pending = false;
+          if (owned == nullptr) return;
+          if (spares.size() >= kKeptSets || shutting_down) return;
+          spares.push_back(owned);
+          ArmIdle();
+          MaybeMakeWarm();
+        });
       });
-      return;
-    }
-    auto owned = std::make_shared<SpareSet>(parents, std::move(made).value());
-    reactor->Post([alive, owned, this] {
-      if (!*alive) return;  // `owned` removes the set; `this` must not be touched
-      spare_pending = false;
-      if (spares.size() >= kKeptSets || shutting_down) return;
-      spares.push_back(owned);
-      ArmIdle();
-      MaybeMakeWarm();
-    });
-  });
 }
 
 void Runner::Impl::ArmIdle() {
@@ -1576,6 +1593,12 @@ void Runner::Impl::Shutdown() {
   if (sweep_op != 0) reactor.Cancel(sweep_op);
   if (idle_op != 0) reactor.Cancel(idle_op);
   cgroup_thread.reset();  // waits for its jobs; what they post finds `alive` false
+  {
+    // A set made ahead that the loop has not taken yet: removed now, not whenever the reactor
+    // drops the closure that would have taken it.
+    std::lock_guard<std::mutex> lock(made_spare->mu);
+    made_spare->set.reset();
+  }
   ReleaseIdle();
   std::vector<CommandPtr> all;
   for (const auto& [id, cmd] : commands) all.push_back(cmd);
