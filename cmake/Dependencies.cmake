@@ -30,8 +30,8 @@ endif()
 # HTTP and JSON for nsboxd, the CLI's client and the tests: Boost.Beast (on Boost.Asio) and
 # Boost.JSON from Debian's boost 1.81, so the static nsbox binary needs no Boost library at run
 # time. Beast's and JSON's sources are compiled once, in base/beast_impl.cc and base/json_impl.cc;
-# Asio stays header-only (compiled once, its socket_ops would bring glibc's getaddrinfo into the
-# static binaries, for 1 s less on serve.cc). Every file that includes them must see the same
+# Asio stays header-only: compiled once, its socket_ops brought glibc's getaddrinfo into the
+# static binaries (a link warning), and saved 1 s of serve.cc's 51. Every file that includes them must see the same
 # definitions: use nsbox_http_deps, never Boost::headers alone.
 find_package(Boost 1.81 REQUIRED CONFIG)
 add_library(nsbox_boost_headers INTERFACE)

@@ -703,15 +703,16 @@ bool Registry::NetLost() {
 
 ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
   if (std::shared_ptr<Sandbox> box = RunningNow(entry)) return box;
-  bool networked = false;
+  bool may_have_lost_network = false;
   {
     std::lock_guard<std::mutex> lock(entry.mu_);
     if (entry.deleted_) return ApiError::SandboxNotFound(entry.config_.id);
-    networked = entry.network_.networked();
+    may_have_lost_network = entry.network_.networked() && entry.box_ != nullptr;
   }
   // A dead nsbox-net is replaced now, and every sandbox's address cleared, so that the check
-  // below attaches this one again (a failed start is reported by that attach).
-  if (networked) (void)Net();
+  // below attaches this running one again (a failed start is reported by that attach). A
+  // stopped sandbox starts nsbox-net as it attaches.
+  if (may_have_lost_network) (void)Net();
   std::lock_guard<std::mutex> lifecycle(entry.lifecycle_mu_);
   std::shared_ptr<Sandbox> dead;
   std::shared_ptr<Sandbox> running;
