@@ -343,6 +343,9 @@ Status ApiClient::Connect() {
   // request on this machine kind); poll wakes only for what it asked.
   conn->socket.native_non_blocking(true, ec);
   if (ec) return FromBoost(ec, "connect to nsboxd at " + endpoint_.Describe());
+  // Beast reads as much as the buffer's free room (512 bytes when it has none): a download
+  // would move in reads and file writes of 512 bytes.
+  conn->buffer.reserve(kIoChunk);
   conn_ = std::move(conn);
   return Ok();
 }
