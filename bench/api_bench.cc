@@ -11,7 +11,9 @@
 // 2. warm exec of /bin/true vs `nsenter -t PID -a -r -w /bin/true` into a running bwrap sandbox,
 //    with the floors in the same run: a bare vfork + execve, `bash -c /bin/true` on the host, the
 //    in-process InitClient (no HTTP, no daemon) and GET /v1/health (HTTP alone);
-// 3. a 4 KiB file read (GET .../files), vs InitClient::ReadFile and `nsenter ... cat`;
+// 3. a 4 KiB file read (GET .../files), vs InitClient::ReadFile and `nsenter ... cat`; then
+//    alone: requests back to back, and after a pause of the client; a 256 MiB upload and
+//    download;
 // 4. memory: the daemon's idle RSS, its cost per idle keep-alive connection, and N idle
 //    sandboxes (daemon PSS + nsbox-inits' PSS + kernel memory, per sandbox).
 // The daemon's stderr goes to a file that is checked for warnings and errors at the end.
@@ -523,6 +525,66 @@ int main(int argc, char** argv) {
   std::printf("| ratio nsenter+cat / API (medians) | %.1fx | | | target API <= 100 us |\n",
               s_cat.median / s_get.median);
   Row("  in-process InitClient readFile of 4 KiB (no HTTP, no daemon)", Summarize(t_rf));
+  {
+    // The same read with nothing else between the requests, and with a client's pause before
+    // each: on a guest whose idle vCPUs halt, a request that finds the daemon and nsbox-init
+    // asleep pays for waking them (docs/benchmarks.md "What a pause between requests costs").
+    // The two alternate run by run, so that the machine's noise hits both alike.
+    std::vector<double> t_row, t_pause;
+    constexpr int kRow = 8;
+    for (int i = -warmup; i < runs * 4; ++i) {
+      for (int k = 0; k < kRow; ++k) {
+        auto t0 = Clock::now();
+        auto r = Must(api.Call(Method::kGet, get_target), "GET file");
+        if (i >= 0 && k > 0) t_row.push_back(Micros(Clock::now() - t0));
+        if (r.body.size() != 4096) Die("GET file: " + std::to_string(r.body.size()) + " bytes");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+      auto t0 = Clock::now();
+      auto r = Must(api.Call(Method::kGet, get_target), "GET file");
+      if (i >= 0) t_pause.push_back(Micros(Clock::now() - t0));
+      if (r.body.size() != 4096) Die("GET file: " + std::to_string(r.body.size()) + " bytes");
+    }
+    Row("  4 KiB read, requests back to back (the 2nd to 8th of a row of 8)", Summarize(t_row));
+    Row("  4 KiB read after the client paused 0.5 ms", Summarize(t_pause));
+  }
+  {
+    // 256 MiB up and down through the raw file endpoints, as `nsbox cp` moves them (the body
+    // streamed both ways; docs/benchmarks.md "Bodies read 512 bytes at a time").
+    constexpr size_t kBig = size_t{256} << 20;
+    const std::string big = dir + "/big";
+    {
+      std::ofstream out(big, std::ios::binary);
+      std::string block(1 << 20, '\0');
+      for (size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>(i * 7919 >> 3);
+      for (size_t i = 0; i < kBig / block.size(); ++i) out << block;
+    }
+    const auto big_target = nsbox::runtime::FilesTarget(warm, "big");
+    std::vector<double> up, down;
+    for (int i = 0; i < 5; ++i) {
+      int fd = open(big.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) Die("open " + big);
+      auto t0 = Clock::now();
+      Must(api.Upload(Method::kPut, big_target, fd), "upload 256 MiB", 204);
+      up.push_back(kBig / Micros(Clock::now() - t0) / 1e3);
+      close(fd);
+      size_t got = 0;
+      t0 = Clock::now();
+      auto r = api.Download(big_target, [&](std::string_view chunk) {
+        got += chunk.size();
+        return nsbox::Ok();
+      });
+      down.push_back(kBig / Micros(Clock::now() - t0) / 1e3);
+      if (!r.ok() || r->status != 200 || got != kBig) Die("download 256 MiB");
+    }
+    unlink(big.c_str());
+    auto row = [](const char* what, std::vector<double> v) {
+      Stats st = Summarize(std::move(v));
+      std::printf("| %s | %.2f | %.2f | %.2f | GB/s |\n", what, st.median, st.p10, st.p90);
+    };
+    row("upload of 256 MiB: PUT /v1/sandboxes/{id}/files (5 runs)", up);
+    row("download of 256 MiB: GET /v1/sandboxes/{id}/files (5 runs)", down);
+  }
   std::printf("\n");
 
   inproc->reset();
