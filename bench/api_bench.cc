@@ -566,7 +566,7 @@ int main(int argc, char** argv) {
       if (fd < 0) Die("open " + big);
       auto t0 = Clock::now();
       Must(api.Upload(Method::kPut, big_target, fd), "upload 256 MiB", 204);
-      up.push_back(kBig / Micros(Clock::now() - t0) / 1e3);
+      up.push_back(kBig / Micros(Clock::now() - t0));  // MB/s
       close(fd);
       size_t got = 0;
       t0 = Clock::now();
@@ -574,16 +574,12 @@ int main(int argc, char** argv) {
         got += chunk.size();
         return nsbox::Ok();
       });
-      down.push_back(kBig / Micros(Clock::now() - t0) / 1e3);
+      down.push_back(kBig / Micros(Clock::now() - t0));
       if (!r.ok() || r->status != 200 || got != kBig) Die("download 256 MiB");
     }
     unlink(big.c_str());
-    auto row = [](const char* what, std::vector<double> v) {
-      Stats st = Summarize(std::move(v));
-      std::printf("| %s | %.2f | %.2f | %.2f | GB/s |\n", what, st.median, st.p10, st.p90);
-    };
-    row("upload of 256 MiB: PUT /v1/sandboxes/{id}/files (5 runs)", up);
-    row("download of 256 MiB: GET /v1/sandboxes/{id}/files (5 runs)", down);
+    Row("upload of 256 MiB: PUT /v1/sandboxes/{id}/files (5 runs)", Summarize(up), "MB/s");
+    Row("download of 256 MiB: GET /v1/sandboxes/{id}/files (5 runs)", Summarize(down), "MB/s");
   }
   std::printf("\n");
 

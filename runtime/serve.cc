@@ -81,9 +81,9 @@ constexpr size_t kMaxJsonBody = 1u << 20;    // api.md: JSON bodies up to 1 MiB
 constexpr size_t kHeaderLimit = 64u << 10;   // a 4096-byte path percent-encoded fits
 constexpr size_t kStreamChunk = 256u << 10;  // file bodies move in pieces of this size
 // Beast reads a socket into a flat_buffer as much as its free capacity (at least 512 bytes, at
-// most 64 KiB): a body is streamed through a buffer of this room, given back after the request
-// so that an idle keep-alive connection holds none (a 200 MB upload took 409,604 reads of 512
-// bytes, and as many epoll_waits, before).
+// most 64 KiB): a request with a body that is not small gets a buffer of this room, given back
+// after the request so that an idle keep-alive connection holds none (a 200 MB upload took
+// 409,604 reads of 512 bytes, and as many epoll_waits, before).
 constexpr size_t kSocketReadRoom = 64u << 10;
 constexpr size_t kWorkerThreads = 32;
 
@@ -1075,9 +1075,12 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
     }
     Ctx c{socket, buffer, parser, tcp, false, false, false, 0, {}, auth ? &*auth : nullptr};
     c.body_done = parser.is_done();
+    if (!c.body_done && parser.content_length().value_or(kSocketReadRoom) > 4096) {
+      buffer.reserve(kSocketReadRoom);
+    }
     auto start = Clock::now();
     bool keep = co_await Handle(c);
-    // The room a streamed body had (kSocketReadRoom); what a client sent ahead stays.
+    // The room its body had (kSocketReadRoom); what a client sent ahead stays.
     if (buffer.capacity() > 4096) buffer.shrink_to_fit();
     metrics_.Request(std::string_view(parser.get().method_string()), c.status);
     if (spdlog::should_log(spdlog::level::debug)) {  // its arguments cost a string
@@ -1865,7 +1868,6 @@ asio::awaitable<std::optional<size_t>> Daemon::ReadBodyPiece(Ctx& c, std::vector
   auto& p = c.parser;
   p.get().body().data = buf.data();
   p.get().body().size = buf.size();
-  c.buffer.reserve(kSocketReadRoom);  // Session gives it back after the request
   auto [ec, n] = co_await http::async_read(c.socket, c.buffer, p, kTuple);
   (void)n;
   if (ec == http::error::need_buffer) ec = {};
@@ -1891,7 +1893,6 @@ asio::awaitable<ApiOutcome<std::string>> Daemon::ReadBody(Ctx& c) {
   std::string body;
   size_t got = 0;
   const uint64_t length = p.content_length().value_or(0);
-  if (!p.is_done() && (length == 0 || length > 4096)) c.buffer.reserve(kSocketReadRoom);
   while (!p.is_done()) {
     const size_t want = length > got ? static_cast<size_t>(length) - got : size_t{16} << 10;
     body.resize(got + want);
