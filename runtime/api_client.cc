@@ -18,7 +18,6 @@
 #include <boost/json.hpp>
 #include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -190,60 +189,6 @@ std::string SandboxTarget(std::string_view id, std::string_view suffix) {
 
 std::string FilesTarget(std::string_view id, std::string_view path) {
   return SandboxTarget(id, "/files?path=") + PercentEncode(path);
-}
-
-namespace {
-constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-}  // namespace
-
-std::string Base64Encode(std::string_view bytes) {
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    uint32_t n = static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])) << 16 |
-                 static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8 |
-                 static_cast<unsigned char>(bytes[i + 2]);
-    out += kBase64[n >> 18];
-    out += kBase64[(n >> 12) & 63];
-    out += kBase64[(n >> 6) & 63];
-    out += kBase64[n & 63];
-  }
-  size_t left = bytes.size() - i;
-  if (left > 0) {
-    uint32_t n = static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])) << 16;
-    if (left == 2) n |= static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8;
-    out += kBase64[n >> 18];
-    out += kBase64[(n >> 12) & 63];
-    out += left == 2 ? kBase64[(n >> 6) & 63] : '=';
-    out += '=';
-  }
-  return out;
-}
-
-Result<std::string> Base64Decode(std::string_view text) {
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  uint32_t acc = 0;
-  int bits = 0;
-  size_t padding = 0;
-  for (char ch : text) {
-    if (ch == '=') {
-      ++padding;
-      continue;
-    }
-    const char* pos = ch != '\0' ? std::strchr(kBase64, ch) : nullptr;
-    if (pos == nullptr || padding > 0)
-      return Error(EINVAL, "invalid base64 in the daemon's answer");
-    acc = (acc << 6) | static_cast<uint32_t>(pos - kBase64);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += static_cast<char>((acc >> bits) & 0xff);
-    }
-  }
-  if (padding > 2) return Error(EINVAL, "invalid base64 in the daemon's answer");
-  return out;
 }
 
 bool IsValidUtf8(std::string_view s) {

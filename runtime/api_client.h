@@ -65,9 +65,6 @@ std::string SandboxTarget(std::string_view id, std::string_view suffix = "");
 // "/v1/sandboxes/<id>/files?path=<path>".
 std::string FilesTarget(std::string_view id, std::string_view path);
 
-// Base64 (RFC 4648, with padding) for exec output and pathBase64.
-std::string Base64Encode(std::string_view bytes);
-Result<std::string> Base64Decode(std::string_view text);
 // True when `s` is valid UTF-8 (JSON strings must be; other paths go as pathBase64).
 bool IsValidUtf8(std::string_view s);
 

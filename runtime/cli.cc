@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/base64.h"
 #include "base/files.h"
 #include "base/unique_fd.h"
 #include "images/store.h"

@@ -42,6 +42,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/base64.h"
 #include "base/files.h"
 #include "base/log.h"
 #include "exec/runner.h"
