@@ -300,6 +300,9 @@ Result<WsExecResult> RunWsExec(const ApiEndpoint& endpoint, const std::string& s
                                      fd->release(), ec);
   if (ec) return Error::Msg(what + ": " + ec.message());
   ws.read_message_max(kMaxMessage);
+  // A client masks what it sends through this buffer, one write per buffer's worth (4 KiB by
+  // default: a 64 KiB stdin message took 16 writes): a whole input message in one.
+  ws.write_buffer_bytes(kInputChunk + 1);
   ws.set_option(websocket::stream_base::decorator([&endpoint](websocket::request_type& req) {
     req.set(http::field::user_agent, "nsbox-cli");
     if (!endpoint.token.empty()) req.set(http::field::authorization, "Bearer " + endpoint.token);
