@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from nsboxd_http import call, start_daemon
+from nsboxd_http import call, start_daemon, stop_daemons
 
 
 BWRAP = ["/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
@@ -119,10 +119,7 @@ def main():
         for n in builds:
             os.unlink(f"{base}-{n}.log")  # kept when something failed
     finally:
-        for d in daemons.values():
-            d.terminate()
-            d.wait()
-        subprocess.run(["rm", "-rf"] + [f"{base}-{n}" for n in builds])
+        stop_daemons(daemons.values(), [f"{base}-{n}" for n in builds])
 
 
 if __name__ == "__main__":

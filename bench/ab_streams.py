@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from nsboxd_http import call, start_daemon
+from nsboxd_http import call, start_daemon, stop_daemons
 
 
 def timed(argv, stdin_path=None, expect_out=None):
@@ -106,10 +106,7 @@ def main():
         for n in builds:
             os.unlink(f"{base}-{n}.log")  # kept when something failed
     finally:
-        for d in daemons.values():
-            d.terminate()
-            d.wait()
-        subprocess.run(["rm", "-rf", data] + [f"{base}-{n}" for n in builds])
+        stop_daemons(daemons.values(), [data] + [f"{base}-{n}" for n in builds])
 
 
 if __name__ == "__main__":

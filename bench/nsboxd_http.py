@@ -40,3 +40,11 @@ def start_daemon(binary, sock, state, log, extra_args=()):
     conn = UnixConnection(sock)
     call(conn, "GET", "/v1/health")
     return daemon, conn
+
+
+def stop_daemons(daemons, paths):
+    """SIGTERM to each of `daemons` (Popen objects), a wait for each, then `rm -rf` of `paths`."""
+    for d in daemons:
+        d.terminate()
+        d.wait()
+    subprocess.run(["rm", "-rf"] + list(paths))
