@@ -273,7 +273,7 @@ ApiOutcome<std::string> RawPath(const std::optional<std::string>& path,
   if (path && path_base64) return ApiError::Invalid("give \"path\" or \"pathBase64\", not both");
   if (path_base64) {
     auto decoded = Base64Decode(*path_base64);
-    if (!decoded.ok()) return ApiError::Invalid("\"pathBase64\" is not valid base64");
+    if (!decoded.ok()) return ApiError::Invalid("\"pathBase64\": " + decoded.error().message());
     return std::move(decoded).value();
   }
   if (!path) return ApiError::Invalid("the request needs a \"path\"");

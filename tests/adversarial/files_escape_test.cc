@@ -421,6 +421,7 @@ TEST_F(FilesEscapeTest, NulBytesAndBase64Paths) {
   Response bad2 = Call("GET", SbPath(id_, "/files?pathBase64=" + PctEncode("*not base64*")));
   EXPECT_EQ(bad2.status, 400) << bad2.Describe();
   EXPECT_EQ(bad2.ErrorCode(), "invalid_request");
+  EXPECT_EQ(bad2.ErrorMessage(), "\"pathBase64\": invalid base64 at offset 0") << bad2.Describe();
 }
 
 // The upload's target directory is swapped for a symlink to /etc halfway through the body: the
