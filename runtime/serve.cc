@@ -18,6 +18,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -3005,13 +3006,29 @@ asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   std::vector<char> buf(kStreamChunk);
   uint64_t left = file.size;
   while (left > 0) {
-    ssize_t got = ::read(file.fd.get(), buf.data(), std::min<uint64_t>(left, buf.size()));
-    if (got < 0 && errno == EINTR) continue;
+    const size_t want = std::min<uint64_t>(left, buf.size());
+    // What the page cache holds is read on the loop; what must come from the disk is read on the
+    // worker pool, so that a cold file (or a slow disk) never holds up the loop's other clients.
+    struct iovec iov = {buf.data(), want};
+    ssize_t got = ::preadv2(file.fd.get(), &iov, 1, -1, RWF_NOWAIT);
+    int err = got < 0 ? errno : 0;
+    if (err == EAGAIN || err == EOPNOTSUPP) {
+      auto read_from_disk = [fd = file.fd.get(), data = buf.data(), want] {
+        ssize_t r;
+        do {
+          r = ::read(fd, data, want);
+        } while (r < 0 && errno == EINTR);
+        return r < 0 ? static_cast<ssize_t>(-errno) : r;
+      };
+      got = co_await Blocking(std::move(read_from_disk));
+      err = got < 0 ? static_cast<int>(-got) : 0;
+    }
+    if (err == EINTR) continue;
     if (got <= 0) {
       // Shorter than when it was opened (truncated meanwhile): the client sees
       // the body end early, never bytes that are not the file's.
       log::warn("sandbox={} readFile {}: {}", entry->config().id, path,
-                got < 0 ? ErrnoText(errno) : "the file shrank while it was sent");
+                got < 0 ? ErrnoText(err) : "the file shrank while it was sent");
       co_return false;
     }
     auto [wec, wn] = co_await asio::async_write(
