@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <string.h>
@@ -855,6 +856,14 @@ class Daemon {
   // 200, one event per line, the last chunk. Each returns false once the client is gone; the
   // last whether the connection may serve another request.
   asio::awaitable<bool> StartNdjson(Ctx& c);
+  // The head of a chunked 200 of `content_type`; the chunks follow, then EndNdjson.
+  asio::awaitable<bool> StartChunked(Ctx& c, std::string_view content_type, bool keep_alive);
+  // The buffered exec answer, {"stdout":"…","stderr":"…",<exit>}, a chunked 200 from the pieces
+  // of output collected, each piece decoded, escaped and sent on its own (never the whole output,
+  // nor its escaped copy, in one string). `exit` holds the other keys. Whether the connection may
+  // serve another request.
+  asio::awaitable<bool> SendBufferedExec(Ctx& c, std::vector<std::string> (&output)[2], bool base64,
+                                         const json::object& exit);
   asio::awaitable<bool> SendNdjsonLine(Ctx& c, const json::object& event);
   asio::awaitable<bool> EndNdjson(Ctx& c);
   // The request's body, to its end, written into `fd` a piece at a time as it arrives (never
@@ -1822,16 +1831,75 @@ asio::awaitable<bool> Daemon::SendContinue(Ctx& c) {
 }
 
 asio::awaitable<bool> Daemon::StartNdjson(Ctx& c) {
+  co_return co_await StartChunked(c, "application/x-ndjson", c.parser.get().keep_alive());
+}
+
+asio::awaitable<bool> Daemon::StartChunked(Ctx& c, std::string_view content_type, bool keep_alive) {
   http::response<http::empty_body> res{http::status::ok, 11};
   res.set(http::field::server, std::string("nsboxd/") + kVersion);
-  res.set(http::field::content_type, "application/x-ndjson");
+  res.set(http::field::content_type, content_type);
   res.chunked(true);
-  res.keep_alive(c.parser.get().keep_alive());
+  res.keep_alive(keep_alive);
   http::response_serializer<http::empty_body> sr{res};
   auto [ec, n] = co_await http::async_write_header(c.socket, sr, kTuple);
   (void)n;
   c.status = 200;
   co_return !ec;
+}
+
+asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c, std::vector<std::string> (&output)[2],
+                                               bool base64, const json::object& exit) {
+  const bool keep_alive =
+      c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_;
+  if (!co_await StartChunked(c, "application/json", keep_alive)) co_return false;
+  // What goes out next, sent as one chunk once it holds kSocketReadRoom (many small pieces of
+  // output make one write).
+  std::string out;
+  auto flush = [&]() -> asio::awaitable<bool> {
+    if (out.empty()) co_return true;
+    metrics_.BytesOut(out.size());
+    auto [ec, n] =
+        co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(out)), kTuple);
+    (void)n;
+    out.clear();
+    co_return !ec;
+  };
+  for (int i = 0; i < 2; ++i) {
+    out += i == 0 ? (base64 ? "{\"stdoutBase64\":\"" : "{\"stdout\":\"")
+                  : (base64 ? "\",\"stderrBase64\":\"" : "\",\"stderr\":\"");
+    // Bytes held back for the next piece: an incomplete UTF-8 character (text), or what does not
+    // fill a group of three (base64), so that the pieces read as the whole output would.
+    std::string held;
+    for (size_t k = 0; k <= output[i].size(); ++k) {
+      const bool last = k == output[i].size();
+      std::string bytes = std::move(held);
+      if (!last && bytes.empty()) {
+        bytes = std::move(output[i][k]);  // its memory goes as soon as it is sent
+      } else if (!last) {
+        bytes += output[i][k];
+        std::string().swap(output[i][k]);
+      }
+      const size_t keep = last ? 0 : base64 ? bytes.size() % 3 : utf8::IncompleteTailLength(bytes);
+      held = bytes.substr(bytes.size() - keep);
+      bytes.resize(bytes.size() - keep);
+      if (base64) {
+        out += Base64Encode(bytes);
+      } else {
+        // A JSON string's escaping is byte by byte: a piece's escaped text, quotes dropped.
+        const std::string quoted = json::serialize(json::string_view(utf8::DecodeLossy(bytes)));
+        out.append(quoted, 1, quoted.size() - 2);
+      }
+      if (out.size() >= kSocketReadRoom && !co_await flush()) co_return false;
+    }
+  }
+  // `exit` is a JSON object with at least one key: its text, less the opening brace.
+  const std::string rest = json::serialize(exit);
+  out += "\",";
+  out.append(rest, 1);
+  if (!co_await flush()) co_return false;
+  auto [ec, n] = co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
+  (void)n;
+  co_return !ec && keep_alive;
 }
 
 asio::awaitable<bool> Daemon::SendNdjsonLine(Ctx& c, const json::object& event) {
@@ -2392,15 +2460,17 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       answered = true;
     }
   } else {
-    // The buffered answer: the whole output, read from the log as it comes.
-    std::string output[2];
+    // The buffered answer: the whole output, read from the log as it comes, kept in its pieces
+    // (one string grown to 64 MiB, then decoded, escaped and serialized whole, held five copies
+    // of it at once: 371 MB of daemon for one answer of 60 MiB, most of its time page faults).
+    std::vector<std::string> output[2];
     uint64_t offset = 0;
     for (;;) {
       if (s->dropped() || watch->hung_up) break;
       auto pieces = s->Read(offset, kStreamChunk);
-      for (const ExecSession::Piece& p : pieces) {
-        output[p.stream == 2 ? 1 : 0] += p.data;
+      for (ExecSession::Piece& p : pieces) {
         offset = p.offset + p.data.size();
+        output[p.stream == 2 ? 1 : 0].push_back(std::move(p.data));
       }
       if (!pieces.empty()) continue;
       if (s->ended()) {
@@ -2413,20 +2483,16 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       // The answer's ≈ 20 keys and strings from one arena, not an allocation each.
       json::monotonic_resource arena;
       json::object o(&arena);
-      if (base64) {
-        o["stdoutBase64"] = Base64Encode(output[0]);
-        o["stderrBase64"] = Base64Encode(output[1]);
-      } else {
-        o["stdout"] = utf8::DecodeLossy(output[0]);
-        o["stderr"] = utf8::DecodeLossy(output[1]);
-      }
       FillExit(o, s->exit(), s->reason());
       watch->finished = true;
       {
         boost::system::error_code ignored;
         c.socket.cancel(ignored);
       }
-      keep = co_await ReplyJson(c, 200, o);
+      keep = co_await SendBufferedExec(c, output, base64, o);
+      // The pieces are freed, but glibc keeps a heap's free pages: after a large answer they go
+      // back, so that the daemon does not keep the size of its largest answer for good.
+      if (offset > (8u << 20)) ::malloc_trim(0);
     }
   }
   watch->finished = true;

@@ -258,14 +258,21 @@ std::string RunOnHost(const std::vector<std::string>& argv, int* exit_code) {
   return text;
 }
 
-long RssKib(pid_t pid) {
+namespace {
+// A "Vm...:" line of /proc/<pid>/status, in KiB; -1 when it is not there.
+long StatusKib(pid_t pid, std::string_view key) {
   std::istringstream in(e2e::ReadHostFile("/proc/" + std::to_string(pid) + "/status"));
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+    if (line.rfind(key, 0) == 0) return std::strtol(line.c_str() + key.size(), nullptr, 10);
   }
   return -1;
 }
+}  // namespace
+
+long RssKib(pid_t pid) { return StatusKib(pid, "VmRSS:"); }
+
+long PeakRssKib(pid_t pid) { return StatusKib(pid, "VmHWM:"); }
 
 std::multiset<std::string> NsboxMounts(const std::string& daemon_dir) {
   std::multiset<std::string> out;

@@ -100,6 +100,8 @@ std::string RunOnHost(const std::vector<std::string>& argv, int* exit_code = nul
 
 // A process's resident set in KiB (/proc/PID/status VmRSS), -1 if unknown.
 long RssKib(pid_t pid);
+// The most it has ever been (VmHWM).
+long PeakRssKib(pid_t pid);
 
 // Mount points of the host's mount table (the test process's) that concern nsbox.
 std::multiset<std::string> NsboxMounts(const std::string& daemon_dir);
