@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from nsboxd_http import UnixConnection, call, stop_daemons
+from nsboxd_http import UnixConnection, call, start_daemon, stop_daemons
 
 CGROUP = f"nsbox-cold-download-{os.getpid()}"
 
@@ -61,19 +61,12 @@ def throttled_cgroup(disk, rate):
 
 
 def start_in(cgroup, binary, sock, state, log):
+    """The daemon started in `cgroup`; on a throttled disk its start may take a while."""
     def enter():
         with open(cgroup + "/cgroup.procs", "w") as f:
             f.write(str(os.getpid()))
 
-    daemon = subprocess.Popen([binary, "serve", "--socket", sock, "--state-dir", state],
-                              stderr=open(log, "w"), preexec_fn=enter)
-    for _ in range(300):
-        if os.path.exists(sock):
-            break
-        time.sleep(0.05)
-    conn = UnixConnection(sock)
-    call(conn, "GET", "/v1/health")
-    return daemon, conn
+    return start_daemon(binary, sock, state, log, preexec_fn=enter, timeout=15.0)
 
 
 def one_run(binary, sock):

@@ -29,13 +29,15 @@ def call(conn, method, url, body=None):
     return data
 
 
-def start_daemon(binary, sock, state, log, extra_args=()):
-    """`binary serve` on `sock` and `state`, its stderr to `log`; the process and a connection."""
+def start_daemon(binary, sock, state, log, extra_args=(), preexec_fn=None, timeout=5.0):
+    """`binary serve` on `sock` and `state`, its stderr to `log`; the process and a connection.
+
+    `preexec_fn` runs in the child before the exec (e.g. to enter a cgroup); the socket is
+    waited for up to `timeout` seconds."""
     daemon = subprocess.Popen([binary, "serve", "--socket", sock, "--state-dir", state] +
-                              list(extra_args), stderr=open(log, "w"))
-    for _ in range(100):
-        if os.path.exists(sock):
-            break
+                              list(extra_args), stderr=open(log, "w"), preexec_fn=preexec_fn)
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(sock) and time.monotonic() < deadline:
         time.sleep(0.05)
     conn = UnixConnection(sock)
     call(conn, "GET", "/v1/health")
