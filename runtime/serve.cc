@@ -715,6 +715,20 @@ ApiError ExecNotFound(const std::string& exec_id, const std::string& id) {
                           "' (it never ran, or it ended longer ago than the retention time)");
 }
 
+// Appends `bytes` to `blocks`, strings of kStreamChunk bytes each but the last, which fills: a
+// command's output kept for the buffered answer costs its size, however small its writes were.
+void AppendToBlocks(std::vector<std::string>& blocks, std::string_view bytes) {
+  while (!bytes.empty()) {
+    if (blocks.empty() || blocks.back().size() >= kStreamChunk) {
+      blocks.emplace_back();
+      blocks.back().reserve(kStreamChunk);
+    }
+    const size_t n = std::min(bytes.size(), kStreamChunk - blocks.back().size());
+    blocks.back().append(bytes.data(), n);
+    bytes.remove_prefix(n);
+  }
+}
+
 // Turns the log into NDJSON output events: offsets of the raw bytes; text decoded as UTF-8
 // without splitting a character (bytes held back at a piece's end go with the next event of
 // their stream, whose offset is that of its first held byte), or base64 of the exact bytes.
@@ -858,10 +872,10 @@ class Daemon {
   asio::awaitable<bool> StartNdjson(Ctx& c);
   // The head of a chunked 200 of `content_type`; the chunks follow, then EndNdjson.
   asio::awaitable<bool> StartChunked(Ctx& c, std::string_view content_type, bool keep_alive);
-  // The buffered exec answer, {"stdout":"…","stderr":"…",<exit>}, a chunked 200 from the pieces
-  // of output collected, each piece decoded, escaped and sent on its own (never the whole output,
-  // nor its escaped copy, in one string). `exit` holds the other keys. Whether the connection may
-  // serve another request.
+  // The buffered exec answer, {"stdout":"…","stderr":"…",<exit>}, a chunked 200 from the blocks
+  // of output collected (AppendToBlocks), each decoded, escaped and sent on its own (never the
+  // whole output, nor its escaped copy, in one string). `exit` holds the other keys. Whether the
+  // connection may serve another request.
   asio::awaitable<bool> SendBufferedExec(Ctx& c, std::vector<std::string> (&output)[2], bool base64,
                                          const json::object& exit);
   asio::awaitable<bool> SendNdjsonLine(Ctx& c, const json::object& event);
@@ -2460,7 +2474,7 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       answered = true;
     }
   } else {
-    // The buffered answer: the whole output, read from the log as it comes, kept in its pieces
+    // The buffered answer: the whole output, read from the log as it comes, kept in blocks
     // (one string grown to 64 MiB, then decoded, escaped and serialized whole, held five copies
     // of it at once: 371 MB of daemon for one answer of 60 MiB, most of its time page faults).
     std::vector<std::string> output[2];
@@ -2468,9 +2482,9 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
     for (;;) {
       if (s->dropped() || watch->hung_up) break;
       auto pieces = s->Read(offset, kStreamChunk);
-      for (ExecSession::Piece& p : pieces) {
+      for (const ExecSession::Piece& p : pieces) {
         offset = p.offset + p.data.size();
-        output[p.stream == 2 ? 1 : 0].push_back(std::move(p.data));
+        AppendToBlocks(output[p.stream == 2 ? 1 : 0], p.data);
       }
       if (!pieces.empty()) continue;
       if (s->ended()) {
