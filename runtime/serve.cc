@@ -729,6 +729,37 @@ void AppendToBlocks(std::vector<std::string>& blocks, std::string_view bytes) {
   }
 }
 
+// One stream's bytes given in pieces, cut where each cut encodes on its own as the whole stream
+// would: an incomplete UTF-8 character (text) or the bytes short of a group of three (base64) at
+// a piece's end wait for the next. The NDJSON events and the buffered answer both cut this way.
+class StreamCut {
+ public:
+  explicit StreamCut(bool base64) : base64_(base64) {}
+
+  // The bytes to encode now: `piece` after what was held, less what is held for the next. A view
+  // of `piece` itself when nothing was held (no copy), else of a buffer of the cut's own; valid
+  // until the next call.
+  std::string_view Next(std::string_view piece) {
+    std::string_view all = piece;
+    if (!held_.empty()) {
+      joined_ = std::move(held_);
+      joined_.append(piece);
+      all = joined_;
+    }
+    const size_t keep = base64_ ? all.size() % 3 : utf8::IncompleteTailLength(all);
+    held_.assign(all.substr(all.size() - keep));
+    return all.substr(0, all.size() - keep);
+  }
+  // What is still held, at the stream's end (text: U+FFFD once decoded; base64: padded).
+  std::string Finish() { return std::exchange(held_, std::string()); }
+  size_t held() const { return held_.size(); }
+
+ private:
+  bool base64_;
+  std::string held_;
+  std::string joined_;
+};
+
 // Turns the log into NDJSON output events: offsets of the raw bytes; text decoded as UTF-8
 // without splitting a character (bytes held back at a piece's end go with the next event of
 // their stream, whose offset is that of its first held byte), or base64 of the exact bytes.
@@ -746,41 +777,36 @@ class EventEncoder {
       o["dataBase64"] = Base64Encode(p.data);
       return o;
     }
-    Held& h = held_[i];
-    const uint64_t first = h.bytes.empty() ? p.offset : h.offset;
-    std::string all = h.bytes + p.data;
-    const size_t tail = utf8::IncompleteTailLength(all);
-    if (tail > 0 && tail <= p.data.size()) h.offset = p.offset + p.data.size() - tail;
-    if (tail == 0) h.offset = 0;
-    h.bytes = all.substr(all.size() - tail);
-    all.resize(all.size() - tail);
-    if (all.empty()) return std::nullopt;
+    StreamCut& cut = cuts_[i];
+    const uint64_t first = cut.held() > 0 ? held_offset_[i] : p.offset;
+    const std::string_view bytes = cut.Next(p.data);
+    if (cut.held() > 0 && cut.held() <= p.data.size()) {
+      held_offset_[i] = p.offset + p.data.size() - cut.held();
+    }
+    if (bytes.empty()) return std::nullopt;
     o["offset"] = first;
-    o["data"] = utf8::DecodeLossy(all);
+    o["data"] = utf8::DecodeLossy(bytes);
     return o;
   }
   // At the end of the output: what is still held (as U+FFFD), one event per stream.
   std::vector<json::object> Finish() {
     std::vector<json::object> out;
     for (int i = 0; i < 2; ++i) {
-      if (held_[i].bytes.empty()) continue;
+      const std::string held = cuts_[i].Finish();
+      if (held.empty()) continue;
       json::object o;
       o["type"] = i == 0 ? "stdout" : "stderr";
-      o["offset"] = held_[i].offset;
-      o["data"] = utf8::DecodeLossy(held_[i].bytes);
-      held_[i] = Held{};
+      o["offset"] = held_offset_[i];
+      o["data"] = utf8::DecodeLossy(held);
       out.push_back(std::move(o));
     }
     return out;
   }
 
  private:
-  struct Held {
-    std::string bytes;
-    uint64_t offset = 0;
-  };
   bool base64_;
-  Held held_[2];
+  StreamCut cuts_[2] = {StreamCut(false), StreamCut(false)};
+  uint64_t held_offset_[2] = {0, 0};  // of a stream's first held byte
 };
 
 json::object ExecJson(const ExecSession& s) {
@@ -1881,30 +1907,22 @@ asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c, std::vector<std::string> 
   for (int i = 0; i < 2; ++i) {
     out += i == 0 ? (base64 ? "{\"stdoutBase64\":\"" : "{\"stdout\":\"")
                   : (base64 ? "\",\"stderrBase64\":\"" : "\",\"stderr\":\"");
-    // Bytes held back for the next piece: an incomplete UTF-8 character (text), or what does not
-    // fill a group of three (base64), so that the pieces read as the whole output would.
-    std::string held;
-    for (size_t k = 0; k <= output[i].size(); ++k) {
-      const bool last = k == output[i].size();
-      std::string bytes = std::move(held);
-      if (!last && bytes.empty()) {
-        bytes = std::move(output[i][k]);  // its memory goes as soon as it is sent
-      } else if (!last) {
-        bytes += output[i][k];
-        std::string().swap(output[i][k]);
-      }
-      const size_t keep = last ? 0 : base64 ? bytes.size() % 3 : utf8::IncompleteTailLength(bytes);
-      held = bytes.substr(bytes.size() - keep);
-      bytes.resize(bytes.size() - keep);
+    StreamCut cut(base64);
+    auto encode = [&](std::string_view bytes) {
       if (base64) {
         out += Base64Encode(bytes);
       } else {
-        // A JSON string's escaping is byte by byte: a piece's escaped text, quotes dropped.
+        // A JSON string's escaping is byte by byte: a cut's escaped text, quotes dropped.
         const std::string quoted = json::serialize(json::string_view(utf8::DecodeLossy(bytes)));
         out.append(quoted, 1, quoted.size() - 2);
       }
+    };
+    for (std::string& block : output[i]) {
+      encode(cut.Next(block));
+      std::string().swap(block);  // its memory goes as soon as it is encoded
       if (out.size() >= kSocketReadRoom && !co_await flush()) co_return false;
     }
+    encode(cut.Finish());
   }
   // `exit` is a JSON object with at least one key: its text, less the opening brace.
   const std::string rest = json::serialize(exit);
