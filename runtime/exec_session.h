@@ -61,6 +61,8 @@ class ExecSession {
   const std::string& command() const { return command_; }
   const std::string& started_at() const { return started_at_; }
   const std::string& spill_path() const { return spill_path_; }
+  // The newest bytes kept in memory (ExecLogLimits::ring_bytes).
+  uint64_t ring_bytes() const { return limits_.ring_bytes; }
 
   // What the exec was started with, and where it runs.
   bool detach = false;
