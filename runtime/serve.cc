@@ -26,6 +26,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket.hpp>
@@ -914,6 +915,8 @@ class Daemon {
     std::string hangup;
   };
   asio::awaitable<BodyCopy> CopyBodyTo(Ctx& c, int fd, std::string_view what);
+  // `len` bytes at `data` written into `fd` on the worker pool: 0, or the errno of the failure.
+  asio::awaitable<int> WritePiece(int fd, const char* data, size_t len, const std::string& what);
   // The next piece of a request body into `buf` (at most its size; 0 bytes is possible before
   // the end): its size, or nullopt when the client went away (`*hangup` says how).
   asio::awaitable<std::optional<size_t>> ReadBodyPiece(Ctx& c, std::vector<char>& buf,
@@ -1950,19 +1953,55 @@ asio::awaitable<bool> Daemon::EndNdjson(Ctx& c) {
 }
 
 asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string_view what) {
+  // The writes go to the worker pool, never the loop: ext4 has no RWF_NOWAIT for buffered writes,
+  // and a write waits whenever the kernel throttles the writer of dirty pages to the disk's pace
+  // (or the journal is full), which would hold up every other client. Each piece is written
+  // there while the next one is read from the socket, into the other buffer.
+  using asio::experimental::awaitable_operators::operator&&;
   BodyCopy out;
-  std::vector<char> buf(kStreamChunk);
+  std::vector<char> bufs[2] = {std::vector<char>(kStreamChunk), std::vector<char>(kStreamChunk)};
+  const std::string name(what);
+  size_t pending = 0;  // bytes in bufs[1 - next] still to be written
+  int next = 0;        // the buffer the next piece is read into
   while (!c.parser.is_done()) {
-    const std::optional<size_t> got = co_await ReadBodyPiece(c, buf, &out.hangup);
+    std::optional<size_t> got;
+    if (pending == 0) {
+      got = co_await ReadBodyPiece(c, bufs[next], &out.hangup);
+    } else {
+      auto [read, err] = co_await (ReadBodyPiece(c, bufs[next], &out.hangup) &&
+                                   WritePiece(fd, bufs[1 - next].data(), pending, name));
+      if (err != 0) {
+        out.write_error = err;
+        co_return out;
+      }
+      out.bytes += pending;
+      got = read;
+    }
+    pending = 0;
     if (!got) co_return out;
-    if (auto st = WriteAll(fd, std::string_view(buf.data(), *got), what); !st.ok()) {
-      out.write_error = st.error().code() != 0 ? st.error().code() : EIO;
+    if (*got == 0) continue;
+    pending = *got;
+    next = 1 - next;
+  }
+  if (pending > 0) {
+    const int err = co_await WritePiece(fd, bufs[1 - next].data(), pending, name);
+    if (err != 0) {
+      out.write_error = err;
       co_return out;
     }
-    out.bytes += *got;
+    out.bytes += pending;
   }
   c.body_done = true;
   co_return out;
+}
+
+asio::awaitable<int> Daemon::WritePiece(int fd, const char* data, size_t len,
+                                        const std::string& what) {
+  auto work = [fd, data, len, &what] {
+    auto st = WriteAll(fd, std::string_view(data, len), what);
+    return st.ok() ? 0 : st.error().code() != 0 ? st.error().code() : EIO;
+  };
+  co_return co_await Blocking(std::move(work));
 }
 
 asio::awaitable<std::optional<size_t>> Daemon::ReadBodyPiece(Ctx& c, std::vector<char>& buf,

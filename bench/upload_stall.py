@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Does a large upload hold up the daemon's other clients? Two nsbox builds side by side.
+
+    sudo bench/upload_stall.py OLD_NSBOX NEW_NSBOX [--mib N] [--runs R] [--dirty-mib D]
+
+Starts each `nsbox` binary as a daemon (`nsbox serve`, its own socket and state directory under
+/var/tmp) with one sandbox. In each run, the builds alternating, one connection uploads N MiB
+(`PUT /v1/sandboxes/ID/files?path=...`, sent 1 MiB at a time) while a second one asks
+`GET /v1/health` every 2 ms until the upload is answered. Prints, per build, the medians over the
+runs of the upload's throughput and of the health answers' p50, p99 and worst latencies.
+
+`--dirty-mib D` sets vm.dirty_bytes to D MiB (and vm.dirty_background_bytes to half of it) for
+the runs and puts the old values back after: the kernel then throttles a writer of dirty pages
+to the disk's pace early, as it does on any host once a large upload outruns the disk. A
+`write(2)` that the kernel throttles sleeps in the thread that made it; if that thread is the
+daemon's loop, every other client waits with it.
+"""
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from nsboxd_http import UnixConnection, call, start_daemon, stop_daemons
+
+
+def upload(sock_path, box, mib):
+    """Seconds to PUT `mib` MiB of file body to `box`, answer included."""
+    piece = os.urandom(1 << 20)
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sock_path)
+    head = (f"PUT /v1/sandboxes/{box}/files?path=/workspace/big HTTP/1.1\r\n"
+            f"Host: localhost\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Length: {mib << 20}\r\n\r\n").encode()
+    t0 = time.perf_counter()
+    s.sendall(head)
+    for _ in range(mib):
+        s.sendall(piece)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        got = s.recv(4096)
+        if not got:
+            break
+        answer += got
+    elapsed = time.perf_counter() - t0
+    s.close()
+    if not answer.startswith(b"HTTP/1.1 204"):
+        sys.exit(f"upload: {answer[:200]!r}")
+    return elapsed
+
+
+def health_during(sock_path, done):
+    """Latencies (ms) of GET /v1/health, one every 2 ms until `done` is set."""
+    conn = UnixConnection(sock_path)
+    out = []
+    while not done.is_set():
+        t0 = time.perf_counter()
+        call(conn, "GET", "/v1/health")
+        out.append((time.perf_counter() - t0) * 1e3)
+        time.sleep(0.002)
+    conn.close()
+    return out
+
+
+def one_run(sock_path, box, mib):
+    done = threading.Event()
+    result = {}
+    poller = threading.Thread(target=lambda: result.update(h=health_during(sock_path, done)))
+    poller.start()
+    time.sleep(0.05)
+    seconds = upload(sock_path, box, mib)
+    done.set()
+    poller.join()
+    h = sorted(result["h"])
+    p99 = h[min(len(h) - 1, int(len(h) * 0.99))]
+    return (mib << 20) / seconds / 1e6, statistics.median(h), p99, h[-1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("builds", nargs=2, metavar="NSBOX")
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dirty-mib", type=int, default=0)
+    a = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root (the daemon makes namespaces)")
+
+    # The four knobs come in pairs: writing a ratio zeroes its bytes twin and the reverse, so
+    # the one of each pair that was in force (non-zero) is what gets written back.
+    knobs = ("vm.dirty_bytes", "vm.dirty_ratio", "vm.dirty_background_bytes",
+             "vm.dirty_background_ratio")
+    saved = {k: subprocess.run(["sysctl", "-n", k], capture_output=True, text=True,
+                               check=True).stdout.strip() for k in knobs}
+    if a.dirty_mib:
+        subprocess.run(["sysctl", "-q", f"vm.dirty_bytes={a.dirty_mib << 20}",
+                        f"vm.dirty_background_bytes={a.dirty_mib << 19}"], check=True)
+    daemons, paths, socks = [], [], []
+    try:
+        for i, binary in enumerate(a.builds):
+            root = f"/var/tmp/upload-stall-{os.getpid()}-{i}"
+            os.makedirs(root)
+            sock = f"{root}/d.sock"
+            daemon, conn = start_daemon(binary, sock, f"{root}/state", f"{root}/daemon.log")
+            call(conn, "PUT", "/v1/sandboxes/u", b"{}")
+            daemons.append(daemon)
+            paths.append(root)
+            socks.append(sock)
+        rows = [[] for _ in a.builds]
+        for _ in range(a.runs):
+            for i in range(len(a.builds)):
+                rows[i].append(one_run(socks[i], "u", a.mib))
+        print(f"{a.mib} MiB uploads, {a.runs} runs per build"
+              + (f", vm.dirty_bytes {a.dirty_mib} MiB" if a.dirty_mib else "")
+              + "; medians over the runs")
+        print(f"{'build':<40} {'MB/s':>7} {'health p50 ms':>14} {'p99 ms':>8} {'worst ms':>9}")
+        for binary, runs in zip(a.builds, rows):
+            cols = [statistics.median(r[k] for r in runs) for k in range(4)]
+            print(f"{binary:<40} {cols[0]:>7.0f} {cols[1]:>14.2f} {cols[2]:>8.2f} "
+                  f"{cols[3]:>9.1f}")
+    finally:
+        stop_daemons(daemons, paths)
+        if a.dirty_mib:
+            subprocess.run(["sysctl", "-q"] + [f"{k}={v}" for k, v in saved.items() if v != "0"],
+                           check=True)
+
+
+if __name__ == "__main__":
+    main()
