@@ -551,6 +551,9 @@ struct Runner::Impl {
     std::unique_ptr<char[]> buf;  // reused by every read of the stream
     OpId op = 0;
     bool eof = false;
+    bool parked = false;    // its next read waits for PauseOutput(false) (in parked_reads)
+    uint64_t read = 0;      // bytes read from it
+    uint64_t drain_to = 0;  // what the main process left in it at its exit ends here (or before)
   };
 
   struct Command {
@@ -611,6 +614,12 @@ struct Runner::Impl {
 
   Result<uint64_t> Start(const CommandSpec& spec, CommandEvents events);
   void ArmRead(const CommandPtr& cmd, int stream);
+  // The next read of a stream: at once, or parked while output is paused (PauseOutput) and the
+  // command not yet reported.
+  void ReadNext(const CommandPtr& cmd, int stream);
+  void Unpark(const CommandPtr& cmd, int stream);
+  void PauseOutput(bool paused);
+  void ArmDrain(const CommandPtr& cmd);
   void OnRead(const CommandPtr& cmd, int stream, ssize_t n);
   void Deliver(const CommandPtr& cmd, int stream, size_t n);
   void PumpInput(const CommandPtr& cmd);
@@ -657,6 +666,12 @@ struct Runner::Impl {
   Reactor& reactor;
   int cgroup_dir;
   ChildHooks hooks;
+  // PauseOutput: whether it is paused, when it last resumed, and the (command, stream) pairs
+  // whose next read waits for it.
+  bool output_paused = false;
+  Clock::time_point output_resumed{};
+  std::vector<std::pair<CommandPtr, int>> parked_reads;
+
   std::vector<int> v1_dirs;          // delegated v1 directories, each once
   int memory_v1 = -1, pids_v1 = -1;  // their indexes in v1_dirs; -1 for none
   // One thread for the cgroup directories (started at the first job, ended when idle). Reset by
@@ -864,8 +879,8 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
   commands.emplace(cmd->id, cmd);
   ++running;
   if (cmd->events.on_start) cmd->events.on_start(cmd->pid);
-  ArmRead(cmd, 1);
-  if (!cmd->err.eof) ArmRead(cmd, 2);
+  ReadNext(cmd, 1);
+  if (!cmd->err.eof) ReadNext(cmd, 2);
   ArmPoll(cmd);
   PumpInput(cmd);
   if (cmd->timeout.count() > 0 && !cmd->main_exited) {
@@ -933,10 +948,37 @@ void Runner::Impl::OnRead(const CommandPtr& cmd, int stream, ssize_t n) {
     }
     return;
   }
+  s.read += static_cast<uint64_t>(n);
   if (!cmd->reported && !cmd->truncated) Deliver(cmd, stream, static_cast<size_t>(n));
   // After the answer, reading goes on and the bytes are dropped: a background process must
   // never block on a full pipe.
-  if (s.fd.valid() && cmd->impl != nullptr) ArmRead(cmd, stream);
+  if (s.fd.valid() && cmd->impl != nullptr) ReadNext(cmd, stream);
+}
+
+void Runner::Impl::ReadNext(const CommandPtr& cmd, int stream) {
+  Stream& s = stream == 1 ? cmd->out : cmd->err;
+  if (output_paused && !cmd->reported) {
+    s.parked = true;
+    parked_reads.emplace_back(cmd, stream);
+    return;
+  }
+  ArmRead(cmd, stream);
+}
+
+void Runner::Impl::Unpark(const CommandPtr& cmd, int stream) {
+  Stream& s = stream == 1 ? cmd->out : cmd->err;
+  if (!s.parked) return;
+  s.parked = false;
+  if (cmd->impl != nullptr && s.fd.valid() && s.op == 0) ArmRead(cmd, stream);
+}
+
+void Runner::Impl::PauseOutput(bool paused) {
+  output_paused = paused;
+  if (paused) return;
+  output_resumed = Clock::now();
+  std::vector<std::pair<CommandPtr, int>> parked;
+  parked.swap(parked_reads);
+  for (const auto& [cmd, stream] : parked) Unpark(cmd, stream);
 }
 
 void Runner::Impl::Deliver(const CommandPtr& cmd, int stream, size_t n) {
@@ -1135,10 +1177,32 @@ void Runner::Impl::OnMainExit(const CommandPtr& cmd, int res) {
     Finish(cmd);
     return;
   }
+  // What the main process wrote and left in the pipes (FIONREAD), plus a read under way.
+  for (Stream* st : {&cmd->out, &cmd->err}) {
+    int waiting = 0;
+    if (st->fd.valid() && ::ioctl(st->fd.get(), FIONREAD, &waiting) != 0) waiting = 0;
+    st->drain_to = st->read + static_cast<uint64_t>(std::max(waiting, 0)) +
+                   (st->op != 0 ? kReadBufferSize : 0);
+  }
+  ArmDrain(cmd);
+}
+
+void Runner::Impl::ArmDrain(const CommandPtr& cmd) {
   // Background processes (`server &`) may hold the pipes open for ever: what the main process
-  // wrote is read within the drain window, and the answer is not held back beyond it.
+  // wrote is read within the drain window, and the answer is not held back beyond it. While
+  // output is paused (PauseOutput), and until a whole window has passed since it resumed, what
+  // the main process left in a pipe may still wait unread there: the window starts again, until
+  // that much has been read.
   ArmTimer(cmd, kDrainWindow, &Command::drain_op, [](const CommandPtr& c) {
-    if (!c->reported) c->impl->Finish(c);
+    if (c->reported) return;
+    Impl& impl = *c->impl;
+    const bool left = (c->out.fd.valid() && c->out.read < c->out.drain_to) ||
+                      (c->err.fd.valid() && c->err.read < c->err.drain_to);
+    if (left && (impl.output_paused || Clock::now() - impl.output_resumed < kDrainWindow)) {
+      impl.ArmDrain(c);
+      return;
+    }
+    impl.Finish(c);
   });
 }
 
@@ -1228,6 +1292,9 @@ void Runner::Impl::Finish(const CommandPtr& cmd) {
     }
   }
   if (events.on_exit) events.on_exit(result);
+  // Reported: its pipes are read (and the bytes dropped) whether output is paused or not.
+  Unpark(cmd, 1);
+  Unpark(cmd, 2);
   if (cmd->impl != nullptr) MaybeRetire(cmd);
 }
 
@@ -1701,6 +1768,8 @@ void Runner::Kill(uint64_t id, EndReason reason) {
 }
 
 void Runner::KillAll(EndReason reason) { impl_->KillAll(reason); }
+
+void Runner::PauseOutput(bool paused) { impl_->PauseOutput(paused); }
 
 size_t Runner::running() const { return impl_->running; }
 

@@ -144,6 +144,12 @@ class Runner {
   void Kill(uint64_t id, EndReason reason);
   void KillAll(EndReason reason);
   size_t running() const;
+  // Backpressure from whoever takes the output (nsbox-init, while too much waits to go to the
+  // daemon): while paused, no command's pipe is read again once a read has delivered (a command
+  // that writes more then blocks on its full pipe), and a drain window does not end while
+  // what the main process left in its pipes waits unread (paused, or resumed less than a window
+  // ago). A command already reported is read (and its bytes dropped) as ever.
+  void PauseOutput(bool paused);
   // A command is expected soon (the sandbox has just started): where the cgroups made ahead are
   // there (PremadeCgroups), the first command's child is made now, as for commands in a row, and
   // dropped after 2 s idle as any. That command still counts as a lone one.

@@ -210,8 +210,17 @@ void InitServer::ReapOrphans() {
 
 void InitServer::Send(Type type, uint64_t tag, std::string_view payload, UniqueFd fd) {
   if (closed_) return;
-  out_.push_back({proto::EncodeFrame(type, tag, payload), std::move(fd), 0});
+  Queue({proto::EncodeFrame(type, tag, payload), std::move(fd), 0});
+}
+
+void InitServer::Queue(Outgoing o) {
+  out_bytes_ += o.bytes.size();
+  out_.push_back(std::move(o));
   if (out_.size() == 1) Flush();
+  if (!output_paused_ && out_bytes_ > kOutHigh && runner_ != nullptr) {
+    output_paused_ = true;
+    runner_->PauseOutput(true);
+  }
 }
 
 void InitServer::SendError(uint64_t tag, const fs::FsError& e) {
@@ -250,10 +259,18 @@ void InitServer::Flush() {
       }
       closed_ = true;  // EPIPE, ECONNRESET: the host side is gone
       out_.clear();
+      out_bytes_ = 0;
       return;
     }
     o.sent += static_cast<size_t>(n);
-    if (o.sent == o.bytes.size()) out_.pop_front();
+    if (o.sent == o.bytes.size()) {
+      out_bytes_ -= o.bytes.size();
+      out_.pop_front();
+    }
+  }
+  if (output_paused_ && out_bytes_ <= kOutLow && runner_ != nullptr) {
+    output_paused_ = false;
+    runner_->PauseOutput(false);  // its reads complete later, from the reactor: no re-entry
   }
 }
 
@@ -373,10 +390,8 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
   events.on_output = [this, tag](int stream, std::string_view bytes) {
     while (!bytes.empty() && !closed_) {
       size_t n = std::min<size_t>(bytes.size(), proto::kMaxOutputChunk);
-      out_.push_back(
-          {proto::EncodeExecOutputFrame(tag, static_cast<uint8_t>(stream), bytes.substr(0, n)),
-           UniqueFd(), 0});
-      if (out_.size() == 1) Flush();
+      Queue({proto::EncodeExecOutputFrame(tag, static_cast<uint8_t>(stream), bytes.substr(0, n)),
+             UniqueFd(), 0});
       bytes.remove_prefix(n);
     }
   };

@@ -92,6 +92,15 @@ class InitServer {
   };
   std::deque<Outgoing> out_;
   bool waiting_writable_ = false;
+  // Backpressure: over kOutHigh bytes waiting to go to the host (which reads slower than the
+  // commands write, or has stopped reading for a while), the runner stops reading the commands'
+  // pipes until they are under kOutLow again. nsbox-init's memory stays bounded, and a command
+  // that writes more blocks on its pipe. Other frames (answers) are queued as ever.
+  static constexpr size_t kOutHigh = 4u << 20;
+  static constexpr size_t kOutLow = 1u << 20;
+  size_t out_bytes_ = 0;
+  bool output_paused_ = false;
+  void Queue(Outgoing o);
 
   std::map<uint64_t, uint64_t> execs_;  // tag -> runner id
   std::set<pid_t> command_pids_;        // main processes of running commands (not orphans)

@@ -8,7 +8,9 @@
 #include <sys/eventfd.h>
 
 #include <atomic>
+#include <fstream>
 #include <thread>
+#include <tuple>
 
 #include "init_fixture.h"
 
@@ -127,6 +129,50 @@ TEST_F(InitCallerReadsTest, AnswersAndCallbacksRunOnTheCallersLoop) {
   }
   for (auto& t : callers) t.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+// nsbox-init's resident memory, in KiB.
+uint64_t VmRssKib(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
+  }
+  return 0;
+}
+
+TEST_F(InitCallerReadsTest, AHostThatStopsReadingStopsTheCommandsNotInitsMemory) {
+  // Nothing reads the channel for a while (nsboxd waiting on a slow disk). nsbox-init stops
+  // reading its commands' pipes once 4 MiB wait for the host: a command writing 40 MiB blocks
+  // on its pipe instead of growing nsbox-init's memory. A command started meanwhile that writes
+  // 1 MB (less than its pipe holds) and exits keeps those bytes in its pipe: the drain window
+  // does not run out while they wait. When the host reads again, every byte arrives, in order.
+  ASSERT_TRUE(Succeeds(client().Ping()));
+  const uint64_t rss_before = VmRssKib(box_->init_pid());
+  loop_.Stop();
+  auto big = Start("dd if=/dev/zero bs=1M count=40 status=none | tr '\\0' x");
+  std::this_thread::sleep_for(milliseconds(500));
+  auto small = Start("head -c 1000000 /dev/zero | tr '\\0' y");
+  std::this_thread::sleep_for(milliseconds(1000));
+  const uint64_t rss_stalled = VmRssKib(box_->init_pid());
+  EXPECT_LT(rss_stalled, rss_before + 16 * 1024)
+      << "nsbox-init grew from " << rss_before << " to " << rss_stalled << " KiB";
+  const std::string procs = Names(SandboxProcesses());
+  EXPECT_NE(procs.find(":dd "), std::string::npos) << "the 40 MiB writer blocks: " << procs;
+  EXPECT_EQ(procs.find(":head "), std::string::npos) << "the 1 MB writer has exited: " << procs;
+  EXPECT_FALSE(big->done);
+  EXPECT_FALSE(small->done) << "an answer came with nobody reading the channel";
+
+  client().ReadOnOwnThread();
+  ASSERT_TRUE(big->WaitDone(milliseconds(30000)));
+  ASSERT_TRUE(small->WaitDone(milliseconds(30000)));
+  for (auto& [run, size, c] : {std::tuple{big->Result(), size_t{40u << 20}, 'x'},
+                               std::tuple{small->Result(), size_t{1000000}, 'y'}}) {
+    ASSERT_TRUE(run.ok) << run.Describe();
+    EXPECT_EQ(run.exit.exit_code, 0) << run.Describe();
+    EXPECT_EQ(run.out.size(), size);
+    EXPECT_EQ(run.out.find_first_not_of(c), std::string::npos);
+  }
 }
 
 TEST_F(InitCallerReadsTest, ReadingMovesToAThreadOfItsOwnWhenTheLoopEnds) {
