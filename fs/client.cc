@@ -99,12 +99,49 @@ void InitClient::Close() {
   // until the destructor, so a concurrent send fails with EPIPE and never reaches a reused fd.
   ::shutdown(control_.get(), SHUT_RDWR);
   if (reader_.joinable()) reader_.join();
+  // A loop parked by a hold watches again, and sees the channel closed.
+  if (auto resume = TakeParked()) resume();
 }
 
 void InitClient::ReadOnOwnThread() {
+  std::function<void()> parked;  // the loop's re-arm, dropped (the loop has ended)
+  {
+    std::lock_guard<std::mutex> hold(hold_mu_);
+    own_reader_ = true;
+    parked.swap(parked_);
+  }
   std::lock_guard<std::mutex> lock(close_mu_);
   if (reader_.joinable() || !connected()) return;
   reader_ = std::thread([this] { Receive(true); });
+}
+
+void InitClient::HoldReads() {
+  std::lock_guard<std::mutex> lock(hold_mu_);
+  ++holds_;
+}
+
+void InitClient::ReleaseReads() {
+  std::function<void()> resume;
+  {
+    std::lock_guard<std::mutex> lock(hold_mu_);
+    if (holds_ == 0) return;
+    if (--holds_ == 0) resume.swap(parked_);
+  }
+  if (resume) resume();
+}
+
+bool InitClient::ParkReadsIfHeld(std::function<void()> resume) {
+  std::lock_guard<std::mutex> lock(hold_mu_);
+  if (holds_ == 0 || own_reader_) return false;
+  parked_ = std::move(resume);
+  return true;
+}
+
+std::function<void()> InitClient::TakeParked() {
+  std::function<void()> out;
+  std::lock_guard<std::mutex> lock(hold_mu_);
+  out.swap(parked_);
+  return out;
 }
 
 bool InitClient::ReadReady() { return Receive(false); }

@@ -60,6 +60,17 @@ class InitClient {
   // CallerReads: hands the reading to a thread of the client's own, for a loop that ends while
   // the sandbox lives on. Only when no ReadReady runs or will run any more.
   void ReadOnOwnThread();
+  // CallerReads, backpressure for a consumer that cannot keep up (nsboxd's exec log waiting on
+  // the disk): while a hold is kept, the caller's loop stops watching the channel after its
+  // current ReadReady (ParkReadsIfHeld). nsbox-init's frames then wait in the socket and in
+  // nsbox-init, which stops reading its commands' pipes while 4 MiB wait there. Any thread.
+  void HoldReads();
+  // Drops a hold; the last one calls what ParkReadsIfHeld kept (the loop's re-arm).
+  void ReleaseReads();
+  // The caller's loop, after ReadReady returned true: with a hold kept, keeps `resume` and
+  // returns true (stop watching until it is called: by the last ReleaseReads, or by Close, so
+  // that the loop sees the channel close). Without a hold, false. ReadOnOwnThread drops it.
+  bool ParkReadsIfHeld(std::function<void()> resume);
   InitClient(const InitClient&) = delete;
   InitClient& operator=(const InitClient&) = delete;
 
@@ -153,6 +164,12 @@ class InitClient {
   // until nothing more has arrived (ReadReady). False once the channel has closed.
   bool Receive(bool wait);
   std::mutex close_mu_;  // serialises Close and ReadOnOwnThread
+  // HoldReads: the holds kept, and the loop's re-arm while it is parked.
+  std::mutex hold_mu_;
+  int holds_ = 0;
+  bool own_reader_ = false;  // ReadOnOwnThread: holds no longer park anything
+  std::function<void()> parked_;
+  std::function<void()> TakeParked();
   void Dispatch(const proto::FrameReader::FrameView& frame);
   void FailAll(const FsError& error);
 

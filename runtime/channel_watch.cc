@@ -33,7 +33,13 @@ void Arm(std::shared_ptr<Watched> w) {
                    }
                    return;
                  }
-                 if (w->client->ReadReady()) Arm(std::move(w));
+                 if (!w->client->ReadReady()) return;
+                 // Held (an exec's log waits on the disk): watched again on release.
+                 auto resume = [w] {
+                   asio::post(w->descriptor.get_executor(), [w]() mutable { Arm(std::move(w)); });
+                 };
+                 if (w->client->ParkReadsIfHeld(std::move(resume))) return;
+                 Arm(std::move(w));
                });
 }
 

@@ -2,11 +2,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 
@@ -21,20 +26,32 @@ namespace asio = boost::asio;
 namespace {
 // Consecutive output of one stream is merged into ring chunks up to this size.
 constexpr size_t kChunkMerge = 64u << 10;
+// What a chunk waiting to be spilled costs beyond its bytes (its control block and string), so
+// that a command writing one byte at a time is held back too.
+constexpr size_t kChunkCost = 128;
 }  // namespace
 
-ExecSession::ExecSession(asio::any_io_executor ex, std::string exec_id, std::string command,
-                         std::string spill_path, ExecLogLimits limits)
+ExecSession::ExecSession(asio::any_io_executor ex, Offload offload, std::string exec_id,
+                         std::string command, std::string spill_path, ExecLogLimits limits)
     : id_(std::move(exec_id)),
       command_(std::move(command)),
       started_at_(NowRfc3339()),
       spill_path_(std::move(spill_path)),
       limits_(limits),
+      offload_(std::move(offload)),
+      ex_(ex),
       notify_(ex, std::chrono::steady_clock::time_point::max()),
       expiry_(ex, std::chrono::steady_clock::time_point::max()) {}
 
 ExecSession::~ExecSession() {
-  if (spill_fd_.valid()) ::unlink(spill_path_.c_str());
+  SetBehind(false);
+  if (spill_fd_) ::unlink(spill_path_.c_str());
+}
+
+void ExecSession::SetBehind(bool behind) {
+  if (behind == behind_) return;
+  behind_ = behind;
+  if (on_spill_behind) on_spill_behind(behind);
 }
 
 void ExecSession::Started(uint32_t pid) {
@@ -75,47 +92,32 @@ void ExecSession::SpillFront() {
   const uint64_t chunk_end = chunk.offset + chunk.data.size();
   spill_end_ = chunk_end;
   if (limits_.spill_bytes == 0 || spill_failed_) {
-    oldest_ = chunk_end;
-    runs_.clear();
+    DropAllSpilledBefore(chunk_end);
     return;
   }
-  if (!spill_fd_.valid()) {
+  if (!spill_fd_) {
     // <sandbox dir>/execs/<execId>.log; the directory may be gone (the sandbox deleted).
     const std::string dir = spill_path_.substr(0, spill_path_.rfind('/'));
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
       log::warn("exec={} output spill: {}", id_, Error::Sys("mkdir", dir, errno).message());
     }
-    spill_fd_.reset(
+    UniqueFd fd(
         ::open(spill_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!spill_fd_.valid()) {
+    if (!fd.valid()) {
       log::warn("exec={} output spill: {}; older output is dropped instead", id_,
                 Error::Sys("open", spill_path_, errno).message());
       spill_failed_ = true;
-      oldest_ = chunk_end;
-      runs_.clear();
+      DropAllSpilledBefore(chunk_end);
       return;
     }
-  }
-  size_t done = 0;
-  while (done < chunk.data.size()) {
-    ssize_t n = ::pwrite(spill_fd_.get(), chunk.data.data() + done, chunk.data.size() - done,
-                         static_cast<off_t>(chunk.offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      log::warn("exec={} output spill: {}; older output is dropped instead", id_,
-                Error::Sys("pwrite", spill_path_, n < 0 ? errno : EIO).message());
-      spill_failed_ = true;
-      spill_fd_.reset();
-      ::unlink(spill_path_.c_str());
-      oldest_ = chunk_end;
-      runs_.clear();
-      return;
-    }
-    done += static_cast<size_t>(n);
+    spill_fd_ = std::make_shared<UniqueFd>(std::move(fd));
   }
   if (runs_.empty() || runs_.back().second != chunk.stream) {
     runs_.emplace_back(chunk.offset, chunk.stream);
   }
+  unwritten_bytes_ += chunk.data.size() + kChunkCost;
+  unwritten_.push_back(std::make_shared<const Chunk>(std::move(chunk)));
+  if (unwritten_bytes_ > limits_.spill_backlog) SetBehind(true);
   uint64_t new_oldest = oldest_;
   if (spill_end_ - oldest_ > limits_.spill_bytes) new_oldest = spill_end_ - limits_.spill_bytes;
   while (runs_.size() > ExecLogLimits::kMaxSpillRuns) {
@@ -123,19 +125,114 @@ void ExecSession::SpillFront() {
     runs_.pop_front();
   }
   if (new_oldest > oldest_) DropSpilledBefore(new_oldest);
+  StartSpillJob();
 }
 
 void ExecSession::DropSpilledBefore(uint64_t offset) {
   oldest_ = offset;
   while (runs_.size() >= 2 && runs_[1].first <= offset) runs_.pop_front();
   if (!runs_.empty() && runs_.front().first < offset) runs_.front().first = offset;
-  // Give the dropped head's disk blocks back (whole 64 KiB steps; failure only costs space).
-  const uint64_t punch_to = offset & ~uint64_t{0xffff};
-  if (spill_fd_.valid() && punch_to > punched_) {
-    (void)::fallocate(spill_fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      static_cast<off_t>(punched_), static_cast<off_t>(punch_to - punched_));
-    punched_ = punch_to;
+  // The dropped head's disk blocks are given back by the next job (whole 64 KiB steps). Chunks
+  // still waiting that are now before oldest_ are written all the same.
+  punch_to_ = std::max(punch_to_, offset & ~uint64_t{0xffff});
+}
+
+void ExecSession::DropAllSpilledBefore(uint64_t offset) {
+  oldest_ = offset;
+  runs_.clear();
+  // A job under way keeps the chunks it writes; those after it never start.
+  unwritten_.clear();
+  unwritten_bytes_ = 0;
+  SetBehind(false);
+  if (spill_fd_) {
+    punch_to_ = std::max(punch_to_, offset & ~uint64_t{0xffff});
+    StartSpillJob();
   }
+}
+
+void ExecSession::StartSpillJob() {
+  if (spill_writing_ || !spill_fd_ || dropped_) return;
+  // One job writes what waits, up to 1 MiB or IOV_MAX chunks of it (one pwritev), then punches
+  // what was dropped.
+  constexpr size_t kJobBytes = 1u << 20;
+  std::vector<std::shared_ptr<const Chunk>> batch;
+  size_t bytes = 0;
+  for (const auto& chunk : unwritten_) {
+    if (bytes >= kJobBytes || batch.size() == static_cast<size_t>(IOV_MAX)) break;
+    if (!batch.empty() && chunk->offset != batch.back()->offset + batch.back()->data.size()) break;
+    batch.push_back(chunk);
+    bytes += chunk->data.size();
+  }
+  const uint64_t punch_from = punched_;
+  const uint64_t punch_to = std::max(punched_, punch_to_);
+  if (batch.empty() && punch_to == punch_from) return;
+  punched_ = punch_to;  // a hole not punched only costs disk space
+  spill_writing_ = true;
+  const uint64_t job_end = batch.empty() ? 0 : batch.back()->offset + batch.back()->data.size();
+  // The loop's executor, counted as busy until the job's end is posted to it.
+  auto back = asio::prefer(ex_, asio::execution::outstanding_work.tracked);
+  offload_([fd = spill_fd_, batch = std::move(batch), punch_from, punch_to, job_end,
+            back = std::move(back), alive = std::weak_ptr<ExecSession*>(alive_)]() mutable {
+    // The chunks are contiguous: one pwritev at the first one's offset, more if it is short.
+    int err = 0;
+    std::vector<struct iovec> iov;
+    iov.reserve(batch.size());
+    for (const auto& chunk : batch) {
+      iov.push_back({const_cast<char*>(chunk->data.data()), chunk->data.size()});
+    }
+    uint64_t at = batch.empty() ? 0 : batch.front()->offset;
+    for (size_t i = 0; i < iov.size() && err == 0;) {
+      ssize_t n =
+          ::pwritev(fd->get(), &iov[i], static_cast<int>(iov.size() - i), static_cast<off_t>(at));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EIO;
+        break;
+      }
+      at += static_cast<uint64_t>(n);
+      for (size_t left = static_cast<size_t>(n); left > 0;) {
+        const size_t step = std::min(left, iov[i].iov_len);
+        iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + step;
+        iov[i].iov_len -= step;
+        left -= step;
+        if (iov[i].iov_len == 0) ++i;
+      }
+      while (i < iov.size() && iov[i].iov_len == 0) ++i;
+    }
+    if (err == 0 && punch_to > punch_from) {
+      (void)::fallocate(fd->get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                        static_cast<off_t>(punch_from), static_cast<off_t>(punch_to - punch_from));
+    }
+    batch.clear();
+    fd.reset();
+    asio::post(back, [alive, job_end, err] {
+      if (auto self = alive.lock()) (*self)->SpillWritten(job_end, err);
+    });
+  });
+}
+
+void ExecSession::SpillWritten(uint64_t job_end, int err) {
+  spill_writing_ = false;
+  if (dropped_) return;
+  if (err != 0) {
+    FailSpill(Error::Sys("pwritev", spill_path_, err).message());
+  } else {
+    while (!unwritten_.empty() &&
+           unwritten_.front()->offset + unwritten_.front()->data.size() <= job_end) {
+      unwritten_bytes_ -= unwritten_.front()->data.size() + kChunkCost;
+      unwritten_.pop_front();
+    }
+    if (unwritten_bytes_ <= limits_.spill_backlog / 2) SetBehind(false);
+    StartSpillJob();
+  }
+}
+
+void ExecSession::FailSpill(const std::string& why) {
+  log::warn("exec={} output spill: {}; older output is dropped instead", id_, why);
+  spill_failed_ = true;
+  spill_fd_.reset();
+  ::unlink(spill_path_.c_str());
+  DropAllSpilledBefore(spill_end_);
 }
 
 std::vector<ExecSession::Piece> ExecSession::Read(uint64_t offset, size_t max) const {
@@ -143,18 +240,21 @@ std::vector<ExecSession::Piece> ExecSession::Read(uint64_t offset, size_t max) c
   if (dropped_) return out;
   offset = std::clamp(offset, oldest_, end_);
   size_t total = 0;
-  // From the spill file.
-  while (offset < spill_end_ && total < max && spill_fd_.valid() && !runs_.empty()) {
+  // From the spill file: what is written, before the chunks that wait.
+  const uint64_t file_end =
+      unwritten_.empty() ? spill_end_ : std::max(oldest_, unwritten_.front()->offset);
+  while (offset < file_end && total < max && spill_fd_ && !runs_.empty()) {
     auto it =
         std::upper_bound(runs_.begin(), runs_.end(), offset,
                          [](uint64_t o, const std::pair<uint64_t, int>& r) { return o < r.first; });
     if (it != runs_.begin()) --it;
-    const uint64_t run_end = std::next(it) == runs_.end() ? spill_end_ : std::next(it)->first;
-    const size_t len = static_cast<size_t>(std::min<uint64_t>(run_end - offset, max - total));
+    const uint64_t run_end = std::next(it) == runs_.end() ? file_end : std::next(it)->first;
+    const size_t len =
+        static_cast<size_t>(std::min<uint64_t>(std::min(run_end, file_end) - offset, max - total));
     Piece piece{offset, it->second, std::string(len, '\0')};
     size_t got = 0;
     while (got < len) {
-      ssize_t n = ::pread(spill_fd_.get(), piece.data.data() + got, len - got,
+      ssize_t n = ::pread(spill_fd_->get(), piece.data.data() + got, len - got,
                           static_cast<off_t>(offset + got));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
@@ -168,20 +268,25 @@ std::vector<ExecSession::Piece> ExecSession::Read(uint64_t offset, size_t max) c
     total += len;
     out.push_back(std::move(piece));
   }
-  if (offset < spill_end_) return out;  // the spill failed under a reader: what there is
-  // From the ring.
-  if (ring_.empty() || total >= max) return out;
-  auto it = std::upper_bound(ring_.begin(), ring_.end(), offset,
-                             [](uint64_t o, const Chunk& c) { return o < c.offset; });
-  if (it != ring_.begin()) --it;
-  for (; it != ring_.end() && total < max; ++it) {
-    if (offset >= it->offset + it->data.size()) continue;
-    const size_t skip = static_cast<size_t>(offset - it->offset);
-    const size_t len = std::min(it->data.size() - skip, max - total);
-    out.push_back(Piece{offset, it->stream, it->data.substr(skip, len)});
-    offset += len;
-    total += len;
-  }
+  if (offset < file_end) return out;  // the spill failed under a reader: what there is
+  // From chunks in memory, in offset order: those waiting to be spilled, then the ring.
+  auto from_memory = [&](const auto& chunks, auto chunk_of) {
+    auto it = std::partition_point(chunks.begin(), chunks.end(), [&](const auto& c) {
+      return chunk_of(c).offset + chunk_of(c).data.size() <= offset;
+    });
+    for (; it != chunks.end() && total < max; ++it) {
+      const Chunk& chunk = chunk_of(*it);
+      if (offset < chunk.offset) break;
+      const size_t skip = static_cast<size_t>(offset - chunk.offset);
+      const size_t len = std::min(chunk.data.size() - skip, max - total);
+      out.push_back(Piece{offset, chunk.stream, chunk.data.substr(skip, len)});
+      offset += len;
+      total += len;
+    }
+  };
+  from_memory(unwritten_, [](const std::shared_ptr<const Chunk>& c) -> const Chunk& { return *c; });
+  if (offset < spill_end_) return out;
+  from_memory(ring_, [](const Chunk& c) -> const Chunk& { return c; });
   return out;
 }
 
@@ -191,7 +296,10 @@ void ExecSession::Drop() {
   ring_.clear();
   ring_size_ = 0;
   runs_.clear();
-  if (spill_fd_.valid()) {
+  unwritten_.clear();  // a job under way keeps its chunks and the file open to its end
+  unwritten_bytes_ = 0;
+  SetBehind(false);
+  if (spill_fd_) {
     spill_fd_.reset();
     if (::unlink(spill_path_.c_str()) != 0 && errno != ENOENT) {
       log::warn("exec={} {}", id_, Error::Sys("unlink", spill_path_, errno).message());

@@ -14,6 +14,14 @@
 // (more switches drop the oldest spilled bytes too, so a command alternating one-byte writes
 // between stdout and stderr cannot grow the daemon's memory).
 //
+// The spill file is written off the loop (a write into the page cache sleeps whenever the kernel
+// throttles the writer of dirty pages, which would hold up every client of the daemon): spilled
+// chunks wait in memory, where readers find them, until a job on another thread has written
+// them, one job at a time. Nothing is dropped for a disk slower than the output: over
+// spill_backlog bytes waiting, on_spill_behind(true) asks nsboxd to stop reading the sandbox's
+// channel (fs::InitClient::HoldReads) until under half of it again; nsbox-init then stops reading
+// the commands' pipes, and the command waits for the disk.
+//
 // Not thread-safe: every call on the event loop's thread.
 
 #include <sys/types.h>
@@ -23,6 +31,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,8 +46,9 @@
 namespace nsbox::runtime {
 
 struct ExecLogLimits {
-  uint64_t ring_bytes = 2u << 20;    // nsbox serve --output-ring
-  uint64_t spill_bytes = 64u << 20;  // nsbox serve --output-spill
+  uint64_t ring_bytes = 2u << 20;     // nsbox serve --output-ring
+  uint64_t spill_bytes = 64u << 20;   // nsbox serve --output-spill
+  uint64_t spill_backlog = 4u << 20;  // spilled bytes waiting for the disk before on_spill_behind
   static constexpr size_t kMaxSpillRuns = 1u << 18;
 };
 
@@ -51,8 +61,11 @@ class ExecSession {
     std::string data;
   };
 
-  ExecSession(boost::asio::any_io_executor ex, std::string exec_id, std::string command,
-              std::string spill_path, ExecLogLimits limits);
+  // Runs a job on another thread; the spill file's writes go there.
+  using Offload = std::function<void(std::function<void()>)>;
+
+  ExecSession(boost::asio::any_io_executor ex, Offload offload, std::string exec_id,
+              std::string command, std::string spill_path, ExecLogLimits limits);
   ~ExecSession();
   ExecSession(const ExecSession&) = delete;
   ExecSession& operator=(const ExecSession&) = delete;
@@ -71,6 +84,9 @@ class ExecSession {
   bool stdin_closed = false;  // a POST .../stdin?close=1 (or the socket's stdin-close) went out
   std::weak_ptr<Sandbox> box;
   uint64_t tag = 0;
+  // With true when more than spill_backlog bytes wait to be written to the spill file, with false
+  // once under half of it (or dropped, or the session ends): each true is followed by one false.
+  std::function<void(bool behind)> on_spill_behind;
 
   // From the control channel's events, in their order.
   void Started(uint32_t pid);
@@ -87,6 +103,8 @@ class ExecSession {
   uint64_t end() const { return end_; }
   uint64_t oldest() const { return oldest_; }
   uint64_t spilled_bytes() const { return spill_end_ - oldest_; }
+  // Whether spilled bytes wait to be written, or a write of them is under way.
+  bool spill_pending() const { return spill_writing_ || !unwritten_.empty(); }
   // Up to `max` bytes from `offset` (clamped to [oldest(), end()]), in order; empty at the end.
   std::vector<Piece> Read(uint64_t offset, size_t max) const;
 
@@ -110,6 +128,14 @@ class ExecSession {
   };
   void SpillFront();
   void DropSpilledBefore(uint64_t offset);
+  // Everything before `offset` dropped, the spill's memory too (its file stays, to be punched).
+  void DropAllSpilledBefore(uint64_t offset);
+  // Starts the next job on the worker pool (the waiting chunks and the holes to punch) unless
+  // one runs; SpillWritten ends it on the loop (`err`: 0 or the failure's errno).
+  void StartSpillJob();
+  void SpillWritten(uint64_t job_end, int err);
+  void FailSpill(const std::string& why);
+  void SetBehind(bool behind);
 
   const std::string id_;
   const std::string command_;
@@ -128,9 +154,20 @@ class ExecSession {
   uint64_t oldest_ = 0;
   uint64_t spill_end_ = 0;  // the ring starts here; [oldest_, spill_end_) is in the file
   std::deque<std::pair<uint64_t, int>> runs_;  // (offset, stream) where the spill switches
-  UniqueFd spill_fd_;
+  std::shared_ptr<UniqueFd> spill_fd_;         // shared with the job that writes into it
   bool spill_failed_ = false;
-  uint64_t punched_ = 0;
+  // Spilled chunks not yet written (those of the job under way included), in offset order:
+  // [unwritten_.front()->offset, spill_end_) is read from here, what is before it from the file.
+  std::deque<std::shared_ptr<const Chunk>> unwritten_;
+  uint64_t unwritten_bytes_ = 0;  // their bytes, and what each costs beyond them
+  bool behind_ = false;           // on_spill_behind(true) was the last call
+  bool spill_writing_ = false;
+  uint64_t punched_ = 0;   // the file's head is a hole up to here
+  uint64_t punch_to_ = 0;  // and should be up to here
+  const Offload offload_;
+  boost::asio::any_io_executor ex_;
+  // Gone with the session: a job's end that finds it expired touches nothing.
+  std::shared_ptr<ExecSession*> alive_ = std::make_shared<ExecSession*>(this);
 
   boost::asio::steady_timer notify_;
   boost::asio::steady_timer expiry_;

@@ -882,6 +882,11 @@ class Daemon {
   // with ASan on a ten-line program; named closures and other temporaries are fine).
   template <typename F>
   asio::awaitable<std::invoke_result_t<F&>> Blocking(F fn);
+  // Runs an exec log's spill writes (ExecSession) on a thread of their own: never behind
+  // requests that wait for a sandbox's channel, which the spill may hold (HoldReads).
+  ExecSession::Offload OffloadSpill() {
+    return [this](std::function<void()> job) { asio::post(spill_pool_, std::move(job)); };
+  }
 
   // Answers. Each returns whether the connection may serve another request.
   asio::awaitable<bool> Reply(Ctx& c, unsigned status, std::string body,
@@ -1007,6 +1012,7 @@ class Daemon {
   Registry& registry_;
   const std::string token_;  // empty: no TCP listener
   asio::thread_pool pool_{kWorkerThreads};
+  asio::thread_pool spill_pool_{1};
   Metrics metrics_;
   std::atomic<int> running_execs_{0};  // requests and sockets that started an exec, still on
   const ExecLogLimits log_limits_;
@@ -2332,12 +2338,22 @@ std::shared_ptr<ExecSession> Daemon::StartSession(std::shared_ptr<SandboxEntry> 
 
   const std::string exec_id = entry->NewExecId();
   auto session =
-      std::make_shared<ExecSession>(io_.get_executor(), exec_id, request.command,
+      std::make_shared<ExecSession>(io_.get_executor(), OffloadSpill(), exec_id, request.command,
                                     entry->execs_dir() + "/" + exec_id + ".log", log_limits_);
   session->detach = spec.detach;
   session->stdin_stream = spec.stdin_stream || spec.tty.has_value();
   session->tty = spec.tty;
   session->box = box;
+  // Its log waits on the disk: the sandbox's channel waits for it (and so do its commands).
+  session->on_spill_behind = [weak = std::weak_ptr<Sandbox>(box)](bool behind) {
+    auto held = weak.lock();
+    if (held == nullptr) return;
+    if (behind) {
+      held->client().HoldReads();
+    } else {
+      held->client().ReleaseReads();
+    }
+  };
 
   auto queue = std::make_shared<ExecQueue>(io_.get_executor());
   fs::InitClient::ExecCallbacks callbacks;

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -27,13 +29,31 @@ class ExecSessionTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  std::unique_ptr<ExecSession> Make(uint64_t ring, uint64_t spill) {
+  std::unique_ptr<ExecSession> Make(uint64_t ring, uint64_t spill,
+                                    uint64_t backlog = ExecLogLimits().spill_backlog) {
     ExecLogLimits limits;
     limits.ring_bytes = ring;
     limits.spill_bytes = spill;
-    return std::make_unique<ExecSession>(io_.get_executor(), "e-test", "cmd", spill_path(), limits);
+    limits.spill_backlog = backlog;
+    return std::make_unique<ExecSession>(
+        io_.get_executor(),
+        [this](std::function<void()> job) { boost::asio::post(pool_, std::move(job)); }, "e-test",
+        "cmd", spill_path(), limits);
   }
   std::string spill_path() const { return dir_ + "/execs/e-test.log"; }
+
+  // Runs the loop until the spill's writes on the pool have ended and been taken in.
+  void Settle(const ExecSession& s) {
+    while (s.spill_pending()) {
+      io_.restart();
+      io_.run_one();
+    }
+  }
+  // Runs the loop until nothing is left for it (every job's end taken in, or ignored).
+  void RunLoop() {
+    io_.restart();
+    io_.run();
+  }
 
   // Everything from `offset`, read `max` bytes at a time: the bytes, and each byte's stream.
   static void ReadAll(const ExecSession& s, uint64_t offset, size_t max, std::string* bytes,
@@ -55,6 +75,8 @@ class ExecSessionTest : public ::testing::Test {
   }
 
   boost::asio::io_context io_;
+  // After io_: destroyed (joined) first, while the loop its jobs post to still exists.
+  boost::asio::thread_pool pool_{2};
   std::string dir_;
 };
 
@@ -105,10 +127,16 @@ TEST_F(ExecSessionTest, RingSpillAndCapKeepTheNewestBytesExactly) {
       ASSERT_EQ(::stat(spill_path().c_str(), &st), 0);
       EXPECT_EQ(st.st_mode & 0777, 0600u);
     }
-    std::string bytes, streams;
-    ReadAll(*s, s->oldest(), 777, &bytes, &streams);
-    EXPECT_TRUE(bytes == all.substr(s->oldest())) << "the kept bytes differ";
-    EXPECT_TRUE(streams == all_streams.substr(s->oldest())) << "a byte's stream differs";
+    // Read while the spill's writes may still be under way (the waiting chunks are read from
+    // memory), then once they are all on disk.
+    for (bool settled : {false, true}) {
+      SCOPED_TRACE(settled ? "spill written" : "spill under way");
+      if (settled) Settle(*s);
+      std::string bytes, streams;
+      ReadAll(*s, s->oldest(), 777, &bytes, &streams);
+      EXPECT_TRUE(bytes == all.substr(s->oldest())) << "the kept bytes differ";
+      EXPECT_TRUE(streams == all_streams.substr(s->oldest())) << "a byte's stream differs";
+    }
     // An offset before the oldest kept one reads from the oldest.
     auto first = s->Read(0, 10);
     ASSERT_FALSE(first.empty());
@@ -125,17 +153,84 @@ TEST_F(ExecSessionTest, StreamSwitchesInTheSpillAreBounded) {
   // oldest spilled bytes go, and what is kept is still exact.
   auto s = Make(4096, 64u << 20);
   const size_t n = ExecLogLimits::kMaxSpillRuns + 50000;
-  for (size_t i = 0; i < n; ++i) s->Append(i % 2 == 0 ? 1 : 2, i % 2 == 0 ? "a" : "b");
+  for (size_t i = 0; i < n; ++i) {
+    s->Append(i % 2 == 0 ? 1 : 2, i % 2 == 0 ? "a" : "b");
+    if (i % 10000 == 0) Settle(*s);  // the spill keeps up, as it does on a loop that runs
+  }
   EXPECT_EQ(s->end(), n);
   EXPECT_GT(s->oldest(), 0u);
   EXPECT_LE(s->end() - s->oldest(), ExecLogLimits::kMaxSpillRuns + 4096 + 1);
-  std::string bytes, streams;
-  ReadAll(*s, s->oldest(), 1 << 20, &bytes, &streams);
-  ASSERT_EQ(bytes.size(), s->end() - s->oldest());
-  for (size_t i = 0; i < bytes.size(); ++i) {
-    const size_t at = s->oldest() + i;
-    ASSERT_EQ(bytes[i], at % 2 == 0 ? 'a' : 'b') << at;
-    ASSERT_EQ(streams[i], at % 2 == 0 ? '1' : '2') << at;
+  for (bool settled : {false, true}) {
+    SCOPED_TRACE(settled ? "spill written" : "spill under way");
+    if (settled) Settle(*s);
+    std::string bytes, streams;
+    ReadAll(*s, s->oldest(), 1 << 20, &bytes, &streams);
+    ASSERT_EQ(bytes.size(), s->end() - s->oldest());
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      const size_t at = s->oldest() + i;
+      ASSERT_EQ(bytes[i], at % 2 == 0 ? 'a' : 'b') << at;
+      ASSERT_EQ(streams[i], at % 2 == 0 ? '1' : '2') << at;
+    }
+  }
+}
+
+TEST_F(ExecSessionTest, ASpillFarBehindTheOutputLosesNothingAndSaysSo) {
+  // The loop does not run while 4 MiB are appended, so no write's end is taken in: the spilled
+  // chunks wait in memory, and reads find every byte there; once the loop runs, in the file.
+  // Over the backlog's bound (256 KiB) the session says it is behind (nsboxd then stops reading
+  // the sandbox's channel), once, and that it is not any more once the spill has caught up.
+  auto s = Make(4096, 64u << 20, 256u << 10);
+  std::vector<bool> said;
+  s->on_spill_behind = [&](bool behind) { said.push_back(behind); };
+  std::string all, all_streams;
+  for (int i = 0; i < 4096; ++i) {
+    const int stream = i % 7 == 0 ? 2 : 1;
+    std::string data(1024, static_cast<char>('a' + i % 26));
+    s->Append(stream, data);
+    all += data;
+    all_streams.append(data.size(), static_cast<char>('0' + stream));
+  }
+  EXPECT_TRUE(s->spill_pending());
+  EXPECT_EQ(said, std::vector<bool>{true});
+  for (bool settled : {false, true}) {
+    SCOPED_TRACE(settled ? "spill written" : "spill under way");
+    if (settled) Settle(*s);
+    EXPECT_EQ(s->oldest(), 0u);
+    std::string bytes, streams;
+    ReadAll(*s, 0, 100000, &bytes, &streams);
+    EXPECT_TRUE(bytes == all) << "the bytes differ";
+    EXPECT_TRUE(streams == all_streams) << "a byte's stream differs";
+  }
+  EXPECT_EQ(said, (std::vector<bool>{true, false}));
+  ASSERT_TRUE(std::filesystem::exists(spill_path()));
+  const uint64_t on_disk = std::filesystem::file_size(spill_path());
+  EXPECT_GE(on_disk, all.size() - 4096) << "all but the ring (at most 4096 bytes) is on disk";
+  EXPECT_LT(on_disk, all.size());
+}
+
+TEST_F(ExecSessionTest, DroppedOrDestroyedWhileTheSpillIsWritten) {
+  // A session dropped, or destroyed, while a job writes its spill: the job's end touches
+  // nothing, the file is gone (ASan watches the rest).
+  for (bool destroy : {false, true}) {
+    SCOPED_TRACE(destroy ? "destroyed" : "dropped");
+    auto s = Make(4096, 64u << 20, 64u << 10);
+    std::vector<bool> said;
+    s->on_spill_behind = [&](bool behind) { said.push_back(behind); };
+    for (int i = 0; i < 2000; ++i) s->Append(1 + i % 2, std::string(700, 'x'));
+    ASSERT_TRUE(s->spill_pending());
+    EXPECT_EQ(said, std::vector<bool>{true});
+    if (destroy) {
+      s.reset();
+    } else {
+      s->Drop();
+    }
+    EXPECT_FALSE(std::filesystem::exists(spill_path()));
+    EXPECT_EQ(said, (std::vector<bool>{true, false})) << "a hold is released with the session";
+    RunLoop();
+    EXPECT_FALSE(std::filesystem::exists(spill_path()));
+    if (!destroy) {
+      EXPECT_TRUE(s->Read(0, 10).empty());
+    }
   }
 }
 

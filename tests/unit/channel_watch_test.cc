@@ -1,0 +1,77 @@
+// runtime/channel_watch with fs::InitClient's holds, over a real socketpair, the test writing
+// nsbox-init's side: nsboxd's loop reads a sandbox's control channel, and stops reading it while
+// a hold is kept (an exec's log waiting on the disk) until the last hold goes, or the channel
+// closes.
+
+#include "runtime/channel_watch.h"
+
+#include <sys/socket.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "base/unique_fd.h"
+#include "fs/client.h"
+#include "fs/protocol.h"
+
+namespace nsbox::runtime {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  UniqueFd init(fds[1]);
+  auto client = std::make_shared<fs::InitClient>(UniqueFd(fds[0]), fs::InitClient::CallerReads{});
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  ChannelWatch watch(io);
+  watch.Watch(client);
+  std::thread loop([&] { io.run(); });
+  auto send = [&](uint64_t tag) {
+    const std::string frame = fs::proto::EncodeFrame(fs::proto::Type::kPong, tag, "x");
+    ASSERT_EQ(::send(init.get(), frame.data(), frame.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(frame.size()));
+  };
+
+  // The hold takes effect once the loop has read: the frame of that read is dispatched.
+  client->HoldReads();
+  auto first = client->ExpectReply(1);
+  send(1);
+  EXPECT_TRUE(first(milliseconds(5000)).ok());
+  // Then nothing is read while it is kept, also with two holds and one of them released.
+  client->HoldReads();
+  auto second = client->ExpectReply(2);
+  send(2);
+  EXPECT_FALSE(second(milliseconds(300)).ok()) << "read while held";
+  client->ReleaseReads();
+  EXPECT_FALSE(second(milliseconds(300)).ok()) << "read while one hold is left";
+  client->ReleaseReads();
+  EXPECT_TRUE(second(milliseconds(5000)).ok()) << "not read after the last hold went";
+  client->ReleaseReads();  // one more than were kept: nothing happens
+
+  // Held and parked again: closing the channel wakes the loop, which answers what is pending.
+  client->HoldReads();
+  auto third = client->ExpectReply(3);
+  send(3);
+  EXPECT_TRUE(third(milliseconds(5000)).ok());
+  auto fourth = client->ExpectReply(4);
+  client->Close();
+  auto r = fourth(milliseconds(5000));
+  ASSERT_TRUE(r.ok()) << "a pending call was not answered after Close";
+  EXPECT_EQ(fs::ReplyError(r.value(), "pong").err, EPIPE);
+
+  work.reset();
+  io.stop();
+  loop.join();
+}
+
+}  // namespace
+}  // namespace nsbox::runtime
