@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
-"""Does a large upload hold up the daemon's other clients? Two nsbox builds side by side.
+"""Does what the daemon writes to disk hold up its other clients? Two nsbox builds side by side.
 
-    sudo bench/upload_stall.py OLD_NSBOX NEW_NSBOX [--mib N] [--runs R] [--dirty-mib D]
+    sudo bench/disk_stall.py OLD_NSBOX NEW_NSBOX [--what upload|output] [--mib N] [--runs R]
+                             [--dirty-mib D]
 
 Starts each `nsbox` binary as a daemon (`nsbox serve`, its own socket and state directory under
-/var/tmp) with one sandbox. In each run, the builds alternating, one connection uploads N MiB
-(`PUT /v1/sandboxes/ID/files?path=...`, sent 1 MiB at a time) while a second one asks
-`GET /v1/health` every 2 ms until the upload is answered. Prints, per build, the medians over the
-runs of the upload's throughput and of the health answers' p50, p99 and worst latencies.
+/var/tmp) with one sandbox. In each run, the builds alternating, one connection makes the daemon
+write N MiB while a second one asks `GET /v1/health` every 2 ms until the first is done:
+
+- upload: `PUT /v1/sandboxes/ID/files?path=...`, the body sent 1 MiB at a time (the daemon
+  writes it into the temp file nsbox-init opened);
+- output: a detached exec of `head -c N MiB /dev/zero` that nobody reads (its starter hangs up;
+  the exec list is asked every 10 ms whether it has ended): the daemon spills the output beyond
+  its 2 MiB ring to `<sandbox dir>/execs/` as fast as the command writes it.
+
+Prints, per build, the medians over the runs of the throughput and of the health answers' p50,
+p99 and worst latencies.
 
 `--dirty-mib D` sets vm.dirty_bytes to D MiB (and vm.dirty_background_bytes to half of it) for
 the runs and puts the old values back after: the kernel then throttles a writer of dirty pages
@@ -17,6 +25,7 @@ daemon's loop, every other client waits with it.
 """
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -53,6 +62,40 @@ def upload(sock_path, box, mib):
     return elapsed
 
 
+def output(sock_path, box, mib):
+    """Seconds from the start of a detached exec that writes `mib` MiB to its stdout to its end.
+
+    The client that starts it hangs up after the start event, and a re-attach from the output's
+    end waits for the exit: the daemon takes the output in as fast as the command writes it."""
+    conn = UnixConnection(sock_path)
+    body = json.dumps({"command": f"head -c {mib << 20} /dev/zero", "detach": True}).encode()
+    t0 = time.perf_counter()
+    conn.request("POST", f"/v1/sandboxes/{box}/exec", body,
+                 {"Content-Type": "application/json", "Accept": "application/x-ndjson"})
+    r = conn.getresponse()
+    start = json.loads(r.readline())
+    conn.close()
+    if start.get("type") != "start":
+        sys.exit(f"output: {start}")
+    conn = UnixConnection(sock_path)
+    while True:
+        execs = json.loads(call(conn, "GET", f"/v1/sandboxes/{box}/execs?all=1"))["execs"]
+        mine = [e for e in execs if e["execId"] == start["execId"]]
+        if not mine:
+            sys.exit(f"output: exec {start['execId']} is not listed")
+        if mine[0]["state"] != "running":
+            break
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    if mine[0]["exit"]["exitCode"] != 0 or mine[0]["outputEnd"] != mib << 20:
+        sys.exit(f"output: {mine[0]}")
+    if mine[0]["oldestOffset"] != 0:
+        # The spill fell more than its backlog's bound behind the output (or failed).
+        print(f"output: the log kept only from offset {mine[0]['oldestOffset']}", file=sys.stderr)
+    return elapsed
+
+
 def health_during(sock_path, done):
     """Latencies (ms) of GET /v1/health, one every 2 ms until `done` is set."""
     conn = UnixConnection(sock_path)
@@ -66,13 +109,13 @@ def health_during(sock_path, done):
     return out
 
 
-def one_run(sock_path, box, mib):
+def one_run(sock_path, box, mib, what):
     done = threading.Event()
     result = {}
     poller = threading.Thread(target=lambda: result.update(h=health_during(sock_path, done)))
     poller.start()
     time.sleep(0.05)
-    seconds = upload(sock_path, box, mib)
+    seconds = (upload if what == "upload" else output)(sock_path, box, mib)
     done.set()
     poller.join()
     h = sorted(result["h"])
@@ -83,10 +126,12 @@ def one_run(sock_path, box, mib):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("builds", nargs=2, metavar="NSBOX")
-    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--what", choices=("upload", "output"), default="upload")
+    ap.add_argument("--mib", type=int, default=0, help="default: 1024 (upload), 60 (output)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dirty-mib", type=int, default=0)
     a = ap.parse_args()
+    a.mib = a.mib or (1024 if a.what == "upload" else 60)
     if os.geteuid() != 0:
         sys.exit("run as root (the daemon makes namespaces)")
 
@@ -102,7 +147,7 @@ def main():
     daemons, paths, socks = [], [], []
     try:
         for i, binary in enumerate(a.builds):
-            root = f"/var/tmp/upload-stall-{os.getpid()}-{i}"
+            root = f"/var/tmp/disk-stall-{os.getpid()}-{i}"
             os.makedirs(root)
             sock = f"{root}/d.sock"
             daemon, conn = start_daemon(binary, sock, f"{root}/state", f"{root}/daemon.log")
@@ -113,8 +158,8 @@ def main():
         rows = [[] for _ in a.builds]
         for _ in range(a.runs):
             for i in range(len(a.builds)):
-                rows[i].append(one_run(socks[i], "u", a.mib))
-        print(f"{a.mib} MiB uploads, {a.runs} runs per build"
+                rows[i].append(one_run(socks[i], "u", a.mib, a.what))
+        print(f"{a.mib} MiB {a.what}s, {a.runs} runs per build"
               + (f", vm.dirty_bytes {a.dirty_mib} MiB" if a.dirty_mib else "")
               + "; medians over the runs")
         print(f"{'build':<40} {'MB/s':>7} {'health p50 ms':>14} {'p99 ms':>8} {'worst ms':>9}")
