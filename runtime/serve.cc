@@ -346,6 +346,63 @@ struct ExecEvent {
   std::optional<fs::FsOutcome<fs::proto::ExecExit>> exit;
 };
 
+// Backpressure on a sandbox's control channel (fs::InitClient::HoldReads): each hold is
+// followed by one release. Nothing when the sandbox is gone (its channel with it).
+void HoldChannel(const std::weak_ptr<Sandbox>& weak, bool hold) {
+  auto box = weak.lock();
+  if (box == nullptr) return;
+  if (hold) {
+    box->client().HoldReads();
+  } else {
+    box->client().ReleaseReads();
+  }
+}
+
+// An exec's output between the control channel and its log: queued, or taken by its pump and not
+// yet appended. Over kHigh bytes the sandbox's channel is held (fs::InitClient::HoldReads) until
+// the pump has brought it under kLow: what waits here stays bounded however far the pump falls
+// behind (a loop busy elsewhere), since nsbox-init then stops reading the commands' pipes.
+class QueuedOutput {
+ public:
+  static constexpr uint64_t kHigh = 8u << 20;
+  static constexpr uint64_t kLow = 2u << 20;
+
+  explicit QueuedOutput(std::weak_ptr<Sandbox> box) : box_(std::move(box)) {}
+  ~QueuedOutput() {
+    if (held_) HoldChannel(box_, false);
+  }
+  QueuedOutput(const QueuedOutput&) = delete;
+  QueuedOutput& operator=(const QueuedOutput&) = delete;
+
+  // Any thread (the channel is read on threads of the client's own once the loop has ended).
+  void Add(uint64_t n) {
+    bool hold = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bytes_ += n;
+      hold = !held_ && bytes_ > kHigh;
+      held_ = held_ || hold;
+    }
+    if (hold) HoldChannel(box_, true);
+  }
+  void Taken(uint64_t n) {
+    bool release = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bytes_ -= std::min(n, bytes_);
+      release = held_ && bytes_ <= kLow;
+      held_ = held_ && !release;
+    }
+    if (release) HoldChannel(box_, false);
+  }
+
+ private:
+  const std::weak_ptr<Sandbox> box_;
+  std::mutex mu_;
+  uint64_t bytes_ = 0;
+  bool held_ = false;
+};
+
 // Events pushed from any thread (the control channel's reader, a worker of the pool) and taken
 // on the event loop.
 template <typename Event>
@@ -950,7 +1007,7 @@ class Daemon {
                                             std::shared_ptr<Sandbox> box, ExecSpec spec);
   asio::awaitable<void> PumpExec(std::shared_ptr<SandboxEntry> entry,
                                  std::shared_ptr<ExecSession> s, std::shared_ptr<ExecQueue> queue,
-                                 Clock::time_point started);
+                                 std::shared_ptr<QueuedOutput> waiting, Clock::time_point started);
   // The end of a request that watches its client while an exec runs.
   struct HangupWatch {
     bool finished = false;
@@ -2346,22 +2403,18 @@ std::shared_ptr<ExecSession> Daemon::StartSession(std::shared_ptr<SandboxEntry> 
   session->box = box;
   // Its log waits on the disk: the sandbox's channel waits for it (and so do its commands).
   session->on_spill_behind = [weak = std::weak_ptr<Sandbox>(box)](bool behind) {
-    auto held = weak.lock();
-    if (held == nullptr) return;
-    if (behind) {
-      held->client().HoldReads();
-    } else {
-      held->client().ReleaseReads();
-    }
+    HoldChannel(weak, behind);
   };
 
   auto queue = std::make_shared<ExecQueue>(io_.get_executor());
+  auto waiting = std::make_shared<QueuedOutput>(box);
   fs::InitClient::ExecCallbacks callbacks;
   callbacks.on_started = [queue](uint32_t pid) {
     queue->Push({ExecEvent::kStarted, pid, 0, {}, std::nullopt});
   };
-  callbacks.on_output = [queue](int out_stream, std::string_view data) {
+  callbacks.on_output = [queue, waiting](int out_stream, std::string_view data) {
     queue->Push({ExecEvent::kOutput, 0, out_stream, std::string(data), std::nullopt});
+    waiting->Add(data.size());
   };
   session->tag = box->client().StartExec(
       request, std::move(callbacks), [queue](fs::FsOutcome<fs::proto::ExecExit> exit) {
@@ -2372,13 +2425,14 @@ std::shared_ptr<ExecSession> Daemon::StartSession(std::shared_ptr<SandboxEntry> 
   log::info("sandbox={} exec={} started{}{}{}: {}", entry->config().id, exec_id,
             spec.detach ? " detached" : "", session->stdin_stream ? " with streamed stdin" : "",
             spec.tty ? " on a terminal" : "", request.command.substr(0, 200));
-  asio::co_spawn(io_, PumpExec(entry, session, queue, Clock::now()), asio::detached);
+  asio::co_spawn(io_, PumpExec(entry, session, queue, waiting, Clock::now()), asio::detached);
   return session;
 }
 
 asio::awaitable<void> Daemon::PumpExec(std::shared_ptr<SandboxEntry> entry,
                                        std::shared_ptr<ExecSession> s,
                                        std::shared_ptr<ExecQueue> queue,
+                                       std::shared_ptr<QueuedOutput> waiting,
                                        Clock::time_point started) {
   const auto ex = co_await asio::this_coro::executor;
   std::optional<fs::FsOutcome<fs::proto::ExecExit>> exit;
@@ -2399,6 +2453,7 @@ asio::awaitable<void> Daemon::PumpExec(std::shared_ptr<SandboxEntry> entry,
         }
         s->Append(e.stream == 2 ? 2 : 1, e.data);
         since_yield += e.data.size();
+        waiting->Taken(e.data.size());
         std::string().swap(e.data);  // in the log now
       } else {
         exit = std::move(e.exit);
