@@ -130,7 +130,7 @@ class ExecSession {
   void DropSpilledBefore(uint64_t offset);
   // Everything before `offset` dropped, the spill's memory too (its file stays, to be punched).
   void DropAllSpilledBefore(uint64_t offset);
-  // Starts the next job on the worker pool (the waiting chunks and the holes to punch) unless
+  // Starts the next job through offload_ (the waiting chunks, then the holes to punch) unless
   // one runs; SpillWritten ends it on the loop (`err`: 0 or the failure's errno).
   void StartSpillJob();
   void SpillWritten(uint64_t job_end, int err);
@@ -152,7 +152,7 @@ class ExecSession {
   uint64_t ring_size_ = 0;
   uint64_t end_ = 0;
   uint64_t oldest_ = 0;
-  uint64_t spill_end_ = 0;  // the ring starts here; [oldest_, spill_end_) is in the file
+  uint64_t spill_end_ = 0;  // the ring starts here; [oldest_, spill_end_) is spilled
   std::deque<std::pair<uint64_t, int>> runs_;  // (offset, stream) where the spill switches
   std::shared_ptr<UniqueFd> spill_fd_;         // shared with the job that writes into it
   bool spill_failed_ = false;
