@@ -137,6 +137,11 @@ bool InitClient::ParkReadsIfHeld(std::function<void()> resume) {
   return true;
 }
 
+bool InitClient::ReadsParked() const {
+  std::lock_guard<std::mutex> lock(hold_mu_);
+  return parked_ != nullptr;
+}
+
 std::function<void()> InitClient::TakeParked() {
   std::function<void()> out;
   std::lock_guard<std::mutex> lock(hold_mu_);

@@ -71,6 +71,8 @@ class InitClient {
   // returns true (stop watching until it is called: by the last ReleaseReads, or by Close, so
   // that the loop sees the channel close). Without a hold, false. ReadOnOwnThread drops it.
   bool ParkReadsIfHeld(std::function<void()> resume);
+  // Whether the loop is parked by a hold now (ParkReadsIfHeld kept a resume not yet called).
+  bool ReadsParked() const;
   InitClient(const InitClient&) = delete;
   InitClient& operator=(const InitClient&) = delete;
 
@@ -165,7 +167,7 @@ class InitClient {
   bool Receive(bool wait);
   std::mutex close_mu_;  // serialises Close and ReadOnOwnThread
   // HoldReads: the holds kept, and the loop's re-arm while it is parked.
-  std::mutex hold_mu_;
+  mutable std::mutex hold_mu_;
   int holds_ = 0;
   bool own_reader_ = false;  // ReadOnOwnThread: holds no longer park anything
   std::function<void()> parked_;

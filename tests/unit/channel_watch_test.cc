@@ -9,7 +9,9 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,6 +26,14 @@ namespace nsbox::runtime {
 namespace {
 
 using std::chrono::milliseconds;
+
+// Returns once the loop has finished what it was doing (the handler that dispatched the last
+// answer has returned, and parked or re-armed the watch): a handler posted now runs after it.
+void Sync(boost::asio::io_context& io) {
+  std::promise<void> ran;
+  boost::asio::post(io, [&] { ran.set_value(); });
+  ran.get_future().wait();
+}
 
 TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
   int fds[2];
@@ -41,11 +51,14 @@ TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
               static_cast<ssize_t>(frame.size()));
   };
 
-  // The hold takes effect once the loop has read: the frame of that read is dispatched.
+  // The hold takes effect once the loop has read (what that read brought is dispatched): the
+  // loop then parks.
   client->HoldReads();
   auto first = client->ExpectReply(1);
   send(1);
   EXPECT_TRUE(first(milliseconds(5000)).ok());
+  Sync(io);
+  ASSERT_TRUE(client->ReadsParked());
   // Then nothing is read while it is kept, also with two holds and one of them released.
   client->HoldReads();
   auto second = client->ExpectReply(2);
@@ -53,8 +66,11 @@ TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
   EXPECT_FALSE(second(milliseconds(300)).ok()) << "read while held";
   client->ReleaseReads();
   EXPECT_FALSE(second(milliseconds(300)).ok()) << "read while one hold is left";
+  EXPECT_TRUE(client->ReadsParked());
   client->ReleaseReads();
   EXPECT_TRUE(second(milliseconds(5000)).ok()) << "not read after the last hold went";
+  Sync(io);
+  EXPECT_FALSE(client->ReadsParked());
   client->ReleaseReads();  // one more than were kept: nothing happens
 
   // Held and parked again: closing the channel wakes the loop, which answers what is pending.
@@ -62,6 +78,8 @@ TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
   auto third = client->ExpectReply(3);
   send(3);
   EXPECT_TRUE(third(milliseconds(5000)).ok());
+  Sync(io);
+  ASSERT_TRUE(client->ReadsParked());
   auto fourth = client->ExpectReply(4);
   client->Close();
   auto r = fourth(milliseconds(5000));
