@@ -44,7 +44,15 @@ TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
   auto work = boost::asio::make_work_guard(io);
   ChannelWatch watch(io);
   watch.Watch(client);
-  std::thread loop([&] { io.run(); });
+  // The loop's thread, stopped and joined however the test ends (a failed ASSERT too).
+  struct Loop {
+    boost::asio::io_context& io;
+    std::thread thread{[this] { io.run(); }};
+    ~Loop() {
+      io.stop();
+      thread.join();
+    }
+  } loop{io};
   auto send = [&](uint64_t tag) {
     const std::string frame = fs::proto::EncodeFrame(fs::proto::Type::kPong, tag, "x");
     ASSERT_EQ(::send(init.get(), frame.data(), frame.size(), MSG_NOSIGNAL),
@@ -85,10 +93,6 @@ TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
   auto r = fourth(milliseconds(5000));
   ASSERT_TRUE(r.ok()) << "a pending call was not answered after Close";
   EXPECT_EQ(fs::ReplyError(r.value(), "pong").err, EPIPE);
-
-  work.reset();
-  io.stop();
-  loop.join();
 }
 
 }  // namespace
