@@ -554,6 +554,7 @@ struct Runner::Impl {
     bool parked = false;    // its next read waits for PauseOutput(false) (in parked_reads)
     uint64_t read = 0;      // bytes read from it
     uint64_t drain_to = 0;  // what the main process left in it at its exit ends here (or before)
+    bool read_at_exit = false;  // a read was under way at that exit: what it brings counts too
   };
 
   struct Command {
@@ -949,6 +950,10 @@ void Runner::Impl::OnRead(const CommandPtr& cmd, int stream, ssize_t n) {
     return;
   }
   s.read += static_cast<uint64_t>(n);
+  if (s.read_at_exit) {
+    s.drain_to += static_cast<uint64_t>(n);  // see OnMainExit
+    s.read_at_exit = false;
+  }
   if (!cmd->reported && !cmd->truncated) Deliver(cmd, stream, static_cast<size_t>(n));
   // After the answer, reading goes on and the bytes are dropped: a background process must
   // never block on a full pipe.
@@ -1177,12 +1182,15 @@ void Runner::Impl::OnMainExit(const CommandPtr& cmd, int res) {
     Finish(cmd);
     return;
   }
-  // What the main process wrote and left in the pipes (FIONREAD), plus a read under way.
+  // What the main process wrote and left in the pipes (FIONREAD). A read under way may have
+  // taken some of it already: what that read brings is added when it ends (OnRead); if it was
+  // waiting on an empty pipe, what it brings is not the main process's and was not waiting, so
+  // the target is met as soon as it is read.
   for (Stream* st : {&cmd->out, &cmd->err}) {
     int waiting = 0;
     if (st->fd.valid() && ::ioctl(st->fd.get(), FIONREAD, &waiting) != 0) waiting = 0;
-    st->drain_to = st->read + static_cast<uint64_t>(std::max(waiting, 0)) +
-                   (st->op != 0 ? kReadBufferSize : 0);
+    st->drain_to = st->read + static_cast<uint64_t>(std::max(waiting, 0));
+    st->read_at_exit = st->op != 0;
   }
   ArmDrain(cmd);
 }

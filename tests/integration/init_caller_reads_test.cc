@@ -175,6 +175,29 @@ TEST_F(InitCallerReadsTest, AHostThatStopsReadingStopsTheCommandsNotInitsMemory)
   }
 }
 
+TEST_F(InitCallerReadsTest, AChattyBackgroundProcessDoesNotHoldBackTheAnswerAfterAPause) {
+  // The host stops reading while a background process floods the command's stdout: nsbox-init
+  // pauses the pipes (the main process's last line may wait in one). Once the host reads again,
+  // the answer comes with that line after the drain window, as always: not when the flood
+  // reaches the output cap, which would kill the background process with the command.
+  ASSERT_TRUE(Succeeds(client().Ping()));
+  loop_.Stop();
+  auto run = Start("yes flood & echo main-done");
+  std::this_thread::sleep_for(milliseconds(1000));
+  EXPECT_FALSE(run->done) << "an answer came with nobody reading the channel";
+  client().ReadOnOwnThread();
+  ASSERT_TRUE(run->WaitDone(milliseconds(20000)));
+  ExecRun r = run->Result();
+  ASSERT_TRUE(r.ok) << r.Describe();
+  EXPECT_EQ(r.exit.exit_code, 0) << r.Describe();
+  EXPECT_EQ(r.exit.reason, Reason(exec::EndReason::kExited)) << r.Describe();
+  EXPECT_FALSE(r.exit.truncated);
+  EXPECT_NE(r.out.find("main-done\n"), std::string::npos);
+  EXPECT_LT(r.out.size(), size_t{32} << 20) << "the answer waited for the flood";
+  const std::string procs = Names(SandboxProcesses());
+  EXPECT_NE(procs.find(":yes "), std::string::npos) << "the background process lives on: " << procs;
+}
+
 TEST_F(InitCallerReadsTest, ReadingMovesToAThreadOfItsOwnWhenTheLoopEnds) {
   auto slow = Start("sleep 0.3; echo late");
   loop_.Stop();
