@@ -59,14 +59,17 @@ TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
               static_cast<ssize_t>(frame.size()));
   };
 
-  // The hold takes effect once the loop has read (what that read brought is dispatched): the
-  // loop then parks.
-  client->HoldReads();
-  auto first = client->ExpectReply(1);
-  send(1);
-  EXPECT_TRUE(first(milliseconds(5000)).ok());
-  Sync(io);
-  ASSERT_TRUE(client->ReadsParked());
+  // A hold, then a frame: the hold takes effect once the loop has read (what that read brought
+  // is dispatched), and the loop then parks.
+  auto hold_and_read = [&](uint64_t tag) {
+    client->HoldReads();
+    auto reply = client->ExpectReply(tag);
+    send(tag);
+    EXPECT_TRUE(reply(milliseconds(5000)).ok());
+    Sync(io);
+    return client->ReadsParked();
+  };
+  ASSERT_TRUE(hold_and_read(1));
   // Then nothing is read while it is kept, also with two holds and one of them released.
   client->HoldReads();
   auto second = client->ExpectReply(2);
@@ -82,12 +85,7 @@ TEST(ChannelWatch, AHeldChannelWaitsUnreadUntilReleasedOrClosed) {
   client->ReleaseReads();  // one more than were kept: nothing happens
 
   // Held and parked again: closing the channel wakes the loop, which answers what is pending.
-  client->HoldReads();
-  auto third = client->ExpectReply(3);
-  send(3);
-  EXPECT_TRUE(third(milliseconds(5000)).ok());
-  Sync(io);
-  ASSERT_TRUE(client->ReadsParked());
+  ASSERT_TRUE(hold_and_read(3));
   auto fourth = client->ExpectReply(4);
   client->Close();
   auto r = fourth(milliseconds(5000));
