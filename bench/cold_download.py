@@ -18,10 +18,9 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
-from nsboxd_http import UnixConnection, call, start_daemon, stop_daemons
+from nsboxd_http import call, health_during, start_daemon, stop_daemons
 
 CGROUP = f"nsbox-cold-download-{os.getpid()}"
 
@@ -73,25 +72,12 @@ def one_run(binary, sock):
     subprocess.run(["sync"], check=True)
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3")
-    lat, stop = [], threading.Event()
+    def download():
+        t0 = time.perf_counter()
+        subprocess.run([binary, "--socket", sock, "cp", "s:f", "/dev/null"], check=True)
+        return time.perf_counter() - t0
 
-    def probe():
-        conn = UnixConnection(sock)
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            call(conn, "GET", "/v1/health")
-            lat.append((time.perf_counter() - t0) * 1e3)
-            time.sleep(0.005)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
-    t0 = time.perf_counter()
-    subprocess.run([binary, "--socket", sock, "cp", "s:f", "/dev/null"], check=True)
-    took = time.perf_counter() - t0
-    stop.set()
-    prober.join()
-    q = sorted(lat)
-    return took, statistics.median(q), q[min(len(q) - 1, int(len(q) * 0.99))], q[-1]
+    return health_during(sock, download, pause=0.005)
 
 
 def main():

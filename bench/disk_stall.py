@@ -31,10 +31,9 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
-from nsboxd_http import UnixConnection, call, start_daemon, stop_daemons
+from nsboxd_http import UnixConnection, call, health_during, start_daemon, stop_daemons
 
 
 def upload(sock_path, box, mib):
@@ -96,31 +95,11 @@ def output(sock_path, box, mib):
     return elapsed
 
 
-def health_during(sock_path, done):
-    """Latencies (ms) of GET /v1/health, one every 2 ms until `done` is set."""
-    conn = UnixConnection(sock_path)
-    out = []
-    while not done.is_set():
-        t0 = time.perf_counter()
-        call(conn, "GET", "/v1/health")
-        out.append((time.perf_counter() - t0) * 1e3)
-        time.sleep(0.002)
-    conn.close()
-    return out
-
-
 def one_run(sock_path, box, mib, what):
-    done = threading.Event()
-    result = {}
-    poller = threading.Thread(target=lambda: result.update(h=health_during(sock_path, done)))
-    poller.start()
-    time.sleep(0.05)
-    seconds = (upload if what == "upload" else output)(sock_path, box, mib)
-    done.set()
-    poller.join()
-    h = sorted(result["h"])
-    p99 = h[min(len(h) - 1, int(len(h) * 0.99))]
-    return (mib << 20) / seconds / 1e6, statistics.median(h), p99, h[-1]
+    work = upload if what == "upload" else output
+    seconds, median, p99, worst = health_during(sock_path, lambda: work(sock_path, box, mib),
+                                                pause=0.002, lead=0.05)
+    return (mib << 20) / seconds / 1e6, median, p99, worst
 
 
 def main():

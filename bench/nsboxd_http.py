@@ -3,8 +3,10 @@
 import http.client
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -50,3 +52,30 @@ def stop_daemons(daemons, paths):
         d.terminate()
         d.wait()
     subprocess.run(["rm", "-rf"] + list(paths))
+
+
+def health_during(sock, work, pause, lead=0.0):
+    """Runs `work()` while a second connection asks GET /v1/health every `pause` seconds (from
+    `lead` seconds before `work` starts until it returns): `work`'s result, and the health
+    answers' median, p99 and worst latencies in ms."""
+    lat, stop = [], threading.Event()
+
+    def probe():
+        conn = UnixConnection(sock)
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            call(conn, "GET", "/v1/health")
+            lat.append((time.perf_counter() - t0) * 1e3)
+            time.sleep(pause)
+        conn.close()
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        time.sleep(lead)
+        result = work()
+    finally:
+        stop.set()
+        prober.join()
+    q = sorted(lat)
+    return result, statistics.median(q), q[min(len(q) - 1, int(len(q) * 0.99))], q[-1]
