@@ -39,7 +39,6 @@ ExecSession::ExecSession(asio::any_io_executor ex, Offload offload, std::string 
       spill_path_(std::move(spill_path)),
       limits_(limits),
       offload_(std::move(offload)),
-      ex_(ex),
       notify_(ex, std::chrono::steady_clock::time_point::max()),
       expiry_(ex, std::chrono::steady_clock::time_point::max()) {}
 
@@ -170,7 +169,7 @@ void ExecSession::StartSpillJob() {
   spill_writing_ = true;
   const uint64_t job_end = batch.empty() ? 0 : batch.back()->offset + batch.back()->data.size();
   // The loop's executor, counted as busy until the job's end is posted to it.
-  auto back = asio::prefer(ex_, asio::execution::outstanding_work.tracked);
+  auto back = asio::prefer(notify_.get_executor(), asio::execution::outstanding_work.tracked);
   offload_([fd = spill_fd_, batch = std::move(batch), punch_from, punch_to, job_end,
             back = std::move(back), alive = std::weak_ptr<ExecSession*>(alive_)]() mutable {
     // The chunks are contiguous: one pwritev at the first one's offset, more if it is short.

@@ -165,7 +165,6 @@ class ExecSession {
   uint64_t punched_ = 0;   // the file's head is a hole up to here
   uint64_t punch_to_ = 0;  // and should be up to here
   const Offload offload_;
-  boost::asio::any_io_executor ex_;
   // Gone with the session: a job's end that finds it expired touches nothing.
   std::shared_ptr<ExecSession*> alive_ = std::make_shared<ExecSession*>(this);
 
