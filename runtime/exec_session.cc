@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
 #include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/prefer.hpp>
@@ -29,16 +31,33 @@ constexpr size_t kChunkMerge = 64u << 10;
 // What a chunk waiting to be spilled costs beyond its bytes (its control block and string), so
 // that a command writing one byte at a time is held back too.
 constexpr size_t kChunkCost = 128;
+
+// Reads [at, at + len) of `fd` into `buf` (`flags` for preadv2); *got says how much came. The
+// errno that stopped it short, or 0 (EIO at the file's end, which a spill file never has before
+// what it was asked for).
+int ReadAt(int fd, char* buf, size_t len, uint64_t at, int flags, size_t* got) {
+  *got = 0;
+  while (*got < len) {
+    struct iovec iov = {buf + *got, len - *got};
+    ssize_t n = ::preadv2(fd, &iov, 1, static_cast<off_t>(at + *got), flags);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n < 0 ? errno : EIO;
+    *got += static_cast<size_t>(n);
+  }
+  return 0;
+}
 }  // namespace
 
-ExecSession::ExecSession(asio::any_io_executor ex, Offload offload, std::string exec_id,
-                         std::string command, std::string spill_path, ExecLogLimits limits)
+ExecSession::ExecSession(asio::any_io_executor ex, Offload write_offload, Offload read_offload,
+                         std::string exec_id, std::string command, std::string spill_path,
+                         ExecLogLimits limits)
     : id_(std::move(exec_id)),
       command_(std::move(command)),
       started_at_(NowRfc3339()),
       spill_path_(std::move(spill_path)),
       limits_(limits),
-      offload_(std::move(offload)),
+      offload_(std::move(write_offload)),
+      read_offload_(std::move(read_offload)),
       notify_(ex, std::chrono::steady_clock::time_point::max()),
       expiry_(ex, std::chrono::steady_clock::time_point::max()) {}
 
@@ -234,7 +253,8 @@ void ExecSession::FailSpill(const std::string& why) {
   DropAllSpilledBefore(spill_end_);
 }
 
-std::vector<ExecSession::Piece> ExecSession::Read(uint64_t offset, size_t max) const {
+std::vector<ExecSession::Piece> ExecSession::Read(uint64_t offset, size_t max,
+                                                  std::optional<OnDisk>* on_disk) const {
   std::vector<Piece> out;
   if (dropped_) return out;
   offset = std::clamp(offset, oldest_, end_);
@@ -252,16 +272,20 @@ std::vector<ExecSession::Piece> ExecSession::Read(uint64_t offset, size_t max) c
         static_cast<size_t>(std::min<uint64_t>(std::min(run_end, file_end) - offset, max - total));
     Piece piece{offset, it->second, std::string(len, '\0')};
     size_t got = 0;
-    while (got < len) {
-      ssize_t n = ::pread(spill_fd_->get(), piece.data.data() + got, len - got,
-                          static_cast<off_t>(offset + got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        log::warn("exec={} output spill: {}", id_,
-                  Error::Sys("pread", spill_path_, n < 0 ? errno : EIO).message());
-        return out;
+    const int err =
+        ReadAt(spill_fd_->get(), piece.data.data(), len, offset, on_disk ? RWF_NOWAIT : 0, &got);
+    if (err == EAGAIN || (err == EOPNOTSUPP && on_disk)) {
+      // Not in the page cache (or a file system that cannot say): the rest is the caller's.
+      *on_disk = OnDisk{offset + got, it->second, len - got};
+      if (got > 0) {
+        piece.data.resize(got);
+        out.push_back(std::move(piece));
       }
-      got += static_cast<size_t>(n);
+      return out;
+    }
+    if (err != 0) {
+      log::warn("exec={} output spill: {}", id_, Error::Sys("pread", spill_path_, err).message());
+      return out;
     }
     offset += len;
     total += len;
@@ -287,6 +311,49 @@ std::vector<ExecSession::Piece> ExecSession::Read(uint64_t offset, size_t max) c
   if (offset < spill_end_) return out;
   from_memory(ring_, [](const Chunk& c) -> const Chunk& { return c; });
   return out;
+}
+
+asio::awaitable<std::vector<ExecSession::Piece>> ExecSession::ReadLog(uint64_t offset, size_t max) {
+  for (;;) {
+    std::optional<OnDisk> on_disk;
+    std::vector<Piece> out = Read(offset, max, &on_disk);
+    if (!out.empty() || !on_disk) co_return out;
+    // The first bytes wanted must come from the disk: a job reads them while the loop goes on.
+    const OnDisk span = *on_disk;
+    auto initiation = [this, span, fd = spill_fd_](auto handler) {
+      auto back = asio::prefer(asio::get_associated_executor(handler, notify_.get_executor()),
+                               asio::execution::outstanding_work.tracked);
+      // Offload takes a std::function, which must be copyable; the handler is not.
+      auto shared = std::make_shared<decltype(handler)>(std::move(handler));
+      read_offload_([span, fd, shared, back = std::move(back)]() mutable {
+        std::string data(span.len, '\0');
+        size_t got = 0;
+        const int err = ReadAt(fd->get(), data.data(), span.len, span.offset, 0, &got);
+        fd.reset();
+        asio::post(back, [shared, err, data = std::move(data)]() mutable {
+          std::move (*shared)(err, std::move(data));
+        });
+      });
+    };
+    auto [err, data] =
+        co_await asio::async_initiate<const asio::use_awaitable_t<>&, void(int, std::string)>(
+            initiation, asio::use_awaitable);
+    if (dropped_) co_return std::vector<Piece>{};
+    if (err != 0) {
+      log::warn("exec={} output spill: {}", id_, Error::Sys("pread", spill_path_, err).message());
+      co_return std::vector<Piece>{};
+    }
+    // Dropped meanwhile up to oldest_ (its blocks perhaps punched while read): never sent.
+    const uint64_t span_end = span.offset + span.len;
+    if (span_end <= oldest_) {
+      offset = oldest_;
+      continue;
+    }
+    const size_t skip = static_cast<size_t>(std::max(span.offset, oldest_) - span.offset);
+    data.erase(0, skip);
+    out.push_back(Piece{span.offset + skip, span.stream, std::move(data)});
+    co_return out;
+  }
 }
 
 void ExecSession::Drop() {

@@ -61,11 +61,13 @@ class ExecSession {
     std::string data;
   };
 
-  // Runs a job on another thread; the spill file's writes go there.
+  // Runs a job on another thread: the spill file's writes go to `write_offload`, its reads that
+  // must wait for the disk to `read_offload`.
   using Offload = std::function<void(std::function<void()>)>;
 
-  ExecSession(boost::asio::any_io_executor ex, Offload offload, std::string exec_id,
-              std::string command, std::string spill_path, ExecLogLimits limits);
+  ExecSession(boost::asio::any_io_executor ex, Offload write_offload, Offload read_offload,
+              std::string exec_id, std::string command, std::string spill_path,
+              ExecLogLimits limits);
   ~ExecSession();
   ExecSession(const ExecSession&) = delete;
   ExecSession& operator=(const ExecSession&) = delete;
@@ -105,8 +107,20 @@ class ExecSession {
   uint64_t spilled_bytes() const { return spill_end_ - oldest_; }
   // Whether spilled bytes wait to be written, or a write of them is under way.
   bool spill_pending() const { return spill_writing_ || !unwritten_.empty(); }
+  // Bytes of the spill file that are not in the page cache: [offset, offset + len) of `stream`.
+  struct OnDisk {
+    uint64_t offset = 0;
+    int stream = 1;
+    size_t len = 0;
+  };
   // Up to `max` bytes from `offset` (clamped to [oldest(), end()]), in order; empty at the end.
-  std::vector<Piece> Read(uint64_t offset, size_t max) const;
+  // With `on_disk`, the spill file is read only from the page cache (RWF_NOWAIT): the pieces end
+  // where the disk would have to be waited for, and *on_disk says what is there.
+  std::vector<Piece> Read(uint64_t offset, size_t max,
+                          std::optional<OnDisk>* on_disk = nullptr) const;
+  // Read, on the loop, never waiting for the disk there: bytes that must come from the disk are
+  // read by a job on read_offload while the loop serves others. Empty at the end (or dropped).
+  boost::asio::awaitable<std::vector<Piece>> ReadLog(uint64_t offset, size_t max);
 
   // Resumes after the next change (output, start, end, Poke, Drop); spurious wake-ups happen.
   boost::asio::awaitable<void> WaitChange();
@@ -165,6 +179,7 @@ class ExecSession {
   uint64_t punched_ = 0;   // the file's head is a hole up to here
   uint64_t punch_to_ = 0;  // and should be up to here
   const Offload offload_;
+  const Offload read_offload_;
   // Gone with the session: a job's end that finds it expired touches nothing.
   std::shared_ptr<ExecSession*> alive_ = std::make_shared<ExecSession*>(this);
 

@@ -944,6 +944,10 @@ class Daemon {
   ExecSession::Offload OffloadSpill() {
     return [this](std::function<void()> job) { asio::post(spill_pool_, std::move(job)); };
   }
+  // Runs the reads of an exec log's spill that must wait for the disk on the worker pool.
+  ExecSession::Offload OffloadRead() {
+    return [this](std::function<void()> job) { asio::post(pool_, std::move(job)); };
+  }
 
   // Answers. Each returns whether the connection may serve another request.
   asio::awaitable<bool> Reply(Ctx& c, unsigned status, std::string body,
@@ -2394,9 +2398,9 @@ std::shared_ptr<ExecSession> Daemon::StartSession(std::shared_ptr<SandboxEntry> 
   request.tty = spec.tty;
 
   const std::string exec_id = entry->NewExecId();
-  auto session =
-      std::make_shared<ExecSession>(io_.get_executor(), OffloadSpill(), exec_id, request.command,
-                                    entry->execs_dir() + "/" + exec_id + ".log", log_limits_);
+  auto session = std::make_shared<ExecSession>(
+      io_.get_executor(), OffloadSpill(), OffloadRead(), exec_id, request.command,
+      entry->execs_dir() + "/" + exec_id + ".log", log_limits_);
   session->detach = spec.detach;
   session->stdin_stream = spec.stdin_stream || spec.tty.has_value();
   session->tty = spec.tty;
@@ -2537,7 +2541,7 @@ asio::awaitable<bool> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSession> s, ui
       if (!sent) co_return false;
       start_sent = true;
     }
-    auto pieces = s->Read(offset, kStreamChunk);
+    auto pieces = co_await s->ReadLog(offset, kStreamChunk);
     if (!pieces.empty()) {
       for (const ExecSession::Piece& p : pieces) {
         offset = p.offset + p.data.size();
@@ -2618,7 +2622,7 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
     uint64_t offset = 0;
     for (;;) {
       if (s->dropped() || watch->hung_up) break;
-      auto pieces = s->Read(offset, kStreamChunk);
+      auto pieces = co_await s->ReadLog(offset, kStreamChunk);
       for (const ExecSession::Piece& p : pieces) {
         offset = p.offset + p.data.size();
         AppendToBlocks(output[p.stream == 2 ? 1 : 0], p.data);
@@ -3094,7 +3098,7 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
       if (ec) break;
       start_sent = true;
     }
-    auto pieces = s->Read(offset, kStreamChunk);
+    auto pieces = co_await s->ReadLog(offset, kStreamChunk);
     if (!pieces.empty()) {
       for (const ExecSession::Piece& p : pieces) {
         std::string frame;

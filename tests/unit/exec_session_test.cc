@@ -5,14 +5,18 @@
 
 #include "runtime/exec_session.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,8 +43,12 @@ class ExecSessionTest : public ::testing::Test {
     limits.spill_backlog = backlog;
     return std::make_unique<ExecSession>(
         io_.get_executor(),
-        [this](std::function<void()> job) { boost::asio::post(pool_, std::move(job)); }, "e-test",
-        "cmd", spill_path(), limits);
+        [this](std::function<void()> job) { boost::asio::post(pool_, std::move(job)); },
+        [this](std::function<void()> job) {
+          ++disk_reads_;
+          boost::asio::post(pool_, std::move(job));
+        },
+        "e-test", "cmd", spill_path(), limits);
   }
   std::string spill_path() const { return dir_ + "/execs/e-test.log"; }
 
@@ -76,7 +84,35 @@ class ExecSessionTest : public ::testing::Test {
     }
   }
 
+  // ReadLog from `offset` on the loop, run until it has answered.
+  std::vector<ExecSession::Piece> ReadLog(ExecSession& s, uint64_t offset, size_t max,
+                                          const std::function<void()>& while_reading = {}) {
+    std::optional<std::vector<ExecSession::Piece>> got;
+    boost::asio::co_spawn(io_, s.ReadLog(offset, max),
+                          [&](std::exception_ptr e, std::vector<ExecSession::Piece> pieces) {
+                            if (e) std::rethrow_exception(e);
+                            got = std::move(pieces);
+                          });
+    io_.restart();
+    io_.run_one();  // up to its first wait
+    if (while_reading) while_reading();
+    while (!got) {
+      io_.restart();
+      io_.run_one();
+    }
+    return std::move(*got);
+  }
+  // The spill file's pages written to the disk and dropped from the page cache.
+  void EvictSpill() {
+    const int fd = ::open(spill_path().c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(::fdatasync(fd), 0);
+    EXPECT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    ::close(fd);
+  }
+
   boost::asio::io_context io_;
+  int disk_reads_ = 0;  // jobs given to the read offload
   // After io_: destroyed (joined) first, while the loop its jobs post to still exists.
   boost::asio::thread_pool pool_{2};
   std::string dir_;
@@ -234,6 +270,67 @@ TEST_F(ExecSessionTest, DroppedOrDestroyedWhileTheSpillIsWritten) {
       EXPECT_TRUE(s->Read(0, 10).empty());
     }
   }
+}
+
+TEST_F(ExecSessionTest, TheSpillIsReadOffTheLoopWhenItIsNotInThePageCache) {
+  // ReadLog reads the page cache on the loop; what only the disk has is read by a job on the
+  // read offload. Bytes and streams are exact either way; bytes dropped while such a read is
+  // under way (their blocks perhaps punched to zeros) are never returned; a drop ends it empty.
+  const auto byte_at = [](uint64_t o) { return static_cast<char>('a' + (o / 1024) % 26); };
+  const auto stream_at = [](uint64_t o) { return (o / 1024) % 7 == 0 ? 2 : 1; };
+  auto s = Make(4096, 2u << 20);
+  auto append = [&](size_t blocks) {
+    for (size_t i = 0; i < blocks; ++i) {
+      s->Append(stream_at(s->end()), std::string(1024, byte_at(s->end())));
+    }
+  };
+  auto check = [&](const std::vector<ExecSession::Piece>& pieces, uint64_t from) {
+    ASSERT_FALSE(pieces.empty());
+    EXPECT_GE(pieces.front().offset, from);
+    uint64_t at = pieces.front().offset;
+    for (const auto& p : pieces) {
+      ASSERT_EQ(p.offset, at);
+      for (size_t i = 0; i < p.data.size(); ++i, ++at) {
+        ASSERT_EQ(p.data[i], byte_at(at)) << at;
+        ASSERT_EQ(p.stream, stream_at(at)) << at;
+      }
+    }
+  };
+  append(1024);  // 1 MiB, all but the ring spilled
+  Settle(*s);
+  uint64_t offset = 0;
+  while (offset < s->end()) {
+    auto pieces = ReadLog(*s, offset, 100000);
+    check(pieces, offset);
+    offset = pieces.back().offset + pieces.back().data.size();
+  }
+  EXPECT_EQ(disk_reads_, 0) << "what the page cache has is read on the loop";
+
+  EvictSpill();
+  offset = 0;
+  std::string streams;
+  while (offset < s->end()) {
+    auto pieces = ReadLog(*s, offset, 100000);
+    check(pieces, offset);
+    EXPECT_EQ(pieces.front().offset, offset);
+    offset = pieces.back().offset + pieces.back().data.size();
+  }
+  EXPECT_GT(disk_reads_, 0) << "an evicted spill is read by jobs";
+
+  // 3 MiB more while a read of offset 0 waits for the disk: the cap (2 MiB) drops what it reads.
+  EvictSpill();
+  const int before = disk_reads_;
+  auto pieces = ReadLog(*s, 0, 100000, [&] {
+    append(3072);
+    Settle(*s);
+  });
+  EXPECT_EQ(disk_reads_, before + 1);
+  EXPECT_GT(s->oldest(), 100000u);
+  check(pieces, s->oldest());
+
+  EvictSpill();
+  pieces = ReadLog(*s, s->oldest(), 100000, [&] { s->Drop(); });
+  EXPECT_TRUE(pieces.empty()) << "a log dropped while it is read ends the read empty";
 }
 
 TEST_F(ExecSessionTest, StartAndEnd) {
