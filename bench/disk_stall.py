@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Does what the daemon writes to disk hold up its other clients? Two nsbox builds side by side.
 
-    sudo bench/disk_stall.py OLD_NSBOX NEW_NSBOX [--what upload|output] [--mib N] [--runs R]
-                             [--dirty-mib D]
+    sudo bench/disk_stall.py OLD_NSBOX NEW_NSBOX [--what upload|output|drop] [--mib N]
+                             [--runs R] [--dirty-mib D]
 
 Starts each `nsbox` binary as a daemon (`nsbox serve`, its own socket and state directory under
 /var/tmp) with one sandbox. In each run, the builds alternating, one connection makes the daemon
@@ -12,10 +12,13 @@ write N MiB while a second one asks `GET /v1/health` every 2 ms until the first 
   writes it into the temp file nsbox-init opened);
 - output: a detached exec of `head -c N MiB /dev/zero` that nobody reads (its starter hangs up;
   the exec list is asked every 10 ms whether it has ended): the daemon spills the output beyond
-  its 2 MiB ring to `<sandbox dir>/execs/` as fast as the command writes it.
+  its 2 MiB ring to `<sandbox dir>/execs/` as fast as the command writes it;
+- drop: the output's run first, unmeasured, then the end of its retention (the daemons run with
+  `--exec-retention 1`), when the daemon removes the spill file of N - 2 MiB: the health answers
+  are timed from the exec's end until it is no longer listed.
 
-Prints, per build, the medians over the runs of the throughput and of the health answers' p50,
-p99 and worst latencies.
+Prints, per build, the medians over the runs of the throughput (for drop: of the seconds from the
+exec's end to its removal) and of the health answers' p50, p99 and worst latencies.
 
 `--dirty-mib D` sets vm.dirty_bytes to D MiB (and vm.dirty_background_bytes to half of it) for
 the runs and puts the old values back after: the kernel then throttles a writer of dirty pages
@@ -95,7 +98,22 @@ def output(sock_path, box, mib):
     return elapsed
 
 
+def dropped(sock_path, box):
+    """Seconds until no exec of `box` is listed any more (retention ended, the log removed)."""
+    conn = UnixConnection(sock_path)
+    t0 = time.perf_counter()
+    while json.loads(call(conn, "GET", f"/v1/sandboxes/{box}/execs?all=1"))["execs"]:
+        time.sleep(0.01)
+    conn.close()
+    return time.perf_counter() - t0
+
+
 def one_run(sock_path, box, mib, what):
+    if what == "drop":
+        output(sock_path, box, mib)
+        seconds, median, p99, worst = health_during(sock_path, lambda: dropped(sock_path, box),
+                                                    pause=0.002)
+        return seconds, median, p99, worst
     work = upload if what == "upload" else output
     seconds, median, p99, worst = health_during(sock_path, lambda: work(sock_path, box, mib),
                                                 pause=0.002, lead=0.05)
@@ -105,7 +123,7 @@ def one_run(sock_path, box, mib, what):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("builds", nargs=2, metavar="NSBOX")
-    ap.add_argument("--what", choices=("upload", "output"), default="upload")
+    ap.add_argument("--what", choices=("upload", "output", "drop"), default="upload")
     ap.add_argument("--mib", type=int, default=0, help="default: 1024 (upload), 60 (output)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dirty-mib", type=int, default=0)
@@ -129,7 +147,9 @@ def main():
             root = f"/var/tmp/disk-stall-{os.getpid()}-{i}"
             os.makedirs(root)
             sock = f"{root}/d.sock"
-            daemon, conn = start_daemon(binary, sock, f"{root}/state", f"{root}/daemon.log")
+            extra = ["--exec-retention", "1"] if a.what == "drop" else []
+            daemon, conn = start_daemon(binary, sock, f"{root}/state", f"{root}/daemon.log",
+                                        extra)
             call(conn, "PUT", "/v1/sandboxes/u", b"{}")
             daemons.append(daemon)
             paths.append(root)
@@ -141,11 +161,12 @@ def main():
         print(f"{a.mib} MiB {a.what}s, {a.runs} runs per build"
               + (f", vm.dirty_bytes {a.dirty_mib} MiB" if a.dirty_mib else "")
               + "; medians over the runs")
-        print(f"{'build':<40} {'MB/s':>7} {'health p50 ms':>14} {'p99 ms':>8} {'worst ms':>9}")
+        first = "s" if a.what == "drop" else "MB/s"
+        print(f"{'build':<40} {first:>7} {'health p50 ms':>14} {'p99 ms':>8} {'worst ms':>9}")
         for binary, runs in zip(a.builds, rows):
             cols = [statistics.median(r[k] for r in runs) for k in range(4)]
-            print(f"{binary:<40} {cols[0]:>7.0f} {cols[1]:>14.2f} {cols[2]:>8.2f} "
-                  f"{cols[3]:>9.1f}")
+            print(f"{binary:<40} {cols[0]:>7.{2 if a.what == 'drop' else 0}f} {cols[1]:>14.2f} "
+                  f"{cols[2]:>8.2f} {cols[3]:>9.1f}")
     finally:
         stop_daemons(daemons, paths)
         if a.dirty_mib:

@@ -63,7 +63,20 @@ ExecSession::ExecSession(asio::any_io_executor ex, Offload write_offload, Offloa
 
 ExecSession::~ExecSession() {
   SetBehind(false);
-  if (spill_fd_) ::unlink(spill_path_.c_str());
+  RemoveSpill();
+}
+
+void ExecSession::RemoveSpill() {
+  if (!spill_fd_) return;
+  // Off the loop: removing a spill file of 64 MiB took 8-20 ms here (its blocks are freed by the
+  // unlink, or by the last close when a write job or a reader still has it open).
+  offload_([fd = std::move(spill_fd_), path = spill_path_, id = id_]() mutable {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      log::warn("exec={} {}", id, Error::Sys("unlink", path, errno).message());
+    }
+    fd.reset();
+  });
+  spill_fd_.reset();
 }
 
 void ExecSession::SetBehind(bool behind) {
@@ -248,8 +261,7 @@ void ExecSession::SpillWritten(uint64_t job_end, int err) {
 void ExecSession::FailSpill(const std::string& why) {
   log::warn("exec={} output spill: {}; older output is dropped instead", id_, why);
   spill_failed_ = true;
-  spill_fd_.reset();
-  ::unlink(spill_path_.c_str());
+  RemoveSpill();
   DropAllSpilledBefore(spill_end_);
 }
 
@@ -365,12 +377,7 @@ void ExecSession::Drop() {
   unwritten_.clear();  // a job under way keeps its chunks and the file open to its end
   unwritten_bytes_ = 0;
   SetBehind(false);
-  if (spill_fd_) {
-    spill_fd_.reset();
-    if (::unlink(spill_path_.c_str()) != 0 && errno != ENOENT) {
-      log::warn("exec={} {}", id_, Error::Sys("unlink", spill_path_, errno).message());
-    }
-  }
+  RemoveSpill();
   expiry_.cancel();
   Poke();
 }

@@ -128,7 +128,8 @@ class ExecSession {
   void Poke();
 
   // The end of its retention (or the sandbox's deletion): the ring freed, the spill file closed
-  // and removed, every reader woken. Readers then see dropped().
+  // and removed (by a job on the write offload, after the one under way), every reader woken.
+  // Readers then see dropped().
   void Drop();
   bool dropped() const { return dropped_; }
   // The retention timer: waited on by the session's pump, cancelled by Drop.
@@ -149,6 +150,8 @@ class ExecSession {
   void StartSpillJob();
   void SpillWritten(uint64_t job_end, int err);
   void FailSpill(const std::string& why);
+  // The spill file unlinked and closed by a job on the write offload, if there is one.
+  void RemoveSpill();
   void SetBehind(bool behind);
 
   const std::string id_;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -19,6 +20,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -43,7 +45,13 @@ class ExecSessionTest : public ::testing::Test {
     limits.spill_backlog = backlog;
     return std::make_unique<ExecSession>(
         io_.get_executor(),
-        [this](std::function<void()> job) { boost::asio::post(pool_, std::move(job)); },
+        [this](std::function<void()> job) {
+          ++jobs_;
+          boost::asio::post(pool_, [this, job = std::move(job)] {
+            job();
+            --jobs_;
+          });
+        },
         [this](std::function<void()> job) {
           ++disk_reads_;
           boost::asio::post(pool_, std::move(job));
@@ -58,6 +66,10 @@ class ExecSessionTest : public ::testing::Test {
       io_.restart();
       io_.run_one();
     }
+  }
+  // Waits until the write offload's jobs (the spill's writes and its removal) have run.
+  void WaitJobs() {
+    while (jobs_ > 0) std::this_thread::yield();
   }
   // Runs the loop until nothing is left for it (every job's end taken in, or ignored).
   void RunLoop() {
@@ -112,7 +124,8 @@ class ExecSessionTest : public ::testing::Test {
   }
 
   boost::asio::io_context io_;
-  int disk_reads_ = 0;  // jobs given to the read offload
+  int disk_reads_ = 0;        // jobs given to the read offload
+  std::atomic<int> jobs_{0};  // jobs of the write offload not yet run
   // After io_: destroyed (joined) first, while the loop its jobs post to still exists.
   boost::asio::thread_pool pool_{2};
   std::string dir_;
@@ -182,6 +195,7 @@ TEST_F(ExecSessionTest, RingSpillAndCapKeepTheNewestBytesExactly) {
     s->Drop();
     EXPECT_TRUE(s->dropped());
     EXPECT_TRUE(s->Read(s->oldest(), 10).empty());
+    WaitJobs();
     EXPECT_FALSE(std::filesystem::exists(spill_path())) << "Drop removes the spill file";
   }
 }
@@ -262,6 +276,7 @@ TEST_F(ExecSessionTest, DroppedOrDestroyedWhileTheSpillIsWritten) {
     } else {
       s->Drop();
     }
+    WaitJobs();
     EXPECT_FALSE(std::filesystem::exists(spill_path()));
     EXPECT_EQ(said, (std::vector<bool>{true, false})) << "a hold is released with the session";
     RunLoop();
