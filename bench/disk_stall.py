@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does what the daemon writes to disk hold up its other clients? Two nsbox builds side by side.
 
-    sudo bench/disk_stall.py OLD_NSBOX NEW_NSBOX [--what upload|output|drop] [--mib N]
+    sudo bench/disk_stall.py OLD_NSBOX NEW_NSBOX [--what upload|output|drop|reread] [--mib N]
                              [--runs R] [--dirty-mib D]
 
 Starts each `nsbox` binary as a daemon (`nsbox serve`, its own socket and state directory under
@@ -13,9 +13,13 @@ write N MiB while a second one asks `GET /v1/health` every 2 ms until the first 
 - output: a detached exec of `head -c N MiB /dev/zero` that nobody reads (its starter hangs up;
   the exec list is asked every 10 ms whether it has ended): the daemon spills the output beyond
   its 2 MiB ring to `<sandbox dir>/execs/` as fast as the command writes it;
-- drop: the output's run first, unmeasured, then the end of its retention (the daemons run with
-  `--exec-retention 1`), when the daemon removes the spill file of N - 2 MiB: the health answers
-  are timed from the exec's end until it is no longer listed.
+- drop: the output's run first, unmeasured, and a sync(2) (as a spill file retained for the
+  default 10 minutes is on the disk), then the end of its retention (the daemons run with
+  `--exec-retention 3`), when the daemon removes the spill file of N - 2 MiB: the health answers
+  are timed from after the sync until the exec is no longer listed;
+- reread: the output's run first (letters, not zeros, which JSON would escape six times over),
+  unmeasured, a sync and the page cache dropped (`vm.drop_caches`), then a re-attach reads the
+  whole log (`GET .../execs/{execId}/output`): N - 2 MiB of it from the spill file on the disk.
 
 Prints, per build, the medians over the runs of the throughput (for drop: of the seconds from the
 exec's end to its removal) and of the health answers' p50, p99 and worst latencies.
@@ -64,13 +68,16 @@ def upload(sock_path, box, mib):
     return elapsed
 
 
-def output(sock_path, box, mib):
-    """Seconds from the start of a detached exec that writes `mib` MiB to its stdout to its end.
+def output(sock_path, box, mib, letters=False):
+    """Seconds from the start of a detached exec that writes `mib` MiB to its stdout to its end
+    (zeros, or with `letters` the letter a); with the exec's id.
 
     The client that starts it hangs up after the start event, and a re-attach from the output's
     end waits for the exit: the daemon takes the output in as fast as the command writes it."""
     conn = UnixConnection(sock_path)
-    body = json.dumps({"command": f"head -c {mib << 20} /dev/zero", "detach": True}).encode()
+    command = (f"tr '\\0' a < /dev/zero | head -c {mib << 20}" if letters
+               else f"head -c {mib << 20} /dev/zero")
+    body = json.dumps({"command": command, "detach": True}).encode()
     t0 = time.perf_counter()
     conn.request("POST", f"/v1/sandboxes/{box}/exec", body,
                  {"Content-Type": "application/json", "Accept": "application/x-ndjson"})
@@ -95,6 +102,24 @@ def output(sock_path, box, mib):
     if mine[0]["oldestOffset"] != 0:
         # The spill fell more than its backlog's bound behind the output (or failed).
         print(f"output: the log kept only from offset {mine[0]['oldestOffset']}", file=sys.stderr)
+    return elapsed, start["execId"]
+
+
+def reread(sock_path, box, exec_id, mib):
+    """Seconds to read an exec's whole log through a re-attach, checked to be `mib` MiB."""
+    conn = UnixConnection(sock_path)
+    t0 = time.perf_counter()
+    conn.request("GET", f"/v1/sandboxes/{box}/execs/{exec_id}/output?offset=0")
+    r = conn.getresponse()
+    got = 0
+    for line in r:
+        event = json.loads(line)
+        if event.get("type") == "stdout":
+            got += len(event["data"])
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    if got != mib << 20:
+        sys.exit(f"reread: {got} bytes of {mib << 20}")
     return elapsed
 
 
@@ -109,21 +134,32 @@ def dropped(sock_path, box):
 
 
 def one_run(sock_path, box, mib, what):
+    if what == "reread":
+        _, exec_id = output(sock_path, box, mib, letters=True)
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1")
+        seconds, median, p99, worst = health_during(
+            sock_path, lambda: reread(sock_path, box, exec_id, mib), pause=0.002, lead=0.05)
+        return (mib << 20) / seconds / 1e6, median, p99, worst
     if what == "drop":
         output(sock_path, box, mib)
+        os.sync()
         seconds, median, p99, worst = health_during(sock_path, lambda: dropped(sock_path, box),
                                                     pause=0.002)
         return seconds, median, p99, worst
-    work = upload if what == "upload" else output
-    seconds, median, p99, worst = health_during(sock_path, lambda: work(sock_path, box, mib),
-                                                pause=0.002, lead=0.05)
+
+    def work():
+        return upload(sock_path, box, mib) if what == "upload" else output(sock_path, box, mib)[0]
+
+    seconds, median, p99, worst = health_during(sock_path, work, pause=0.002, lead=0.05)
     return (mib << 20) / seconds / 1e6, median, p99, worst
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("builds", nargs=2, metavar="NSBOX")
-    ap.add_argument("--what", choices=("upload", "output", "drop"), default="upload")
+    ap.add_argument("--what", choices=("upload", "output", "drop", "reread"), default="upload")
     ap.add_argument("--mib", type=int, default=0, help="default: 1024 (upload), 60 (output)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dirty-mib", type=int, default=0)
@@ -147,7 +183,7 @@ def main():
             root = f"/var/tmp/disk-stall-{os.getpid()}-{i}"
             os.makedirs(root)
             sock = f"{root}/d.sock"
-            extra = ["--exec-retention", "1"] if a.what == "drop" else []
+            extra = ["--exec-retention", "3"] if a.what == "drop" else []
             daemon, conn = start_daemon(binary, sock, f"{root}/state", f"{root}/daemon.log",
                                         extra)
             call(conn, "PUT", "/v1/sandboxes/u", b"{}")
