@@ -20,7 +20,9 @@
 // them, one job at a time. Nothing is dropped for a disk slower than the output: over
 // spill_backlog bytes waiting, on_spill_behind(true) asks nsboxd to stop reading the sandbox's
 // channel (fs::InitClient::HoldReads) until under half of it again; nsbox-init then stops reading
-// the commands' pipes, and the command waits for the disk.
+// the commands' pipes, and the command waits for the disk. Readers (ReadLog) read the file on the
+// loop only from the page cache; what must come from the disk is read on another thread, and the
+// file is unlinked and closed on the write thread (freeing its blocks takes milliseconds).
 //
 // Not thread-safe: every call on the event loop's thread.
 

@@ -1,7 +1,7 @@
 // runtime/exec_session: the output log of an exec (docs/exec.md): offsets over both streams, the
 // memory ring, the spill file beyond it and its cap, the stream of every byte kept exactly; the
 // spill written on a thread pool (as nsboxd's spill thread), read exactly before and after its
-// writes end, and its backlog said (on_spill_behind).
+// writes end, read off the loop when only the disk has it, and its backlog said (on_spill_behind).
 
 #include "runtime/exec_session.h"
 
