@@ -12,9 +12,11 @@
 #include <atomic>
 #include <boost/json.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -461,6 +463,69 @@ class ProgressLine {
   bool shown_ = false;
 };
 
+// What `nsbox cp` has moved, on one progress line (on a terminal only), rewritten at most every
+// 100 ms: the file under way, its share when its size is known, the bytes of every file so far,
+// and the rate.
+class CopyProgress {
+ public:
+  explicit CopyProgress(bool shown) : shown_(shown) {}
+  ~CopyProgress() { Done(); }
+
+  // A file starts: its name as shown, its size when known.
+  void File(std::string name, std::optional<uint64_t> size) {
+    done_bytes_ += file_bytes_;
+    file_bytes_ = 0;
+    name_ = std::move(name);
+    size_ = size;
+    ++files_;
+    Show(/*now=*/true);
+  }
+  // The current file's bytes moved so far. Its end is shown at once: an upload then waits for
+  // the sandbox to make the file durable.
+  void Moved(uint64_t file_bytes) {
+    file_bytes_ = file_bytes;
+    Show(size_ && file_bytes_ >= *size_);
+  }
+  void Done() { line_.Done(); }
+
+ private:
+  void Show(bool now) {
+    if (!shown_) return;
+    const auto t = std::chrono::steady_clock::now();
+    if (!now && t - shown_at_ < std::chrono::milliseconds(100)) return;
+    shown_at_ = t;
+    std::string text = "copying " + name_;
+    if (files_ > 1) text += " (file " + std::to_string(files_) + ")";
+    text += ": " + Mebibytes(file_bytes_);
+    if (size_) {
+      text += " of " + Mebibytes(*size_) + " (" +
+              std::to_string(*size_ == 0 ? 100
+                                         : std::min<uint64_t>(file_bytes_, *size_) * 100 / *size_) +
+              "%)";
+    }
+    const uint64_t all = done_bytes_ + file_bytes_;
+    if (files_ > 1) text += "; " + Mebibytes(all) + " in all";
+    const double seconds = std::chrono::duration<double>(t - start_).count();
+    if (seconds >= 0.1) {
+      char rate[32];
+      std::snprintf(rate, sizeof rate, ", %.0f MiB/s",
+                    static_cast<double>(all) / (1024.0 * 1024.0) / seconds);
+      text += rate;
+    }
+    line_.Show(text);
+  }
+
+  const bool shown_;
+  ProgressLine line_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point shown_at_{};
+  std::string name_;
+  std::optional<uint64_t> size_;
+  uint64_t file_bytes_ = 0;
+  uint64_t done_bytes_ = 0;  // of the files before this one
+  uint64_t files_ = 0;
+};
+
 int ImportImage(const Options& o, ApiClient& client) {
   const std::string what = "image import " + o.image_name;
   if (auto reason = images::InvalidImageNameReason(o.image_name)) {
@@ -816,6 +881,7 @@ struct RemoteStat {
   bool exists = false;
   bool is_dir = false;
   bool is_file = false;
+  std::optional<uint64_t> size;
 };
 
 Result<RemoteStat> StatRemote(ApiClient& client, const std::string& id, const std::string& path) {
@@ -836,6 +902,11 @@ Result<RemoteStat> StatRemote(ApiClient& client, const std::string& id, const st
   st.exists = true;
   st.is_dir = flag("isDirectory");
   st.is_file = flag("isFile");
+  if (const json::value* size = o->if_contains("size"); size != nullptr && size->is_uint64()) {
+    st.size = size->get_uint64();
+  } else if (size != nullptr && size->is_int64() && size->get_int64() >= 0) {
+    st.size = static_cast<uint64_t>(size->get_int64());
+  }
   return st;
 }
 
@@ -882,14 +953,24 @@ Result<std::vector<RemoteEntry>> ReadDirRemote(ApiClient& client, const std::str
   return out;
 }
 
-Status PutFile(ApiClient& client, const std::string& id, const std::string& path, int fd) {
-  NSBOX_TRY(Check(client, client.Upload(Method::kPut, FilesTarget(id, path), fd)));
+// `shown` names the file on the progress line.
+Status PutFile(ApiClient& client, const std::string& id, const std::string& path, int fd,
+               const std::string& shown, CopyProgress& progress) {
+  struct stat st {};
+  std::optional<uint64_t> size;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) size = static_cast<uint64_t>(st.st_size);
+  progress.File(shown, size);
+  ApiClient::UploadOptions upload;
+  upload.on_sent = [&](uint64_t sent) { progress.Moved(sent); };
+  NSBOX_TRY(Check(client, client.Upload(Method::kPut, FilesTarget(id, path), fd, upload)));
   return Ok();
 }
 
 // Streams a sandbox file into a host file that is opened by `open_file` only once the daemon
 // has answered 200, so a failed copy does not leave an empty file behind.
+// `size`, when known, is shown on the progress line.
 Status GetFile(ApiClient& client, const std::string& id, const std::string& path,
+               std::optional<uint64_t> size, CopyProgress& progress,
                const std::function<Result<UniqueFd>()>& open_file) {
   UniqueFd out;
   auto ensure_open = [&]() -> Status {
@@ -897,9 +978,14 @@ Status GetFile(ApiClient& client, const std::string& id, const std::string& path
     NSBOX_ASSIGN_OR_RETURN(out, open_file());
     return Ok();
   };
+  progress.File(id + ":" + path, size);
+  uint64_t got = 0;
   auto on_chunk = [&](std::string_view chunk) -> Status {
     NSBOX_TRY(ensure_open());
-    return WriteAll(out.get(), chunk, "write");
+    NSBOX_TRY(WriteAll(out.get(), chunk, "write"));
+    got += chunk.size();
+    progress.Moved(got);
+    return Ok();
   };
   NSBOX_TRY(Check(client, client.Download(FilesTarget(id, path), on_chunk)));
   return ensure_open();
@@ -937,7 +1023,7 @@ Result<std::vector<std::string>> ListHostDir(int dirfd, const std::string& shown
 // Host directory -> sandbox: mkdir, then a PUT per file; symlinks are not followed and other
 // file types not copied (they are named in `skipped`).
 Status UploadTree(ApiClient& client, const std::string& id, int dirfd, const std::string& shown,
-                  const std::string& remote, Skipped& skipped) {
+                  const std::string& remote, Skipped& skipped, CopyProgress& progress) {
   NSBOX_TRY(MkdirRemote(client, id, remote));
   NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> names, ListHostDir(dirfd, shown));
   for (const std::string& name : names) {
@@ -950,12 +1036,13 @@ Status UploadTree(ApiClient& client, const std::string& id, int dirfd, const std
     if (S_ISDIR(st.st_mode)) {
       NSBOX_ASSIGN_OR_RETURN(UniqueFd sub,
                              OpenAt(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
-      NSBOX_TRY(UploadTree(client, id, sub.get(), child_shown, child_remote, skipped));
+      NSBOX_TRY(UploadTree(client, id, sub.get(), child_shown, child_remote, skipped, progress));
     } else if (S_ISREG(st.st_mode)) {
       // O_NONBLOCK: if it was swapped for a FIFO since the stat, opening it must not hang.
       NSBOX_ASSIGN_OR_RETURN(UniqueFd file,
                              OpenAt(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK));
-      NSBOX_TRY_CTX(PutFile(client, id, child_remote, file.get()), child_shown);
+      NSBOX_TRY_CTX(PutFile(client, id, child_remote, file.get(), child_shown, progress),
+                    child_shown);
     } else if (S_ISLNK(st.st_mode)) {
       skipped.Add(child_shown + " (a symlink; symlinks are not copied)");
     } else {
@@ -985,7 +1072,7 @@ Status MkdirHostAt(int parent, const std::string& name, const std::string& shown
 // come from the sandbox and are not trusted: each is one component, opened without following
 // symlinks below `dirfd`.
 Status DownloadTree(ApiClient& client, const std::string& id, const std::string& remote, int dirfd,
-                    const std::string& shown, Skipped& skipped) {
+                    const std::string& shown, Skipped& skipped, CopyProgress& progress) {
   NSBOX_ASSIGN_OR_RETURN(std::vector<RemoteEntry> entries, ReadDirRemote(client, id, remote));
   for (const RemoteEntry& e : entries) {
     std::string child_remote = JoinPath(remote, e.name);
@@ -996,9 +1083,9 @@ Status DownloadTree(ApiClient& client, const std::string& id, const std::string&
       NSBOX_TRY(MkdirHostAt(dirfd, e.name, child_shown));
       NSBOX_ASSIGN_OR_RETURN(UniqueFd sub,
                              OpenAt(dirfd, e.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
-      NSBOX_TRY(DownloadTree(client, id, child_remote, sub.get(), child_shown, skipped));
+      NSBOX_TRY(DownloadTree(client, id, child_remote, sub.get(), child_shown, skipped, progress));
     } else if (e.type == "file") {
-      NSBOX_TRY_CTX(GetFile(client, id, child_remote,
+      NSBOX_TRY_CTX(GetFile(client, id, child_remote, std::nullopt, progress,
                             [&]() {
                               return OpenAt(dirfd, e.name,
                                             O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0666);
@@ -1013,11 +1100,11 @@ Status DownloadTree(ApiClient& client, const std::string& id, const std::string&
   return Ok();
 }
 
-Status CopyToSandbox(ApiClient& client, const std::string& src, const CpSide& dst,
-                     Skipped& skipped) {
+Status CopyToSandbox(ApiClient& client, const std::string& src, const CpSide& dst, Skipped& skipped,
+                     CopyProgress& progress) {
   if (src == "-") {
     // Standard input to one file: streamed with chunked transfer-encoding.
-    return PutFile(client, dst.id, dst.path, STDIN_FILENO);
+    return PutFile(client, dst.id, dst.path, STDIN_FILENO, "standard input", progress);
   }
   struct stat st {};
   if (::stat(src.c_str(), &st) != 0) return Error::Sys("stat", src, errno);
@@ -1030,7 +1117,7 @@ Status CopyToSandbox(ApiClient& client, const std::string& src, const CpSide& ds
     }
     if (target.exists && !ContentsOnly(src)) remote = JoinPath(dst.path, BaseName(src));
     NSBOX_ASSIGN_OR_RETURN(UniqueFd dir, OpenAt(AT_FDCWD, src, O_RDONLY | O_DIRECTORY));
-    return UploadTree(client, dst.id, dir.get(), src, remote, skipped);
+    return UploadTree(client, dst.id, dir.get(), src, remote, skipped, progress);
   }
   if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
     return Error(EINVAL, src + ": not a regular file, directory or FIFO");
@@ -1038,18 +1125,19 @@ Status CopyToSandbox(ApiClient& client, const std::string& src, const CpSide& ds
   std::string remote = dst.path;
   if (target.is_dir || EndsWithSlash(dst.path)) remote = JoinPath(dst.path, BaseName(src));
   NSBOX_ASSIGN_OR_RETURN(UniqueFd file, OpenAt(AT_FDCWD, src, O_RDONLY));
-  return PutFile(client, dst.id, remote, file.get());
+  return PutFile(client, dst.id, remote, file.get(), src, progress);
 }
 
 Status CopyFromSandbox(ApiClient& client, const CpSide& src, const std::string& dst,
-                       Skipped& skipped) {
+                       Skipped& skipped, CopyProgress& progress) {
   NSBOX_ASSIGN_OR_RETURN(RemoteStat source, StatRemote(client, src.id, src.path));
   if (!source.exists) {
     return Error(ENOENT, "no such file or directory in sandbox " + src.id + ": " + src.path);
   }
   if (dst == "-") {
     if (source.is_dir) return Error(EISDIR, "cannot write a directory to standard output");
-    return GetFile(client, src.id, src.path, [] { return Result<UniqueFd>(UniqueFd(::dup(1))); });
+    return GetFile(client, src.id, src.path, source.size, progress,
+                   [] { return Result<UniqueFd>(UniqueFd(::dup(1))); });
   }
   struct stat st {};
   bool exists = ::stat(dst.c_str(), &st) == 0;
@@ -1066,7 +1154,7 @@ Status CopyFromSandbox(ApiClient& client, const CpSide& src, const std::string& 
       return Error::Sys("mkdir", local, errno);
     }
     NSBOX_ASSIGN_OR_RETURN(UniqueFd dir, OpenAt(AT_FDCWD, local, O_RDONLY | O_DIRECTORY));
-    return DownloadTree(client, src.id, src.path, dir.get(), local, skipped);
+    return DownloadTree(client, src.id, src.path, dir.get(), local, skipped, progress);
   }
   std::string local = dst;
   if (is_dir) {
@@ -1074,7 +1162,7 @@ Status CopyFromSandbox(ApiClient& client, const CpSide& src, const std::string& 
   } else if (EndsWithSlash(dst)) {
     return Error(ENOENT, dst + ": no such directory");
   }
-  return GetFile(client, src.id, src.path,
+  return GetFile(client, src.id, src.path, source.size, progress,
                  [&] { return OpenAt(AT_FDCWD, local, O_WRONLY | O_CREAT | O_TRUNC, 0666); });
 }
 
@@ -1088,8 +1176,11 @@ int Copy(const Options& o, ApiClient& client) {
   }
   if (src.remote && o.src == "-") return Fail("cp", "'-' is not a sandbox path", kExitUsage);
   Skipped skipped;
-  Status st = dst.remote ? CopyToSandbox(client, o.src, dst, skipped)
-                         : CopyFromSandbox(client, src, o.dst, skipped);
+  // On a terminal, unless the file goes to standard output on that terminal too.
+  CopyProgress progress(::isatty(STDERR_FILENO) == 1 && !(o.dst == "-" && ::isatty(1) == 1));
+  Status st = dst.remote ? CopyToSandbox(client, o.src, dst, skipped, progress)
+                         : CopyFromSandbox(client, src, o.dst, skipped, progress);
+  progress.Done();
   for (const std::string& item : skipped.items) {
     std::fprintf(stderr, "nsbox: cp: skipped %s\n", item.c_str());
   }

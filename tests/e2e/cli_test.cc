@@ -11,6 +11,7 @@
 #include <ftw.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -122,14 +123,31 @@ struct CliResult {
   }
 };
 
-// A running `nsbox` process with its stdin, stdout and stderr on pipes.
+// Where a CliProcess's stderr (and stdout) go: pipes, or a pseudo-terminal that the test reads as
+// the process's stderr (what a person at a terminal sees).
+enum class Terminal { kNone, kStderr, kStdoutAndStderr };
+
+// A running `nsbox` process with its stdin, stdout and stderr on pipes (or a terminal).
 class CliProcess {
  public:
-  CliProcess(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+  CliProcess(const std::vector<std::string>& args, const std::vector<std::string>& env,
+             Terminal terminal = Terminal::kNone) {
     int in[2], out[2], err[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 ||
         ::pipe2(err, O_CLOEXEC) != 0) {
       std::abort();
+    }
+    if (terminal != Terminal::kNone) {
+      // err[0] reads what the process writes to the terminal err[1].
+      ::close(err[0]);
+      ::close(err[1]);
+      if (::openpty(&err[0], &err[1], nullptr, nullptr, nullptr) != 0) std::abort();
+      ::fcntl(err[0], F_SETFD, FD_CLOEXEC);
+      ::fcntl(err[1], F_SETFD, FD_CLOEXEC);
+      if (terminal == Terminal::kStdoutAndStderr) {
+        ::close(out[1]);
+        out[1] = ::fcntl(err[1], F_DUPFD_CLOEXEC, 0);
+      }
     }
     std::vector<std::string> argv_s = {kNsbox};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
@@ -407,6 +425,12 @@ class CliTest : public ::testing::Test {
     env.push_back("NSBOX_SOCKET=" + socket_);
     CliProcess p(args, env);
     return p.Finish(input);
+  }
+  // The same with stderr (and with kStdoutAndStderr stdout) on a terminal: `err` is what the
+  // terminal showed, its newlines as "\r\n".
+  CliResult NsboxOnTerminal(const std::vector<std::string>& args, Terminal terminal) {
+    CliProcess p(args, {"NSBOX_SOCKET=" + socket_}, terminal);
+    return p.Finish();
   }
   std::unique_ptr<CliProcess> Start(const std::vector<std::string>& args) {
     return std::make_unique<CliProcess>(args, std::vector<std::string>{"NSBOX_SOCKET=" + socket_});
@@ -820,6 +844,55 @@ TEST_F(CliTest, CpDirectoryTreeBothWays) {
   r = Nsbox({"cp", id + ":copied", "-"});
   EXPECT_EQ(r.code, 1) << r.Describe();
   EXPECT_EQ(r.err, "nsbox: cp " + id + ":copied -: cannot write a directory to standard output\n");
+}
+
+TEST_F(CliTest, CpShowsProgressOnATerminalOnly) {
+  // On a terminal, cp keeps one line up to date (rewritten in place, at most every 100 ms, the
+  // end of each file at once) and clears it at the end; elsewhere it prints nothing
+  // (CpFileBothWaysBinary), nor when the file goes to standard output on the same terminal.
+  std::string id = NewBox();
+  std::string host = dir_ + "/" + prefix_ + "big.bin";
+  WriteHostFile(host, RandomBytes(64u << 20, 3));
+  const std::string clear = "\r\033[K";
+
+  CliResult r = NsboxOnTerminal({"cp", host, id + ":big.bin"}, Terminal::kStderr);
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find(clear + "copying " + host + ": 0.0 MiB of 64.0 MiB (0%)"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find(clear + "copying " + host + ": 64.0 MiB of 64.0 MiB (100%)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.err.ends_with(clear)) << "the line is cleared at the end: " << r.err;
+  EXPECT_EQ(r.err.find('\n'), std::string::npos) << "one line, never a new one: " << r.err;
+  EXPECT_EQ(Sh(id, "wc -c < big.bin"), std::to_string(64u << 20) + "\n");
+
+  std::string back = host + ".back";
+  r = NsboxOnTerminal({"cp", id + ":big.bin", back}, Terminal::kStderr);
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_NE(r.err.find(clear + "copying " + id + ":big.bin: 64.0 MiB of 64.0 MiB (100%)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.err.ends_with(clear)) << r.err;
+  EXPECT_TRUE(ReadHostFile(back) == ReadHostFile(host)) << "the round trip changed the bytes";
+
+  // A tree: the file's number, and the bytes of all files so far.
+  std::string tree = dir_ + "/" + prefix_ + "tree";
+  ASSERT_EQ(::mkdir(tree.c_str(), 0755), 0);
+  WriteHostFile(tree + "/a", std::string(1u << 20, 'a'));
+  WriteHostFile(tree + "/b", std::string(2u << 20, 'b'));
+  r = NsboxOnTerminal({"cp", tree, id + ":tree"}, Terminal::kStderr);
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_NE(r.err.find(clear + "copying " + tree + "/b (file 2): 2.0 MiB of 2.0 MiB (100%); " +
+                       "3.0 MiB in all"),
+            std::string::npos)
+      << r.err;
+
+  // To standard output on the terminal itself: the file's text alone.
+  r = NsboxOnTerminal({"cp", id + ":tree/a", "-"}, Terminal::kStdoutAndStderr);
+  EXPECT_EQ(r.code, 0) << r.Describe().substr(0, 300);
+  EXPECT_EQ(r.err.find("copying"), std::string::npos) << r.err.substr(0, 300);
+  EXPECT_EQ(r.err, std::string(1u << 20, 'a'));
 }
 
 TEST_F(CliTest, CpErrors) {
