@@ -231,7 +231,10 @@ void SandboxEntry::RemoveSession(const ExecSession* session, const std::string& 
   auto it = sessions_.find(exec_id);
   if (it == sessions_.end() || it->second.get() != session) return;
   sessions_.erase(it);
-  std::erase(session_order_, exec_id);
+  if (auto pos = std::find(session_order_.begin(), session_order_.end(), exec_id);
+      pos != session_order_.end()) {
+    session_order_.erase(pos);
+  }
 }
 
 std::vector<std::shared_ptr<ExecSession>> SandboxEntry::Sessions() const {

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +28,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -127,8 +129,10 @@ class SandboxEntry {
   net::NetworkPolicy network_;
   std::string address_;  // while attached to nsbox-net
   bool deleted_ = false;
-  std::map<std::string, std::shared_ptr<ExecSession>> sessions_;
-  std::vector<std::string> session_order_;  // ids, oldest first
+  // Thousands when commands are many and short (each kept for --exec-retention): found by hash,
+  // and ended in about the order they started, so removed from near the order's front.
+  std::unordered_map<std::string, std::shared_ptr<ExecSession>> sessions_;
+  std::deque<std::string> session_order_;  // ids, oldest first
 };
 
 struct RegistryOptions {
