@@ -7,11 +7,12 @@
 Starts each `nsbox` binary as a daemon (`nsbox serve`, its own socket and state directory under
 /var/tmp; the script and both daemons at nice -10), creates one sandbox in each and warms it up,
 then sends B blocks of N requests to each daemon in turn over one keep-alive connection, MS
-milliseconds apart: warm execs of /bin/true (`--mode exec`) or reads of a 4 KiB file
-(`--mode read`). For each block it prints the daemon's CPU time per request (the sum of its
-threads' /proc/PID/task/TID/schedstat; the sandbox's processes are not the daemon's), and the
-medians at the end. A daemon's CPU time is a steadier figure than a latency on this machine,
-whose speed drifts from minute to minute (docs/benchmarks.md).
+milliseconds apart: warm execs of /bin/true (`--mode exec`) or reads of a 4 KiB file (`--mode
+read`). For each block it prints the daemon's CPU time per request (the sum of its threads'
+/proc/PID/task/TID/schedstat; the sandbox's processes are not the daemon's) and the median latency
+of its requests as this Python client sees it, and the medians at the end. A daemon's CPU time is a
+steadier figure than a latency on this machine, whose speed drifts from minute to minute
+(docs/benchmarks.md).
 
 --mallocs also counts the daemon's calls to malloc with a uprobe (tracefs, `nm` and `readelf`
 needed; the binary must have its symbols): one `p:` line in /sys/kernel/tracing/uprobe_events at
@@ -115,17 +116,24 @@ def main():
             if args.mallocs:
                 probes[name] = MallocProbe(binary, name)
 
-        def block(name):
+        latency = {n: [] for n in builds}  # medians of the blocks, µs
+
+        def block(name, timed=True):
             conn = conns[name]
+            took = []
             for _ in range(args.requests):
+                t0 = time.perf_counter()
                 if args.mode == "exec":
                     call(conn, "POST", "/v1/sandboxes/cost/exec", exec_body)
                 else:
                     call(conn, "GET", "/v1/sandboxes/cost/files?path=f4k")
+                took.append((time.perf_counter() - t0) * 1e6)
                 time.sleep(args.pace / 1000)
+            if timed:
+                latency[name].append(statistics.median(took))
 
         for name in builds:
-            block(name)  # warm-up: the sandbox's start, its first commands
+            block(name, timed=False)  # warm-up: the sandbox's start, its first commands
         cpu = {n: [] for n in builds}
         mallocs = {n: [] for n in builds}
         for b in range(args.blocks):
@@ -138,12 +146,14 @@ def main():
                 else:
                     block(name)
                 cpu[name].append((cpu_ns(pid) - before) / args.requests / 1000)
-                line = f"block {b} {name}: daemon CPU {cpu[name][-1]:.1f} us per {args.mode}"
+                line = (f"block {b} {name}: daemon CPU {cpu[name][-1]:.1f} us per {args.mode}, "
+                        f"median latency {latency[name][-1]:.0f} us")
                 if args.mallocs:
                     line += f", {mallocs[name][-1]:.1f} mallocs"
                 print(line, flush=True)
         for name in builds:
-            line = f"{name}: median daemon CPU {statistics.median(cpu[name]):.1f} us per request"
+            line = (f"{name}: median daemon CPU {statistics.median(cpu[name]):.1f} us per request, "
+                    f"latency {statistics.median(latency[name]):.0f} us (the blocks' medians)")
             if args.mallocs:
                 line += f", {statistics.median(mallocs[name]):.1f} mallocs per request"
             print(line)

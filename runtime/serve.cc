@@ -1974,11 +1974,16 @@ asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c, std::vector<std::string> 
                                                bool base64, const json::object& exit) {
   const bool keep_alive =
       c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_;
-  if (!co_await StartChunked(c, "application/json", keep_alive)) co_return false;
   // What goes out next, sent as one chunk once it holds kSocketReadRoom (many small pieces of
-  // output make one write).
+  // output make one write). An answer that never fills it goes as one write with its length:
+  // sent as a head, a chunk and the last chunk, it woke the client up to three times.
   std::string out;
+  bool chunked = false;  // the head is sent, the body goes in chunks
   auto flush = [&]() -> asio::awaitable<bool> {
+    if (!chunked) {
+      if (!co_await StartChunked(c, "application/json", keep_alive)) co_return false;
+      chunked = true;
+    }
     if (out.empty()) co_return true;
     metrics_.BytesOut(out.size());
     auto [ec, n] =
@@ -2011,8 +2016,12 @@ asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c, std::vector<std::string> 
   const std::string rest = json::serialize(exit);
   out += "\",";
   out.append(rest, 1);
-  if (!co_await flush()) co_return false;
-  auto [ec, n] = co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
+  if (!chunked) co_return co_await Reply(c, 200, std::move(out));
+  // The last piece and the end in one write.
+  metrics_.BytesOut(out.size());
+  auto [ec, n] = co_await asio::async_write(
+      c.socket, beast::buffers_cat(http::make_chunk(asio::buffer(out)), http::make_chunk_last()),
+      kTuple);
   (void)n;
   co_return !ec && keep_alive;
 }
