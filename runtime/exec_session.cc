@@ -122,33 +122,17 @@ void ExecSession::SpillFront() {
   ring_size_ -= chunk.data.size();
   const uint64_t chunk_end = chunk.offset + chunk.data.size();
   spill_end_ = chunk_end;
-  if (limits_.spill_bytes == 0 || spill_failed_) {
+  if (limits_.spill_bytes == 0 || spill_failed_ || !OpenSpill()) {
     DropAllSpilledBefore(chunk_end);
     return;
-  }
-  if (!spill_fd_) {
-    // <sandbox dir>/execs/<execId>.log; the directory may be gone (the sandbox deleted).
-    const std::string dir = spill_path_.substr(0, spill_path_.rfind('/'));
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-      log::warn("exec={} output spill: {}", id_, Error::Sys("mkdir", dir, errno).message());
-    }
-    UniqueFd fd(
-        ::open(spill_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!fd.valid()) {
-      log::warn("exec={} output spill: {}; older output is dropped instead", id_,
-                Error::Sys("open", spill_path_, errno).message());
-      spill_failed_ = true;
-      DropAllSpilledBefore(chunk_end);
-      return;
-    }
-    spill_fd_ = std::make_shared<UniqueFd>(std::move(fd));
   }
   if (runs_.empty() || runs_.back().second != chunk.stream) {
     runs_.emplace_back(chunk.offset, chunk.stream);
   }
   unwritten_bytes_ += chunk.data.size() + kChunkCost;
   unwritten_.push_back(std::make_shared<const Chunk>(std::move(chunk)));
-  if (unwritten_bytes_ > limits_.spill_backlog) SetBehind(true);
+  // Only a command's output is held back for the disk; a ring retired after the end is not.
+  if (unwritten_bytes_ > limits_.spill_backlog && !ended()) SetBehind(true);
   uint64_t new_oldest = oldest_;
   if (spill_end_ - oldest_ > limits_.spill_bytes) new_oldest = spill_end_ - limits_.spill_bytes;
   while (runs_.size() > ExecLogLimits::kMaxSpillRuns) {
@@ -157,6 +141,38 @@ void ExecSession::SpillFront() {
   }
   if (new_oldest > oldest_) DropSpilledBefore(new_oldest);
   StartSpillJob();
+}
+
+bool ExecSession::OpenSpill() {
+  if (spill_fd_) return true;
+  // <sandbox dir>/execs/<execId>.log; the directory may be gone (the sandbox deleted).
+  const std::string dir = spill_path_.substr(0, spill_path_.rfind('/'));
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    log::warn("exec={} output spill: {}", id_, Error::Sys("mkdir", dir, errno).message());
+  }
+  UniqueFd fd(
+      ::open(spill_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid()) {
+    log::warn("exec={} output spill: {}; its output is kept in memory only, up to the ring", id_,
+              Error::Sys("open", spill_path_, errno).message());
+    spill_failed_ = true;
+    return false;
+  }
+  spill_fd_ = std::make_shared<UniqueFd>(std::move(fd));
+  return true;
+}
+
+void ExecSession::RetireRing() {
+  if (dropped_ || limits_.spill_bytes == 0 || spill_failed_) return;
+  // Chunk by chunk, as long as the spill takes them without dropping a kept byte.
+  while (!ring_.empty()) {
+    const Chunk& chunk = ring_.front();
+    if (chunk.offset + chunk.data.size() - oldest_ > limits_.spill_bytes) return;
+    const bool new_run = runs_.empty() || runs_.back().second != chunk.stream;
+    if (new_run && runs_.size() >= ExecLogLimits::kMaxSpillRuns) return;
+    if (!OpenSpill()) return;
+    SpillFront();
+  }
 }
 
 void ExecSession::DropSpilledBefore(uint64_t offset) {

@@ -129,6 +129,15 @@ class ExecSession {
   // Wakes every WaitChange (a subscriber's own event: its client hung up, a control message).
   void Poke();
 
+  // The bytes in the memory ring now.
+  uint64_t ring_size() const { return ring_size_; }
+  // After the end: the ring's bytes move to the spill file (written off the loop, then freed), as
+  // far as the spill's limits take them without dropping a byte; readers find them there. For
+  // nsboxd's bound on what ended sessions keep in memory.
+  void RetireRing();
+  // The ring bytes nsboxd counts against that bound (its bookkeeping, kept here).
+  uint64_t counted_ring = 0;
+
   // The end of its retention (or the sandbox's deletion): the ring freed, the spill file closed
   // and removed (by a job on the write offload, after the one under way), every reader woken.
   // Readers then see dropped().
@@ -152,6 +161,8 @@ class ExecSession {
   void StartSpillJob();
   void SpillWritten(uint64_t job_end, int err);
   void FailSpill(const std::string& why);
+  // Opens (makes) the spill file if it is not open; false (logged, spill_failed_) if it cannot.
+  bool OpenSpill();
   // The spill file unlinked and closed by a job on the write offload, if there is one.
   void RemoveSpill();
   void SetBehind(bool behind);

@@ -89,6 +89,10 @@ constexpr size_t kStreamChunk = 256u << 10;  // file bodies move in pieces of th
 // after the request so that an idle keep-alive connection holds none (a 200 MB upload took
 // 409,604 reads of 512 bytes, and as many epoll_waits, before).
 constexpr size_t kSocketReadRoom = 64u << 10;
+// What the memory rings of ended exec sessions hold in all before the oldest go to disk
+// (docs/exec.md): without a bound, 100 commands of 2.7 MB of output each kept 220 MB of daemon
+// memory for the retention's 10 minutes.
+constexpr uint64_t kEndedRingBudget = 64u << 20;
 constexpr size_t kWorkerThreads = 32;
 
 // TCP connections that have not yet sent a request with a valid token, at most this many at once:
@@ -915,6 +919,14 @@ class Daemon {
   void RestorePorts();
   // After the loop has ended and every session is dropped: waits for their spill files' removal.
   void FinishSpills() { spill_pool_.join(); }
+  // The memory rings that ended sessions keep for re-attach, bounded in all (kEndedRingBudget):
+  // over it, the rings of the sessions that ended first move to their spill files. Called when
+  // a session ends; ForgetRing before each Drop.
+  void KeepEndedRing(const std::shared_ptr<ExecSession>& s);
+  void ForgetRing(ExecSession& s) {
+    ended_ring_bytes_ -= s.counted_ring;
+    s.counted_ring = 0;
+  }
 
  private:
   // What one request's handler works with.
@@ -1097,7 +1109,30 @@ class Daemon {
   Clock::time_point refused_logged_{};  // the last warning about kMaxUnauthenticatedTcp
   bool shutting_down_ = false;
   PortForwarder ports_;
+  // KeepEndedRing's: the ended sessions in the order they ended, and their rings' bytes counted.
+  std::deque<std::weak_ptr<ExecSession>> ended_rings_;
+  uint64_t ended_ring_bytes_ = 0;
 };
+
+void Daemon::KeepEndedRing(const std::shared_ptr<ExecSession>& s) {
+  // Those dropped since (their retention over, their sandbox deleted) leave from the front.
+  while (!ended_rings_.empty()) {
+    auto first = ended_rings_.front().lock();
+    if (first != nullptr && first->counted_ring > 0) break;
+    ended_rings_.pop_front();
+  }
+  if (s->dropped() || s->ring_size() == 0) return;
+  s->counted_ring = s->ring_size();
+  ended_ring_bytes_ += s->counted_ring;
+  ended_rings_.push_back(s);
+  while (ended_ring_bytes_ > kEndedRingBudget && !ended_rings_.empty()) {
+    auto first = ended_rings_.front().lock();
+    ended_rings_.pop_front();
+    if (first == nullptr || first->counted_ring == 0) continue;
+    ForgetRing(*first);
+    first->RetireRing();
+  }
+}
 
 template <typename F>
 asio::awaitable<std::invoke_result_t<F&>> Daemon::Blocking(F fn) {
@@ -2400,7 +2435,10 @@ asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
   }
   // Its exec sessions and their spill files go with it (the pumps see the execs end, "stopped").
   if (entry != nullptr) {
-    for (const auto& s : entry->TakeSessions()) s->Drop();
+    for (const auto& s : entry->TakeSessions()) {
+      ForgetRing(*s);
+      s->Drop();
+    }
   }
   co_return co_await ReplyNoContent(c);
 }
@@ -2509,6 +2547,7 @@ asio::awaitable<void> Daemon::PumpExec(std::shared_ptr<SandboxEntry> entry,
   co_await asio::post(ex, asio::use_awaitable);
   log::info("sandbox={} exec={} ended: {} exit code {} in {} ms; {} bytes of output",
             entry->config().id, s->id(), reason, x.exit_code, x.duration_ms, s->end());
+  KeepEndedRing(s);
   // Kept for re-attach for the retention time (or until the sandbox is deleted: Drop cancels).
   metrics_.ExecSessionsRetained(+1);
   if (!s->dropped()) {
@@ -2517,6 +2556,7 @@ asio::awaitable<void> Daemon::PumpExec(std::shared_ptr<SandboxEntry> entry,
   }
   metrics_.ExecSessionsRetained(-1);
   entry->RemoveSession(s.get(), s->id());
+  ForgetRing(*s);
   s->Drop();
 }
 

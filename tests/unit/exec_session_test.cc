@@ -348,6 +348,68 @@ TEST_F(ExecSessionTest, TheSpillIsReadOffTheLoopWhenItIsNotInThePageCache) {
   EXPECT_TRUE(pieces.empty()) << "a log dropped while it is read ends the read empty";
 }
 
+TEST_F(ExecSessionTest, ARetiredRingMovesToTheSpillAndLosesNothing) {
+  // After the end, RetireRing moves the ring's bytes to the spill file (nsboxd's bound on the
+  // memory of ended sessions): read exactly from there, as far as the spill's cap takes them
+  // without dropping a kept byte, never with a hold on the channel, and not at all without a
+  // spill.
+  fs::proto::ExecExit exit;
+  auto fill = [](ExecSession& s, std::string* all, std::string* streams) {
+    for (int i = 0; i < 100; ++i) {
+      const int stream = i % 3 == 0 ? 2 : 1;
+      std::string data(1024, static_cast<char>('a' + i % 26));
+      s.Append(stream, data);
+      *all += data;
+      streams->append(data.size(), static_cast<char>('0' + stream));
+    }
+  };
+  struct Case {
+    const char* name;
+    uint64_t spill;
+    bool all_retired;
+  };
+  for (const Case& c :
+       {Case{"room for all", 1u << 20, true}, Case{"a cap of 80 KiB", 80u << 10, false}}) {
+    SCOPED_TRACE(c.name);
+    auto s = Make(64u << 10, c.spill, 16u << 10);
+    std::vector<bool> said;
+    s->on_spill_behind = [&](bool behind) { said.push_back(behind); };
+    std::string all, streams;
+    fill(*s, &all, &streams);
+    Settle(*s);
+    said.clear();
+    s->Ended(exit, "exited");
+    const uint64_t ring_before = s->ring_size();
+    ASSERT_GT(ring_before, 0u);
+    s->RetireRing();
+    EXPECT_TRUE(said.empty()) << "an ended session's retired ring holds no channel";
+    Settle(*s);
+    if (c.all_retired) {
+      EXPECT_EQ(s->ring_size(), 0u);
+      EXPECT_EQ(std::filesystem::file_size(spill_path()), all.size());
+    } else {
+      EXPECT_GT(s->ring_size(), 0u);
+      EXPECT_LT(s->ring_size(), ring_before);
+    }
+    EXPECT_EQ(s->oldest(), 0u) << "nothing dropped";
+    std::string bytes, got_streams;
+    ReadAll(*s, 0, 100000, &bytes, &got_streams);
+    EXPECT_TRUE(bytes == all) << "the bytes differ";
+    EXPECT_TRUE(got_streams == streams) << "a byte's stream differs";
+    s->Drop();
+    WaitJobs();
+  }
+
+  auto none = Make(64u << 10, 0);
+  std::string all, streams;
+  fill(*none, &all, &streams);
+  none->Ended(exit, "exited");
+  const uint64_t ring = none->ring_size();
+  none->RetireRing();
+  EXPECT_EQ(none->ring_size(), ring) << "without a spill the ring stays in memory";
+  EXPECT_FALSE(std::filesystem::exists(spill_path()));
+}
+
 TEST_F(ExecSessionTest, StartAndEnd) {
   auto s = Make(4096, 0);
   EXPECT_FALSE(s->started());
