@@ -31,6 +31,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/container/deque.hpp>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -183,12 +184,14 @@ class ExecSession {
   uint64_t end_ = 0;
   uint64_t oldest_ = 0;
   uint64_t spill_end_ = 0;  // the ring starts here; [oldest_, spill_end_) is spilled
-  std::deque<std::pair<uint64_t, int>> runs_;  // (offset, stream) where the spill switches
-  std::shared_ptr<UniqueFd> spill_fd_;         // shared with the job that writes into it
+  // Boost's deque allocates nothing while empty (std::deque: 576 bytes), and most sessions never
+  // spill: thousands of them may be kept for re-attach.
+  boost::container::deque<std::pair<uint64_t, int>> runs_;  // (offset, stream) where it switches
+  std::shared_ptr<UniqueFd> spill_fd_;  // shared with the job that writes into it
   bool spill_failed_ = false;
   // Spilled chunks not yet written (those of the job under way included), in offset order:
   // [unwritten_.front()->offset, spill_end_) is read from here, what is before it from the file.
-  std::deque<std::shared_ptr<const Chunk>> unwritten_;
+  boost::container::deque<std::shared_ptr<const Chunk>> unwritten_;
   uint64_t unwritten_bytes_ = 0;  // their bytes, and what each costs beyond them
   bool behind_ = false;           // on_spill_behind(true) was the last call
   bool spill_writing_ = false;
