@@ -919,14 +919,6 @@ class Daemon {
   void RestorePorts();
   // After the loop has ended and every session is dropped: waits for their spill files' removal.
   void FinishSpills() { spill_pool_.join(); }
-  // The memory rings that ended sessions keep for re-attach, bounded in all (kEndedRingBudget):
-  // over it, the rings of the sessions that ended first move to their spill files. Called when
-  // a session ends; ForgetRing before each Drop.
-  void KeepEndedRing(const std::shared_ptr<ExecSession>& s);
-  void ForgetRing(ExecSession& s) {
-    ended_ring_bytes_ -= s.counted_ring;
-    s.counted_ring = 0;
-  }
 
  private:
   // What one request's handler works with.
@@ -958,21 +950,21 @@ class Daemon {
   ExecSession::Offload OffloadSpill() {
     return [this](std::function<void()> job) { asio::post(spill_pool_, std::move(job)); };
   }
+  // The memory rings that ended sessions keep for re-attach, bounded in all (kEndedRingBudget):
+  // over it, the rings of the sessions that ended first move to their spill files. Called when
+  // a session ends; ForgetRing before each Drop.
+  void KeepEndedRing(const std::shared_ptr<ExecSession>& s);
+  void ForgetRing(ExecSession& s) {
+    ended_ring_bytes_ -= s.counted_ring;
+    s.counted_ring = 0;
+  }
   // Runs the reads of an exec log's spill that must wait for the disk on the worker pool.
   ExecSession::Offload OffloadRead() {
     return [this](std::function<void()> job) { asio::post(pool_, std::move(job)); };
   }
-  // Removes a file of the daemon's own on the worker pool, `fd` (if any) closed there after the
-  // unlink: freeing a large file's blocks took 60-140 ms for 512 MiB here, and must not hold up
-  // the loop.
-  void RemoveOffLoop(std::string path, UniqueFd fd) {
-    asio::post(pool_, [path = std::move(path), fd = std::move(fd)]() mutable {
-      if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-        log::warn("{}", Error::Sys("unlink", path, errno).message());
-      }
-      fd.reset();
-    });
-  }
+  // Removes a file of the daemon's own on the worker pool: freeing a large file's blocks took
+  // 60-140 ms for 512 MiB here, which must not hold up the loop. Close it first.
+  asio::awaitable<void> RemoveFile(std::string path);
 
   // Answers. Each returns whether the connection may serve another request.
   asio::awaitable<bool> Reply(Ctx& c, unsigned status, std::string body,
@@ -1132,6 +1124,16 @@ void Daemon::KeepEndedRing(const std::shared_ptr<ExecSession>& s) {
     ForgetRing(*first);
     first->RetireRing();
   }
+}
+
+asio::awaitable<void> Daemon::RemoveFile(std::string path) {
+  auto work = [path] {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      log::warn("{}", Error::Sys("unlink", path, errno).message());
+    }
+    return true;
+  };
+  co_await Blocking(std::move(work));
 }
 
 template <typename F>
@@ -3458,16 +3460,19 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
         ApiError::Internal(Error::Sys("open", spool, errno).Context("spool the upload").message());
     co_return co_await ReplyError(c, reply_error);
   }
-  // Removed however this ends, off the loop (closed there too if it still is open).
+  // Removed before the answer, on the worker pool (freeing a large file's blocks took 60-140 ms
+  // for 512 MiB here); here only if this ends otherwise, before a byte was spooled.
   struct Unlink {
-    Daemon* daemon;
     std::string path;
-    UniqueFd& fd;
-    ~Unlink() { daemon->RemoveOffLoop(path, std::move(fd)); }
-  } unlink_spool{this, spool, fd};
+    ~Unlink() { ::unlink(path.c_str()); }
+  } unlink_spool{spool};
 
   if (!co_await SendContinue(c)) co_return false;
   const BodyCopy copied = co_await CopyBodyTo(c, fd.get(), spool);
+  fd.reset();  // still linked: its blocks stay until the unlink
+  if (!copied.hangup.empty() || copied.write_error != 0 || copied.bytes == 0) {
+    co_await RemoveFile(spool);
+  }
   if (!copied.hangup.empty()) {
     log::info("image={} the upload ended early after {} bytes ({}); nothing imported", name,
               copied.bytes, copied.hangup);
@@ -3481,7 +3486,6 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
     co_return co_await ReplyError(c, reply_error);
   }
   const uint64_t total = copied.bytes;
-  fd.reset();
   if (total == 0) {
     const ApiError reply_error =
         ApiError::Of(400, "invalid_image", "the request has no body: send the image's tarball");
@@ -3504,7 +3508,11 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   }
   const bool existed = registry_.images().Find(name).has_value();
   auto import_work = [this, name, spool, replace, progress, queue] {
-    queue->Push(ImportEvent{std::nullopt, registry_.ImportImage(name, spool, replace, progress)});
+    auto done = registry_.ImportImage(name, spool, replace, progress);
+    if (::unlink(spool.c_str()) != 0 && errno != ENOENT) {
+      log::warn("image={} {}", name, Error::Sys("unlink", spool, errno).message());
+    }
+    queue->Push(ImportEvent{std::nullopt, std::move(done)});
     return true;
   };
   // Started now, on the pool; its result arrives through the queue.
