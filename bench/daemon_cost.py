@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from nsboxd_http import call, start_daemon
+from nsboxd_http import call, start_daemon, stop_daemons
 
 TRACING = "/sys/kernel/tracing"
 
@@ -160,9 +160,8 @@ def main():
     finally:
         for p in probes.values():
             p.remove()
-        for d in daemons.values():
-            d.terminate()
-            d.wait()
+        stop_daemons(list(daemons.values()),
+                     [f"{base}-{n}{suffix}" for n in builds for suffix in ("", ".sock", ".log")])
 
 
 if __name__ == "__main__":
