@@ -122,10 +122,11 @@ void ExecSession::SpillFront() {
   ring_size_ -= chunk.data.size();
   const uint64_t chunk_end = chunk.offset + chunk.data.size();
   spill_end_ = chunk_end;
-  if (limits_.spill_bytes == 0 || spill_failed_ || !OpenSpill()) {
+  if (limits_.spill_bytes == 0 || spill_failed_) {
     DropAllSpilledBefore(chunk_end);
     return;
   }
+  MakeSpillFile();  // the chunks wait in memory until it is made
   if (runs_.empty() || runs_.back().second != chunk.stream) {
     runs_.emplace_back(chunk.offset, chunk.stream);
   }
@@ -143,34 +144,72 @@ void ExecSession::SpillFront() {
   StartSpillJob();
 }
 
-bool ExecSession::OpenSpill() {
-  if (spill_fd_) return true;
-  // <sandbox dir>/execs/<execId>.log; the directory may be gone (the sandbox deleted).
-  const std::string dir = spill_path_.substr(0, spill_path_.rfind('/'));
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    log::warn("exec={} output spill: {}", id_, Error::Sys("mkdir", dir, errno).message());
+void ExecSession::MakeSpillFile() {
+  if (spill_fd_ || spill_making_ || spill_failed_) return;
+  spill_making_ = true;
+  // On the write thread, as the writes: a file's creation waits for the file system's journal,
+  // which a loaded disk can make slow.
+  auto back = asio::prefer(notify_.get_executor(), asio::execution::outstanding_work.tracked);
+  offload_([path = spill_path_, back, alive = std::weak_ptr<ExecSession*>(alive_)] {
+    // <sandbox dir>/execs/<execId>.log; the directory may be gone (the sandbox deleted).
+    const std::string dir = path.substr(0, path.rfind('/'));
+    const int mkdir_err = ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST ? errno : 0;
+    auto fd = std::make_shared<UniqueFd>(
+        ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
+    const int err = fd->valid() ? 0 : errno;
+    asio::post(back, [alive, fd, err, mkdir_err, path] {
+      if (auto self = alive.lock()) {
+        (*self)->SpillFileMade(fd, err, mkdir_err);
+      } else if (fd->valid()) {
+        ::unlink(path.c_str());  // the session went meanwhile; the file is empty
+      }
+    });
+  });
+}
+
+void ExecSession::SpillFileMade(std::shared_ptr<UniqueFd> fd, int err, int mkdir_err) {
+  spill_making_ = false;
+  if (mkdir_err != 0) {
+    const std::string dir = spill_path_.substr(0, spill_path_.rfind('/'));
+    log::warn("exec={} output spill: {}", id_, Error::Sys("mkdir", dir, mkdir_err).message());
   }
-  UniqueFd fd(
-      ::open(spill_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd.valid()) {
+  if (dropped_) {
+    if (fd->valid()) {
+      spill_fd_ = std::move(fd);
+      RemoveSpill();
+    }
+    return;
+  }
+  if (err != 0) {
     log::warn("exec={} output spill: {}; its output is kept in memory only, up to the ring", id_,
-              Error::Sys("open", spill_path_, errno).message());
+              Error::Sys("open", spill_path_, err).message());
     spill_failed_ = true;
-    return false;
+    retire_wanted_ = false;
+    DropAllSpilledBefore(spill_end_);  // what waited for the file
+    return;
   }
-  spill_fd_ = std::make_shared<UniqueFd>(std::move(fd));
-  return true;
+  spill_fd_ = std::move(fd);
+  StartSpillJob();
+  if (retire_wanted_) {
+    retire_wanted_ = false;
+    RetireRing();
+  }
 }
 
 void ExecSession::RetireRing() {
-  if (dropped_ || limits_.spill_bytes == 0 || spill_failed_) return;
+  if (dropped_ || limits_.spill_bytes == 0 || spill_failed_ || ring_.empty()) return;
+  if (!spill_fd_) {
+    // Not a byte leaves the ring before the file is there: if it cannot be made, the ring stays.
+    retire_wanted_ = true;
+    MakeSpillFile();
+    return;
+  }
   // Chunk by chunk, as long as the spill takes them without dropping a kept byte.
   while (!ring_.empty()) {
     const Chunk& chunk = ring_.front();
     if (chunk.offset + chunk.data.size() - oldest_ > limits_.spill_bytes) return;
     const bool new_run = runs_.empty() || runs_.back().second != chunk.stream;
     if (new_run && runs_.size() >= ExecLogLimits::kMaxSpillRuns) return;
-    if (!OpenSpill()) return;
     SpillFront();
   }
 }

@@ -14,15 +14,15 @@
 // (more switches drop the oldest spilled bytes too, so a command alternating one-byte writes
 // between stdout and stderr cannot grow the daemon's memory).
 //
-// The spill file is written off the loop (a write into the page cache sleeps whenever the kernel
-// throttles the writer of dirty pages, which would hold up every client of the daemon): spilled
-// chunks wait in memory, where readers find them, until a job on another thread has written
-// them, one job at a time. Nothing is dropped for a disk slower than the output: over
-// spill_backlog bytes waiting, on_spill_behind(true) asks nsboxd to stop reading the sandbox's
-// channel (fs::InitClient::HoldReads) until under half of it again; nsbox-init then stops reading
-// the commands' pipes, and the command waits for the disk. Readers (ReadLog) read the file on the
-// loop only from the page cache; what must come from the disk is read on another thread, and the
-// file is unlinked and closed on the write thread (freeing its blocks takes milliseconds).
+// The spill file is made and written off the loop (a write into the page cache sleeps whenever the
+// kernel throttles the writer of dirty pages, which would hold up every client of the daemon):
+// spilled chunks wait in memory, where readers find them, until a job on another thread has made
+// the file and written them, one job at a time. Nothing is dropped for a disk slower than the
+// output: over spill_backlog bytes waiting, on_spill_behind(true) asks nsboxd to stop reading the
+// sandbox's channel (fs::InitClient::HoldReads) until under half of it again; nsbox-init then stops
+// reading the commands' pipes, and the command waits for the disk. Readers (ReadLog) read the file
+// on the loop only from the page cache; what must come from the disk is read on another thread, and
+// the file is unlinked and closed on the write thread (freeing its blocks takes milliseconds).
 //
 // Not thread-safe: every call on the event loop's thread.
 
@@ -108,8 +108,9 @@ class ExecSession {
   uint64_t end() const { return end_; }
   uint64_t oldest() const { return oldest_; }
   uint64_t spilled_bytes() const { return spill_end_ - oldest_; }
-  // Whether spilled bytes wait to be written, or a write of them is under way.
-  bool spill_pending() const { return spill_writing_ || !unwritten_.empty(); }
+  // Whether spilled bytes wait to be written, or a write of them (or the file's making) is under
+  // way.
+  bool spill_pending() const { return spill_writing_ || spill_making_ || !unwritten_.empty(); }
   // Bytes of the spill file that are not in the page cache: [offset, offset + len) of `stream`.
   struct OnDisk {
     uint64_t offset = 0;
@@ -162,8 +163,10 @@ class ExecSession {
   void StartSpillJob();
   void SpillWritten(uint64_t job_end, int err);
   void FailSpill(const std::string& why);
-  // Opens (makes) the spill file if it is not open; false (logged, spill_failed_) if it cannot.
-  bool OpenSpill();
+  // Makes the spill file with a job on the write offload, unless it is made, being made or
+  // failed; SpillFileMade takes the outcome on the loop (`err`: 0 or open's errno).
+  void MakeSpillFile();
+  void SpillFileMade(std::shared_ptr<UniqueFd> fd, int err, int mkdir_err);
   // The spill file unlinked and closed by a job on the write offload, if there is one.
   void RemoveSpill();
   void SetBehind(bool behind);
@@ -188,6 +191,8 @@ class ExecSession {
   // spill: thousands of them may be kept for re-attach.
   boost::container::deque<std::pair<uint64_t, int>> runs_;  // (offset, stream) where it switches
   std::shared_ptr<UniqueFd> spill_fd_;  // shared with the job that writes into it
+  bool spill_making_ = false;           // a job makes the file; chunks wait in unwritten_
+  bool retire_wanted_ = false;          // RetireRing, once the file is made
   bool spill_failed_ = false;
   // Spilled chunks not yet written (those of the job under way included), in offset order:
   // [unwritten_.front()->offset, spill_end_) is read from here, what is before it from the file.

@@ -16,6 +16,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <random>
@@ -37,15 +38,21 @@ class ExecSessionTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
+  // With `held`, the write offload's jobs wait in held_ until RunHeld runs them (on this thread).
   std::unique_ptr<ExecSession> Make(uint64_t ring, uint64_t spill,
-                                    uint64_t backlog = ExecLogLimits().spill_backlog) {
+                                    uint64_t backlog = ExecLogLimits().spill_backlog,
+                                    bool held = false) {
     ExecLogLimits limits;
     limits.ring_bytes = ring;
     limits.spill_bytes = spill;
     limits.spill_backlog = backlog;
     return std::make_unique<ExecSession>(
         io_.get_executor(),
-        [this](std::function<void()> job) {
+        [this, held](std::function<void()> job) {
+          if (held) {
+            held_.push_back(std::move(job));
+            return;
+          }
           ++jobs_;
           boost::asio::post(pool_, [this, job = std::move(job)] {
             job();
@@ -65,6 +72,18 @@ class ExecSessionTest : public ::testing::Test {
     while (s.spill_pending()) {
       io_.restart();
       io_.run_one();
+    }
+  }
+  // Runs the held jobs and what they lead to on the loop, and theirs, until none is left. The
+  // loop is polled, not run: a held job keeps it busy until it has run.
+  void RunHeld() {
+    for (;;) {
+      auto jobs = std::move(held_);
+      held_.clear();
+      for (auto& job : jobs) job();
+      jobs.clear();
+      io_.restart();
+      if (io_.poll() == 0 && held_.empty()) return;
     }
   }
   // Waits until the write offload's jobs (the spill's writes and its removal) have run.
@@ -124,8 +143,9 @@ class ExecSessionTest : public ::testing::Test {
   }
 
   boost::asio::io_context io_;
-  int disk_reads_ = 0;        // jobs given to the read offload
-  std::atomic<int> jobs_{0};  // jobs of the write offload not yet run
+  int disk_reads_ = 0;                       // jobs given to the read offload
+  std::atomic<int> jobs_{0};                 // jobs of the write offload not yet run
+  std::vector<std::function<void()>> held_;  // Make(..., held): its write offload's jobs
   // After io_: destroyed (joined) first, while the loop its jobs post to still exists.
   boost::asio::thread_pool pool_{2};
   std::string dir_;
@@ -261,8 +281,9 @@ TEST_F(ExecSessionTest, ASpillFarBehindTheOutputLosesNothingAndSaysSo) {
 }
 
 TEST_F(ExecSessionTest, DroppedOrDestroyedWhileTheSpillIsWritten) {
-  // A session dropped, or destroyed, while a job writes its spill: the job's end touches
-  // nothing, the file is gone (ASan watches the rest).
+  // A session dropped, or destroyed, while a job makes its spill file (the loop has not run since
+  // the output came): the job's end touches nothing of a destroyed session, and the file is gone
+  // once the loop and the jobs have run (ASan watches the rest).
   for (bool destroy : {false, true}) {
     SCOPED_TRACE(destroy ? "destroyed" : "dropped");
     auto s = Make(4096, 64u << 20, 64u << 10);
@@ -276,10 +297,9 @@ TEST_F(ExecSessionTest, DroppedOrDestroyedWhileTheSpillIsWritten) {
     } else {
       s->Drop();
     }
-    WaitJobs();
-    EXPECT_FALSE(std::filesystem::exists(spill_path()));
     EXPECT_EQ(said, (std::vector<bool>{true, false})) << "a hold is released with the session";
     RunLoop();
+    WaitJobs();
     EXPECT_FALSE(std::filesystem::exists(spill_path()));
     if (!destroy) {
       EXPECT_TRUE(s->Read(0, 10).empty());
@@ -408,6 +428,61 @@ TEST_F(ExecSessionTest, ARetiredRingMovesToTheSpillAndLosesNothing) {
   none->RetireRing();
   EXPECT_EQ(none->ring_size(), ring) << "without a spill the ring stays in memory";
   EXPECT_FALSE(std::filesystem::exists(spill_path()));
+}
+
+TEST_F(ExecSessionTest, TheSpillFileIsMadeByAJobAndWhatWaitsForItIsKept) {
+  // The spill file is made by a job of the write offload, like the writes (a creation waits for
+  // the file system's journal): until it is there, the spilled bytes wait in memory and are read
+  // from there. If it cannot be made, the spilled bytes go (the ring stays), and a ring to retire
+  // stays in memory whole.
+  auto s = Make(4096, 1u << 20, 1u << 20, /*held=*/true);
+  std::string all, streams;
+  for (int i = 0; i < 40; ++i) {
+    const int stream = i % 5 == 0 ? 2 : 1;
+    std::string data(1000, static_cast<char>('a' + i % 26));
+    s->Append(stream, data);
+    all += data;
+    streams.append(data.size(), static_cast<char>('0' + stream));
+  }
+  EXPECT_EQ(held_.size(), 1u) << "one job: the file's making";
+  EXPECT_FALSE(std::filesystem::exists(spill_path())) << "not made on the loop";
+  EXPECT_TRUE(s->spill_pending());
+  std::string bytes, got_streams;
+  ReadAll(*s, 0, 100000, &bytes, &got_streams);
+  EXPECT_TRUE(bytes == all && got_streams == streams) << "read from memory meanwhile";
+  RunHeld();
+  EXPECT_FALSE(s->spill_pending());
+  EXPECT_EQ(std::filesystem::file_size(spill_path()), all.size() - s->ring_size());
+  bytes.clear();
+  got_streams.clear();
+  ReadAll(*s, 0, 100000, &bytes, &got_streams);
+  EXPECT_TRUE(bytes == all && got_streams == streams) << "read from the file and the ring";
+  s->Drop();
+  RunHeld();
+  EXPECT_FALSE(std::filesystem::exists(spill_path()));
+
+  // A regular file where the execs directory should be: the file cannot be made.
+  std::filesystem::remove_all(dir_ + "/execs");
+  { std::ofstream(dir_ + "/execs") << "not a directory"; }
+  auto failing = Make(4096, 1u << 20, 1u << 20, /*held=*/true);
+  for (int i = 0; i < 10; ++i) failing->Append(1 + i % 2, std::string(1000, 'x'));
+  RunHeld();
+  EXPECT_EQ(failing->oldest(), failing->end() - failing->ring_size()) << "the spilled bytes went";
+  EXPECT_GT(failing->ring_size(), 0u);
+
+  fs::proto::ExecExit exit;
+  auto retiring = Make(64u << 10, 1u << 20, 1u << 20, /*held=*/true);
+  for (int i = 0; i < 10; ++i) retiring->Append(1, std::string(1000, 'y'));
+  retiring->Ended(exit, "exited");
+  retiring->RetireRing();
+  EXPECT_EQ(retiring->ring_size(), 10000u) << "nothing leaves the ring before the file is made";
+  RunHeld();
+  EXPECT_EQ(retiring->ring_size(), 10000u) << "nor when it cannot be made";
+  EXPECT_EQ(retiring->oldest(), 0u);
+  bytes.clear();
+  got_streams.clear();
+  ReadAll(*retiring, 0, 100000, &bytes, &got_streams);
+  EXPECT_EQ(bytes, std::string(10000, 'y'));
 }
 
 TEST_F(ExecSessionTest, StartAndEnd) {
