@@ -154,9 +154,9 @@ void ExecSession::MakeSpillFile() {
     // <sandbox dir>/execs/<execId>.log; the directory may be gone (the sandbox deleted).
     const std::string dir = path.substr(0, path.rfind('/'));
     const int mkdir_err = ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST ? errno : 0;
-    auto fd = std::make_shared<UniqueFd>(
-        ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-    const int err = fd->valid() ? 0 : errno;
+    const int raw = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    const int err = raw < 0 ? errno : 0;
+    auto fd = std::make_shared<UniqueFd>(raw);
     asio::post(back, [alive, fd, err, mkdir_err, path] {
       if (auto self = alive.lock()) {
         (*self)->SpillFileMade(fd, err, mkdir_err);
