@@ -365,6 +365,16 @@ TEST_F(AttachTest, ANeverReadingClientDoesNotHoldUpTheExec) {
   raw.Close();
 }
 
+// Whether `path` exists, or comes to within `timeout`.
+bool AppearsWithin(const std::string& path, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
+}
+
 TEST_F(AttachTest, RingAndSpillKeepTheNewestBytesAndAreRemoved) {
   RestartWith({"--output-ring", "64K", "--output-spill", "256K", "--exec-retention", "2"});
   // A small exec never touches the disk.
@@ -389,6 +399,8 @@ TEST_F(AttachTest, RingAndSpillKeepTheNewestBytesAndAreRemoved) {
   EXPECT_LE(static_cast<int64_t>(want.size()) - oldest, (64 + 256 + 64) * 1024) << oldest;
   EXPECT_GE(static_cast<int64_t>(want.size()) - oldest, 256 * 1024) << oldest;
   const std::string spill = execs_dir + "/" + exec_id + ".log";
+  // Made by the daemon's spill thread, as soon as the ring overflowed.
+  ASSERT_TRUE(AppearsWithin(spill, milliseconds(2000))) << spill;
   struct stat st {};
   ASSERT_EQ(::stat(spill.c_str(), &st), 0) << spill;
   EXPECT_EQ(st.st_mode & 0777, 0600u);
@@ -434,7 +446,7 @@ TEST_F(AttachTest, RingAndSpillKeepTheNewestBytesAndAreRemoved) {
   auto after = Arr(client().Get(SbPath(id_, "/execs?all=1")), "execs");
   ASSERT_FALSE(after.empty());
   const std::string spill2 = execs_dir + "/" + Str(after.back().as_object(), "execId") + ".log";
-  ASSERT_EQ(::access(spill2.c_str(), F_OK), 0) << spill2;
+  ASSERT_TRUE(AppearsWithin(spill2, milliseconds(2000))) << spill2;
   ASSERT_EQ(Delete(id_).status, 204);
   EXPECT_NE(::access(spill2.c_str(), F_OK), 0);
   EXPECT_EQ(client().Get(OutputPath(Str(after.back().as_object(), "execId"), "")).status, 404);
