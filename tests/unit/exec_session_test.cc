@@ -96,6 +96,20 @@ class ExecSessionTest : public ::testing::Test {
     io_.run();
   }
 
+  // `count` blocks of `size` bytes, the i-th all of the letter 'a' + i % 26 and on stderr when
+  // i % stderr_every == 0: appended to `s`, their bytes to `all` and each byte's stream to
+  // `streams`.
+  static void AppendBlocks(ExecSession& s, int count, size_t size, int stderr_every,
+                           std::string* all, std::string* streams) {
+    for (int i = 0; i < count; ++i) {
+      const int stream = i % stderr_every == 0 ? 2 : 1;
+      std::string data(size, static_cast<char>('a' + i % 26));
+      s.Append(stream, data);
+      *all += data;
+      streams->append(data.size(), static_cast<char>('0' + stream));
+    }
+  }
+
   // Everything from `offset`, read `max` bytes at a time: the bytes, and each byte's stream.
   static void ReadAll(const ExecSession& s, uint64_t offset, size_t max, std::string* bytes,
                       std::string* streams) {
@@ -257,13 +271,7 @@ TEST_F(ExecSessionTest, ASpillFarBehindTheOutputLosesNothingAndSaysSo) {
   std::vector<bool> said;
   s->on_spill_behind = [&](bool behind) { said.push_back(behind); };
   std::string all, all_streams;
-  for (int i = 0; i < 4096; ++i) {
-    const int stream = i % 7 == 0 ? 2 : 1;
-    std::string data(1024, static_cast<char>('a' + i % 26));
-    s->Append(stream, data);
-    all += data;
-    all_streams.append(data.size(), static_cast<char>('0' + stream));
-  }
+  AppendBlocks(*s, 4096, 1024, 7, &all, &all_streams);
   EXPECT_TRUE(s->spill_pending());
   EXPECT_EQ(said, std::vector<bool>{true});
   for (bool settled : {false, true}) {
@@ -377,13 +385,7 @@ TEST_F(ExecSessionTest, ARetiredRingMovesToTheSpillAndLosesNothing) {
   // spill.
   fs::proto::ExecExit exit;
   auto fill = [](ExecSession& s, std::string* all, std::string* streams) {
-    for (int i = 0; i < 100; ++i) {
-      const int stream = i % 3 == 0 ? 2 : 1;
-      std::string data(1024, static_cast<char>('a' + i % 26));
-      s.Append(stream, data);
-      *all += data;
-      streams->append(data.size(), static_cast<char>('0' + stream));
-    }
+    AppendBlocks(s, 100, 1024, 3, all, streams);
   };
   struct Case {
     const char* name;
@@ -439,13 +441,7 @@ TEST_F(ExecSessionTest, TheSpillFileIsMadeByAJobAndWhatWaitsForItIsKept) {
   // stays in memory whole.
   auto s = Make(4096, 1u << 20, 1u << 20, /*held=*/true);
   std::string all, streams;
-  for (int i = 0; i < 40; ++i) {
-    const int stream = i % 5 == 0 ? 2 : 1;
-    std::string data(1000, static_cast<char>('a' + i % 26));
-    s->Append(stream, data);
-    all += data;
-    streams.append(data.size(), static_cast<char>('0' + stream));
-  }
+  AppendBlocks(*s, 40, 1000, 5, &all, &streams);
   EXPECT_EQ(held_.size(), 1u) << "one job: the file's making";
   EXPECT_FALSE(std::filesystem::exists(spill_path())) << "not made on the loop";
   EXPECT_TRUE(s->spill_pending());
