@@ -258,22 +258,6 @@ std::string RunOnHost(const std::vector<std::string>& argv, int* exit_code) {
   return text;
 }
 
-namespace {
-// A "Vm...:" line of /proc/<pid>/status, in KiB; -1 when it is not there.
-long StatusKib(pid_t pid, std::string_view key) {
-  std::istringstream in(e2e::ReadHostFile("/proc/" + std::to_string(pid) + "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::strtol(line.c_str() + key.size(), nullptr, 10);
-  }
-  return -1;
-}
-}  // namespace
-
-long RssKib(pid_t pid) { return StatusKib(pid, "VmRSS:"); }
-
-long PeakRssKib(pid_t pid) { return StatusKib(pid, "VmHWM:"); }
-
 std::multiset<std::string> NsboxMounts(const std::string& daemon_dir) {
   std::multiset<std::string> out;
   std::istringstream in(e2e::ReadHostFile("/proc/self/mountinfo"));

@@ -98,11 +98,6 @@ class Canaries {
 // Runs a host binary (a control) and returns its standard output.
 std::string RunOnHost(const std::vector<std::string>& argv, int* exit_code = nullptr);
 
-// A process's resident set in KiB (/proc/PID/status VmRSS), -1 if unknown.
-long RssKib(pid_t pid);
-// The most it has ever been (VmHWM).
-long PeakRssKib(pid_t pid);
-
 // Mount points of the host's mount table (the test process's) that concern nsbox.
 std::multiset<std::string> NsboxMounts(const std::string& daemon_dir);
 
@@ -191,6 +186,8 @@ using e2e::Arr;
 using e2e::Field;
 using e2e::Obj;
 using e2e::PctEncode;
+using e2e::PeakRssKib;
+using e2e::RssKib;
 using e2e::Str;
 
 }  // namespace nsbox::adversarial

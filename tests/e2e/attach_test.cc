@@ -458,29 +458,13 @@ TEST_F(AttachTest, LeftoverSpillFilesAreRemovedAtStart) {
   auto s = Start(json::object{{"command", "seq 1 100000; sleep 1000"}, {"detach", true}}, &exec_id);
   s->Close();
   const std::string spill = daemon().SandboxDir(id_) + "/execs/" + exec_id + ".log";
-  for (int i = 0; i < 100 && ::access(spill.c_str(), F_OK) != 0; ++i) {
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  ASSERT_EQ(::access(spill.c_str(), F_OK), 0) << spill;
+  ASSERT_TRUE(AppearsWithin(spill, milliseconds(5000))) << spill;
   daemon().Kill();  // no clean shutdown: the file stays behind
   ASSERT_EQ(::access(spill.c_str(), F_OK), 0) << spill;
   ASSERT_TRUE(daemon().Restart()) << daemon().error();
   client().Disconnect();
   EXPECT_NE(::access(spill.c_str(), F_OK), 0) << spill;
   EXPECT_EQ(client().Get(OutputPath(exec_id, "")).status, 404);
-}
-
-// The daemon's resident memory, in KiB.
-int64_t RssKib(pid_t pid) {
-  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/status").c_str(), "r");
-  if (f == nullptr) return -1;
-  char line[256];
-  int64_t kib = -1;
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    if (std::sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-  }
-  std::fclose(f);
-  return kib;
 }
 
 TEST_F(AttachTest, EndedSessionsKeepABoundedRingInMemoryAndLoseNoByte) {
@@ -490,14 +474,14 @@ TEST_F(AttachTest, EndedSessionsKeepABoundedRingInMemoryAndLoseNoByte) {
   // 200 MB and kept it for the retention's 10 minutes.
   std::string want;
   for (int i = 1; i <= 350000; ++i) want += std::to_string(i) + "\n";
-  const int64_t before = RssKib(daemon().pid());
+  const long before = RssKib(daemon().pid());
   ASSERT_GT(before, 0);
   for (int i = 0; i < 100; ++i) {
     ExecResult r = Exec(id_, "seq 1 350000");
     ASSERT_EQ(r.exit_code(), 0) << r.Describe();
     ASSERT_EQ(r.out().size(), want.size());
   }
-  const int64_t grown = RssKib(daemon().pid()) - before;
+  const long grown = RssKib(daemon().pid()) - before;
   EXPECT_LT(grown, 110 * 1024) << "the daemon grew by " << grown << " KiB";
 
   // Every byte of the first exec (its ring on disk now) and of the last (in memory) is there.

@@ -98,6 +98,22 @@ std::string ReadHostFile(const std::string& path) {
   return ss.str();
 }
 
+namespace {
+// A "Vm...:" line of /proc/<pid>/status, in KiB; -1 when it is not there.
+long StatusKib(pid_t pid, std::string_view key) {
+  std::istringstream in(ReadHostFile("/proc/" + std::to_string(pid) + "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::strtol(line.c_str() + key.size(), nullptr, 10);
+  }
+  return -1;
+}
+}  // namespace
+
+long RssKib(pid_t pid) { return StatusKib(pid, "VmRSS:"); }
+
+long PeakRssKib(pid_t pid) { return StatusKib(pid, "VmHWM:"); }
+
 void RemoveTree(const std::string& path) {
   if (path.empty() || path == "/") return;
   nftw(path.c_str(), RemoveEntry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);

@@ -124,6 +124,10 @@ class Daemon {
 void RemoveTree(const std::string& path);
 // The whole content of a host file ("" when missing).
 std::string ReadHostFile(const std::string& path);
+// A process's resident set in KiB (/proc/PID/status VmRSS), -1 if unknown.
+long RssKib(pid_t pid);
+// The most it has ever been (VmHWM).
+long PeakRssKib(pid_t pid);
 // A TCP port nobody listens on now.
 uint16_t FreeTcpPort();
 // Runs argv (PATH searched) with stdin on /dev/null and stdout and stderr both into `log_path`;
