@@ -76,7 +76,6 @@ void ExecSession::RemoveSpill() {
     }
     fd.reset();
   });
-  spill_fd_.reset();
 }
 
 void ExecSession::SetBehind(bool behind) {

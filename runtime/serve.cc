@@ -917,6 +917,12 @@ class Daemon {
   void Shutdown(std::vector<Acceptor*> acceptors);
   // Re-opens the exposed ports of every sandbox (ports.json) at the start; blocks.
   void RestorePorts();
+  // The end of a session's retention, or of its sandbox: its ring no longer counted against the
+  // bound on ended sessions' rings (KeepEndedRing), then ExecSession::Drop.
+  void DropSession(ExecSession& s) {
+    ForgetRing(s);
+    s.Drop();
+  }
   // After the loop has ended and every session is dropped: waits for their spill files' removal.
   void FinishSpills() { spill_pool_.join(); }
 
@@ -952,12 +958,14 @@ class Daemon {
   }
   // The memory rings that ended sessions keep for re-attach, bounded in all (kEndedRingBudget):
   // over it, the rings of the sessions that ended first move to their spill files. Called when
-  // a session ends; ForgetRing before each Drop.
+  // a session ends.
   void KeepEndedRing(const std::shared_ptr<ExecSession>& s);
+  // A session's ring no longer counted against that bound.
   void ForgetRing(ExecSession& s) {
     ended_ring_bytes_ -= s.counted_ring;
     s.counted_ring = 0;
   }
+
   // Runs the reads of an exec log's spill that must wait for the disk on the worker pool.
   ExecSession::Offload OffloadRead() {
     return [this](std::function<void()> job) { asio::post(pool_, std::move(job)); };
@@ -1126,11 +1134,16 @@ void Daemon::KeepEndedRing(const std::shared_ptr<ExecSession>& s) {
   }
 }
 
+// Unlinks a file of the daemon's own; a failure other than ENOENT is logged.
+void UnlinkLogged(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    log::warn("{}", Error::Sys("unlink", path, errno).message());
+  }
+}
+
 asio::awaitable<void> Daemon::RemoveFile(std::string path) {
   auto work = [path] {
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
-      log::warn("{}", Error::Sys("unlink", path, errno).message());
-    }
+    UnlinkLogged(path);
     return true;
   };
   co_await Blocking(std::move(work));
@@ -2437,10 +2450,7 @@ asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
   }
   // Its exec sessions and their spill files go with it (the pumps see the execs end, "stopped").
   if (entry != nullptr) {
-    for (const auto& s : entry->TakeSessions()) {
-      ForgetRing(*s);
-      s->Drop();
-    }
+    for (const auto& s : entry->TakeSessions()) DropSession(*s);
   }
   co_return co_await ReplyNoContent(c);
 }
@@ -2557,8 +2567,7 @@ asio::awaitable<void> Daemon::PumpExec(std::shared_ptr<SandboxEntry> entry,
   auto expired = [this, entry, s](boost::system::error_code) {
     metrics_.ExecSessionsRetained(-1);
     entry->RemoveSession(s.get(), s->id());
-    ForgetRing(*s);
-    s->Drop();
+    DropSession(*s);
   };
   if (s->dropped()) {
     expired({});
@@ -3509,9 +3518,7 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   const bool existed = registry_.images().Find(name).has_value();
   auto import_work = [this, name, spool, replace, progress, queue] {
     auto done = registry_.ImportImage(name, spool, replace, progress);
-    if (::unlink(spool.c_str()) != 0 && errno != ENOENT) {
-      log::warn("image={} {}", name, Error::Sys("unlink", spool, errno).message());
-    }
+    UnlinkLogged(spool);
     queue->Push(ImportEvent{std::nullopt, std::move(done)});
     return true;
   };
@@ -3858,7 +3865,7 @@ int Serve(const ServeOptions& options) {
     channels.LoopEnded();
     // The sessions' timers belong to the loop: gone before it, spill files removed.
     for (const auto& entry : (*registry)->List()) {
-      for (const auto& s : entry->TakeSessions()) s->Drop();
+      for (const auto& s : entry->TakeSessions()) daemon.DropSession(*s);
     }
     daemon.FinishSpills();
   }
