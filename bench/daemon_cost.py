@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """What one request costs nsboxd itself: its CPU time and its malloc calls, two builds side by side.
 
-    sudo bench/daemon_cost.py OLD_NSBOX NEW_NSBOX [--mode exec|read] [--requests N]
+    sudo bench/daemon_cost.py OLD_NSBOX NEW_NSBOX [--mode exec|stream|read] [--requests N]
         [--blocks B] [--pace MS] [--mallocs]
 
 Starts each `nsbox` binary as a daemon (`nsbox serve`, its own socket and state directory under
 /var/tmp; the script and both daemons at nice -10), creates one sandbox in each and warms it up,
 then sends B blocks of N requests to each daemon in turn over one keep-alive connection, MS
-milliseconds apart: warm execs of /bin/true (`--mode exec`) or reads of a 4 KiB file (`--mode
-read`). For each block it prints the daemon's CPU time per request (the sum of its threads'
+milliseconds apart: warm execs of /bin/true (`--mode exec`), warm execs of `echo hi` streamed as
+NDJSON (`--mode stream`: start, stdout and exit events) or reads of a 4 KiB file (`--mode read`). For each block it prints the daemon's CPU time per request (the sum of its threads'
 /proc/PID/task/TID/schedstat; the sandbox's processes are not the daemon's) and the median latency
 of its requests as this Python client sees it, and the medians at the end. A daemon's CPU time is a
 steadier figure than a latency on this machine, whose speed drifts from minute to minute
@@ -94,7 +94,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("old")
     ap.add_argument("new")
-    ap.add_argument("--mode", choices=["exec", "read"], default="exec")
+    ap.add_argument("--mode", choices=["exec", "stream", "read"], default="exec")
     ap.add_argument("--requests", type=int, default=500)
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--pace", type=float, default=1.0, help="milliseconds between requests")
@@ -107,6 +107,7 @@ def main():
     daemons, conns, probes = {}, {}, {}
     base = f"/var/tmp/nsbox-cost-{os.getpid()}"
     exec_body = json.dumps({"command": "/bin/true"})
+    stream_body = json.dumps({"command": "echo hi"})
     try:
         for name, binary in builds.items():
             daemons[name], conns[name] = start_daemon(
@@ -125,6 +126,11 @@ def main():
                 t0 = time.perf_counter()
                 if args.mode == "exec":
                     call(conn, "POST", "/v1/sandboxes/cost/exec", exec_body)
+                elif args.mode == "stream":
+                    events = call(conn, "POST", "/v1/sandboxes/cost/exec", stream_body,
+                                  accept="application/x-ndjson").splitlines()
+                    if len(events) != 3 or json.loads(events[-1])["exitCode"] != 0:
+                        sys.exit(f"daemon_cost.py: unexpected stream {events!r}")
                 else:
                     call(conn, "GET", "/v1/sandboxes/cost/files?path=f4k")
                 took.append((time.perf_counter() - t0) * 1e6)

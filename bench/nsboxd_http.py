@@ -21,8 +21,10 @@ class UnixConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def call(conn, method, url, body=None):
+def call(conn, method, url, body=None, accept=None):
     headers = {"Content-Type": "application/json"} if body is not None else {}
+    if accept is not None:
+        headers["Accept"] = accept
     conn.request(method, url, body, headers)
     r = conn.getresponse()
     data = r.read()

@@ -985,10 +985,10 @@ class Daemon {
 
   asio::awaitable<bool> SendContinue(Ctx& c);
   // An answer streamed as NDJSON (api.md: Accept: application/x-ndjson): the head of a chunked
-  // 200, one event per line, the last chunk. Each returns false once the client is gone; the
-  // last whether the connection may serve another request.
+  // 200, then the events a line each, in chunks (FlushNdjson), the last with the answer's end.
+  // Each returns false once the client is gone.
   asio::awaitable<bool> StartNdjson(Ctx& c);
-  // The head of a chunked 200 of `content_type`; the chunks follow, then EndNdjson.
+  // The head of a chunked 200 of `content_type`; the chunks follow.
   asio::awaitable<bool> StartChunked(Ctx& c, std::string_view content_type, bool keep_alive);
   // The buffered exec answer, {"stdout":"…","stderr":"…",<exit>}, a chunked 200 from the blocks
   // of output collected (AppendToBlocks), each decoded, escaped and sent on its own (never the
@@ -996,8 +996,9 @@ class Daemon {
   // connection may serve another request.
   asio::awaitable<bool> SendBufferedExec(Ctx& c, std::vector<std::string> (&output)[2], bool base64,
                                          const json::object& exit);
-  asio::awaitable<bool> SendNdjsonLine(Ctx& c, const json::object& event);
-  asio::awaitable<bool> EndNdjson(Ctx& c);
+  // NDJSON lines gathered in `lines` sent as one chunk (nothing when empty), and with `last` the
+  // answer's end in the same write. False once the client is gone.
+  asio::awaitable<bool> FlushNdjson(Ctx& c, std::string& lines, bool last);
   // The request's body, to its end, written into `fd` a piece at a time as it arrives (never
   // held whole). Stops at the first write error (its errno) or when the connection fails (why).
   struct BodyCopy {
@@ -1046,9 +1047,16 @@ class Daemon {
   // The starter of `s` went away: kill it unless it is detached.
   void KillOnHangup(SandboxEntry& entry, ExecSession& s);
   // The log of `s` from `offset` as NDJSON events (start, stdout/stderr, exit); with `follow`
-  // until the exit, else what there is now. False once the client is gone.
-  asio::awaitable<bool> SendLog(Ctx& c, std::shared_ptr<ExecSession> s, uint64_t offset,
-                                bool follow, bool base64, std::shared_ptr<HangupWatch> watch);
+  // until the exit, else what there is now; then the answer's end. What the log has at once goes
+  // in one write (the last events with the end), so that a short command's answer does not wake
+  // the client once per line. `done` false once the client is gone; `keep` whether the
+  // connection may serve another request.
+  struct LogSent {
+    bool done = false;
+    bool keep = false;
+  };
+  asio::awaitable<LogSent> SendLog(Ctx& c, std::shared_ptr<ExecSession> s, uint64_t offset,
+                                   bool follow, bool base64, std::shared_ptr<HangupWatch> watch);
   asio::awaitable<bool> ExecOutput(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                    const std::string& exec_id, std::string_view query);
   asio::awaitable<bool> ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> entry,
@@ -2076,19 +2084,23 @@ asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c, std::vector<std::string> 
   co_return !ec && keep_alive;
 }
 
-asio::awaitable<bool> Daemon::SendNdjsonLine(Ctx& c, const json::object& event) {
-  std::string line = json::serialize(event);
-  line += '\n';
-  metrics_.BytesOut(line.size());
-  auto [ec, n] = co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(line)), kTuple);
-  (void)n;
+asio::awaitable<bool> Daemon::FlushNdjson(Ctx& c, std::string& lines, bool last) {
+  if (lines.empty() && !last) co_return true;
+  metrics_.BytesOut(lines.size());
+  boost::system::error_code ec;
+  if (lines.empty()) {
+    std::tie(ec, std::ignore) =
+        co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
+  } else if (last) {
+    std::tie(ec, std::ignore) = co_await asio::async_write(
+        c.socket,
+        beast::buffers_cat(http::make_chunk(asio::buffer(lines)), http::make_chunk_last()), kTuple);
+  } else {
+    std::tie(ec, std::ignore) =
+        co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(lines)), kTuple);
+  }
+  lines.clear();
   co_return !ec;
-}
-
-asio::awaitable<bool> Daemon::EndNdjson(Ctx& c) {
-  auto [ec, n] = co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
-  (void)n;
-  co_return !ec && c.parser.get().keep_alive() && !shutting_down_;
 }
 
 asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string_view what) {
@@ -2604,46 +2616,56 @@ void Daemon::WatchHangup(Ctx& c, std::shared_ptr<HangupWatch> watch,
   });
 }
 
-asio::awaitable<bool> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSession> s, uint64_t offset,
-                                      bool follow, bool base64,
-                                      std::shared_ptr<HangupWatch> watch) {
+asio::awaitable<Daemon::LogSent> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSession> s,
+                                                 uint64_t offset, bool follow, bool base64,
+                                                 std::shared_ptr<HangupWatch> watch) {
   EventEncoder encoder(base64);
   bool start_sent = false;
+  std::string lines;  // the events not yet sent
+  auto add = [&lines](const json::object& event) {
+    lines += json::serialize(event);
+    lines += '\n';
+  };
   for (;;) {
-    if (s->dropped() || watch->hung_up) co_return false;
+    if (s->dropped() || watch->hung_up) co_return LogSent{};
     if (!start_sent && s->started()) {
       json::object o;
       o["type"] = "start";
       o["execId"] = s->id();
       o["pid"] = s->pid();
-      const bool sent = co_await SendNdjsonLine(c, o);
-      if (!sent) co_return false;
+      add(o);
       start_sent = true;
     }
     auto pieces = co_await s->ReadLog(offset, kStreamChunk);
     if (!pieces.empty()) {
       for (const ExecSession::Piece& p : pieces) {
         offset = p.offset + p.data.size();
-        auto event = encoder.Encode(p);
-        if (!event) continue;
-        const bool sent = co_await SendNdjsonLine(c, *event);
-        if (!sent) co_return false;
+        if (auto event = encoder.Encode(p)) add(*event);
+        if (lines.size() >= kSocketReadRoom && !co_await FlushNdjson(c, lines, /*last=*/false)) {
+          co_return LogSent{};
+        }
       }
       continue;
     }
     if (s->ended() || !follow) {
-      for (const json::object& event : encoder.Finish()) {
-        const bool sent = co_await SendNdjsonLine(c, event);
-        if (!sent) co_return false;
-      }
+      for (const json::object& event : encoder.Finish()) add(event);
       if (s->ended()) {
         json::object o;
         o["type"] = "exit";
         FillExit(o, s->exit(), s->reason());
-        const bool sent = co_await SendNdjsonLine(c, o);
-        if (!sent) co_return false;
+        add(o);
       }
-      co_return true;
+      // The client may close its end as soon as it has the end: not a hang-up.
+      watch->finished = true;
+      LogSent sent;
+      sent.done = co_await FlushNdjson(c, lines, /*last=*/true);
+      sent.keep = sent.done && c.parser.get().keep_alive() && !shutting_down_;
+      co_return sent;
+    }
+    if (!lines.empty()) {
+      // Sent before waiting; what changed during the write is looked at again first.
+      if (!co_await FlushNdjson(c, lines, /*last=*/false)) co_return LogSent{};
+      continue;
     }
     co_await s->WaitChange();
   }
@@ -2686,12 +2708,13 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
   bool answered = false;
   if (stream) {
     const bool head_sent = co_await StartNdjson(c);
-    bool done = false;
-    if (head_sent) done = co_await SendLog(c, s, 0, /*follow=*/true, base64, watch);
-    if (!done) {
+    LogSent sent;
+    if (head_sent) sent = co_await SendLog(c, s, 0, /*follow=*/true, base64, watch);
+    if (!sent.done) {
       on_hangup();
     } else {
       answered = true;
+      keep = sent.keep;
     }
   } else {
     // The buffered answer: the whole output, read from the log as it comes, kept in blocks
@@ -2736,7 +2759,6 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
   }
   --running_execs_;
   if (!answered) co_return false;  // nobody to answer
-  if (stream) co_return co_await EndNdjson(c);
   co_return keep;
 }
 
@@ -2777,15 +2799,14 @@ asio::awaitable<bool> Daemon::ExecOutput(Ctx& c, std::shared_ptr<SandboxEntry> e
   };
   WatchHangup(c, watch, on_hangup);
   const bool head_sent = co_await StartNdjson(c);
-  bool done = false;
-  if (head_sent) done = co_await SendLog(c, s, offset.value(), follow, base64, watch);
+  LogSent sent;
+  if (head_sent) sent = co_await SendLog(c, s, offset.value(), follow, base64, watch);
   watch->finished = true;
   {
     boost::system::error_code ignored;
     c.socket.cancel(ignored);
   }
-  if (!done) co_return false;
-  co_return co_await EndNdjson(c);
+  co_return sent.keep;
 }
 
 // readFile through nsbox-init, resumed on the loop by the answer itself: no pool thread waits
@@ -3542,6 +3563,7 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   }
 
   bool alive = co_await StartNdjson(c);  // the import goes on when the client has gone
+  std::string lines;                     // the events of one wake-up, sent in one write
   for (;;) {
     for (auto& event : co_await queue->Next()) {
       json::object o;
@@ -3565,11 +3587,17 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
         o["error"] = std::move(e);
         o["status"] = error.status;
       }
-      if (alive) alive = co_await SendNdjsonLine(c, o);
+      lines += json::serialize(o);
+      lines += '\n';
       if (event.done) {
-        if (!alive) co_return false;
-        co_return co_await EndNdjson(c);
+        if (!alive || !co_await FlushNdjson(c, lines, /*last=*/true)) co_return false;
+        co_return c.parser.get().keep_alive() && !shutting_down_;
       }
+    }
+    if (alive) {
+      alive = co_await FlushNdjson(c, lines, /*last=*/false);
+    } else {
+      lines.clear();
     }
   }
 }
