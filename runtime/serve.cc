@@ -3484,12 +3484,18 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
     co_return co_await ReplyError(c, reply_error);
   }
   const std::string spool = registry_.NewUploadPath();
-  UniqueFd fd(::open(spool.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  if (!fd.valid()) {
-    const ApiError reply_error =
-        ApiError::Internal(Error::Sys("open", spool, errno).Context("spool the upload").message());
+  // Made on the worker pool: a file's creation waits for the file system's journal.
+  auto make_spool = [spool]() -> Result<UniqueFd> {
+    UniqueFd made(::open(spool.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!made.valid()) return Error::Sys("open", spool, errno).Context("spool the upload");
+    return made;
+  };
+  Result<UniqueFd> made = co_await Blocking(std::move(make_spool));
+  if (!made.ok()) {
+    const ApiError reply_error = ApiError::Internal(made.error().message());
     co_return co_await ReplyError(c, reply_error);
   }
+  UniqueFd fd = std::move(made.value());
   // Removed before the answer, on the worker pool (freeing a large file's blocks took 60-140 ms
   // for 512 MiB here); here only if this ends otherwise, before a byte was spooled.
   struct Unlink {
