@@ -730,6 +730,20 @@ asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& 
 // "replace=1" (or true, or a bare "replace") in a query string; anything else is false.
 bool QueryFlag(std::string_view query, std::string_view name) {
   auto v = QueryValue(query, name);
+// Whether `method` is one of `allow` ("GET, PUT, DELETE"), whole names compared: a request's
+// method is any token the client likes, and "UT" or "T" is not "PUT".
+bool MethodIn(std::string_view allow, std::string_view method) {
+  while (!allow.empty()) {
+    const size_t comma = allow.find(',');
+    std::string_view name = allow.substr(0, comma);
+    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+    if (!method.empty() && name == method) return true;
+    if (comma == std::string_view::npos) break;
+    allow.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
   return v.has_value() && (*v == "1" || *v == "true" || v->empty());
 }
 
@@ -1484,9 +1498,7 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   } else {
     co_return co_await ReplyError(c, not_found);
   }
-  if (allow != "*" &&
-      (allow.find(std::string_view(c.parser.get().method_string())) == std::string_view::npos ||
-       c.parser.get().method_string().empty())) {
+  if (allow != "*" && !MethodIn(allow, std::string_view(c.parser.get().method_string()))) {
     co_return co_await MethodNotAllowed(c, allow);
   }
   if (auto reason = InvalidIdReason(id)) {
@@ -1539,8 +1551,11 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     std::shared_ptr<Sandbox> box = s != nullptr && !s->ended() ? s->box.lock() : nullptr;
     if (box == nullptr) {
       {
-        const ApiError reply_error = ApiError::Of(
-            404, "not_found", "no running exec '" + segs[4] + "' in sandbox '" + id + "'");
+        // exec.md: exec_not_found ("not_found" is api.md's unknown route).
+        const ApiError reply_error =
+            ApiError::Of(404, "exec_not_found",
+                         "no running exec '" + utf8::DecodeLossy(segs[4].substr(0, 64)) +
+                             "' in sandbox '" + utf8::DecodeLossy(id) + "'");
         co_return co_await ReplyError(c, reply_error);
       }
     }
@@ -1959,7 +1974,8 @@ asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
   res.keep_alive(c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_);
   metrics_.BytesOut(body.size());
   res.body() = std::move(body);
-  res.prepare_payload();
+  // A 204 has no body and no Content-Length (RFC 9110 §8.6); every other answer has its length.
+  if (status != 204) res.prepare_payload();
   c.status = static_cast<int>(status);
   auto [ec, n] = co_await http::async_write(c.socket, res, kTuple);
   (void)n;

@@ -290,14 +290,15 @@ TEST_F(ApiTest, UnknownRouteIs404NotFound) {
               "not_found", "fs/chmod");
   ExpectError(client().PostJson(SbPath(id, "/fs"), json::object{{"path", "a"}}), 404, "not_found",
               "fs");
-  // An exec id that is not running.
-  Response r = client().Delete(SbPath(id, "/execs/e-doesnotexist"));
-  EXPECT_EQ(r.status, 404) << r.Describe();
+  // An exec id that is not running: exec.md's code, not the unknown route's.
+  ExpectError(client().Delete(SbPath(id, "/execs/e-doesnotexist")), 404, "exec_not_found",
+              "cancel of an unknown exec");
 }
 
 TEST_F(ApiTest, WrongMethodIs405) {
   const std::string id = NewId();
   Create(id);
+  ASSERT_EQ(client().Request("PUT", SbPath(id, "/files?path=a"), "kept").status, 204);
   struct Case {
     const char* method;
     std::string target;
@@ -322,6 +323,14 @@ TEST_F(ApiTest, WrongMethodIs405) {
       {"PUT", SbPath(id, "/fs/readdir")},
       {"GET", SbPath(id, "/fs/exists")},
       {"DELETE", SbPath(id, "/fs/rm")},
+      // Methods whose names are parts of an allowed one's: never taken for it.
+      {"T", SbPath(id, "/files?path=a")},
+      {"UT", SbPath(id, "/files?path=a")},
+      {"PU", SbPath(id)},
+      {"ELETE", SbPath(id)},
+      {"P", SbPath(id, "/exec")},
+      {"OST", SbPath(id, "/fs/rm")},
+      {"GE", SbPath(id, "/execs")},
   };
   for (const auto& c : cases) {
     ExpectError(client().Request(c.method, c.target), 405, "method_not_allowed",
@@ -329,6 +338,22 @@ TEST_F(ApiTest, WrongMethodIs405) {
   }
   // Nothing was deleted or changed by them.
   EXPECT_EQ(client().Get(SbPath(id)).status, 200);
+  EXPECT_EQ(client().Get(SbPath(id, "/files?path=a")).body, "kept");
+}
+
+// RFC 9110 §8.6: a 204 carries no Content-Length; the connection serves the next request.
+TEST_F(ApiTest, NoContentAnswersHaveNoLength) {
+  const std::string id = NewId();
+  Create(id);
+  std::vector<Response> answers;
+  answers.push_back(client().Request("PUT", SbPath(id, "/files?path=a"), "x"));
+  answers.push_back(client().PostJson(SbPath(id, "/fs/mkdir"), json::object{{"path", "d"}}));
+  answers.push_back(client().Delete(SbPath(id)));
+  for (const Response& r : answers) {
+    EXPECT_EQ(r.status, 204) << r.Describe();
+    EXPECT_EQ(r.headers.count("content-length"), 0u) << r.Describe();
+  }
+  EXPECT_EQ(client().Get("/v1/health").status, 200);
 }
 
 // ---- malformed input ----

@@ -479,7 +479,9 @@ TEST_F(ExecTest, CancelByDeleteListsThenKillsTheTree) {
   // No longer listed; a second cancel is a 404.
   Response after = client().Get(SbPath(id_, "/execs"));
   EXPECT_EQ(after.body.find("\"" + exec_id + "\""), std::string::npos) << after.Describe();
-  EXPECT_EQ(client().Delete(SbPath(id_, "/execs/" + PctEncode(exec_id))).status, 404);
+  Response again = client().Delete(SbPath(id_, "/execs/" + PctEncode(exec_id)));
+  EXPECT_EQ(again.status, 404) << again.Describe();
+  EXPECT_EQ(again.ErrorCode(), "exec_not_found") << again.Describe();
 }
 
 TEST_F(ExecTest, HangUpOnStreamKillsTheTree) {
