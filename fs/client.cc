@@ -547,10 +547,12 @@ FsOutcome<std::string> InitClient::ReadFile(const std::string& path) {
   return out;
 }
 
-FsOutcome<InitClient::OpenedWrite> InitClient::BeginWrite(const std::string& path) {
+FsOutcome<InitClient::OpenedWrite> InitClient::BeginWrite(const std::string& path,
+                                                          std::optional<uint32_t> mode) {
   OpenedWrite opened;
   opened.tag = NextTag();
-  auto r = Call(Type::kWriteBegin, proto::Encode(proto::PathRequest{path}), &opened.fd, opened.tag);
+  proto::WriteRequest req{path, mode.value_or(proto::WriteRequest::kKeepMode)};
+  auto r = Call(Type::kWriteBegin, proto::Encode(req), &opened.fd, opened.tag);
   if (!r.ok()) return r.error();
   if (r.value().type != Type::kWriteReady || !opened.fd.valid()) {
     return ReplyError(r.value(), "write-ready");

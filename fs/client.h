@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -120,7 +121,10 @@ class InitClient {
     UniqueFd fd;
     uint64_t tag = 0;
   };
-  FsOutcome<OpenedWrite> BeginWrite(const std::string& path);
+  // `mode`: the file's permission bits (at most 07777); without it an existing file keeps its
+  // mode and a new one gets 0644.
+  FsOutcome<OpenedWrite> BeginWrite(const std::string& path,
+                                    std::optional<uint32_t> mode = std::nullopt);
   FsOutcome<Unit> CommitWrite(uint64_t tag);
   void AbortWrite(uint64_t tag);
   FsOutcome<Unit> WriteFile(const std::string& path, std::string_view data);

@@ -241,7 +241,8 @@ std::optional<std::string> ReadCachedFile(int root, const std::string& path, siz
   return data;
 }
 
-FsOutcome<PendingWrite> BeginWrite(int root, const std::string& path) {
+FsOutcome<PendingWrite> BeginWrite(int root, const std::string& path,
+                                   std::optional<uint32_t> mode) {
   if (auto bad = CheckPath(path, "open")) return *bad;
   WriteTarget target;
   int err = FindWriteTarget(root, path, target);
@@ -275,10 +276,14 @@ FsOutcome<PendingWrite> BeginWrite(int root, const std::string& path) {
   write.path = path;
   if (target.exists) {
     // The replacement keeps the old file's owner where we may set it (root; EPERM otherwise is
-    // fine) and its mode. fchown first: it clears set-id bits that fchmod then restores.
+    // fine) and its mode, unless one is given. fchown first: it clears set-id bits that fchmod
+    // then restores.
     // SAFETY: fchown/fchmod on our own temp file's fd.
     (void)::fchown(write.fd.get(), target.st.st_uid, target.st.st_gid);
-    err = ::fchmod(write.fd.get(), target.st.st_mode & 07777) == 0 ? 0 : errno;
+    err = ::fchmod(write.fd.get(), mode.value_or(target.st.st_mode) & 07777) == 0 ? 0 : errno;
+  } else if (mode) {
+    // SAFETY: fchmod on our own temp file's fd.
+    err = ::fchmod(write.fd.get(), *mode & 07777) == 0 ? 0 : errno;
   } else {
     // 0666 less the umask of 022 (api.md): fixed, not the server's own umask, which is not
     // the sandbox's.
@@ -378,6 +383,7 @@ FsOutcome<StatInfo> Stat(int root, const std::string& path) {
   info.is_directory = S_ISDIR(st.st_mode);
   info.is_symbolic_link = S_ISLNK(lst.st_mode);
   info.size = static_cast<uint64_t>(st.st_size);
+  info.mode = st.st_mode;
   // Node's Stats.mtimeMs: sec * 1e3 + nsec / 1e6, in double arithmetic.
   info.mtime_ms =
       static_cast<double>(st.st_mtim.tv_sec) * 1e3 + static_cast<double>(st.st_mtim.tv_nsec) / 1e6;

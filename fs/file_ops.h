@@ -96,7 +96,10 @@ struct PendingWrite {
   std::string final;  // the target's name in `dir` (after following a symlink at the target)
   std::string path;   // as the caller gave it, for errors
 };
-FsOutcome<PendingWrite> BeginWrite(int root, const std::string& path);
+// `mode`: the permission bits the file gets (at most 07777); without it an existing file keeps
+// its mode and a new one gets 0644.
+FsOutcome<PendingWrite> BeginWrite(int root, const std::string& path,
+                                   std::optional<uint32_t> mode = std::nullopt);
 FsOutcome<Unit> CommitWrite(PendingWrite& write);
 void AbortWrite(PendingWrite& write);
 // All three at once, for small contents.
@@ -110,6 +113,7 @@ struct StatInfo {
   bool is_symbolic_link = false;
   uint64_t size = 0;
   double mtime_ms = 0;  // milliseconds since the epoch, with the sub-millisecond fraction
+  uint32_t mode = 0;    // st_mode of the target: its type and permission bits
 };
 FsOutcome<StatInfo> Stat(int root, const std::string& path);
 

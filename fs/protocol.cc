@@ -461,6 +461,19 @@ bool Decode(std::string_view payload, PathRequest* m) {
 
 std::string Encode(const ReaddirRequest& m) {
   Writer w;
+std::string Encode(const WriteRequest& m) {
+  Writer w;
+  w.Bytes(m.path);
+  w.U32(m.mode);
+  return w.Take();
+}
+
+bool Decode(std::string_view payload, WriteRequest* m) {
+  Reader r(payload);
+  return r.Bytes(&m->path, kMaxPathBytes) && r.U32(&m->mode) &&
+         (m->mode <= 07777 || m->mode == WriteRequest::kKeepMode) && r.Done();
+}
+
   w.Bytes(m.path);
   w.U8(m.with_types);
   return w.Take();
@@ -520,11 +533,13 @@ std::string Encode(const StatReply& m) {
   w.F64(m.mtime_ms);
   return w.Take();
 }
+  w.U32(m.mode);
 
 bool Decode(std::string_view payload, StatReply* m) {
   Reader r(payload);
   uint8_t flags = 0;
-  if (!r.U8(&flags) || flags > 7 || !r.U64(&m->size) || !r.F64(&m->mtime_ms) || !r.Done()) {
+  if (!r.U8(&flags) || flags > 7 || !r.U64(&m->size) || !r.F64(&m->mtime_ms) ||
+      !r.U32(&m->mode) || !r.Done()) {
     return false;
   }
   m->is_file = flags & 1;

@@ -24,7 +24,7 @@
 
 namespace nsbox::fs::proto {
 
-inline constexpr uint32_t kVersion = 2;  // 2: one tmpfs size in an adoption
+inline constexpr uint32_t kVersion = 3;  // 2: one tmpfs size in an adoption; 3: modes in stat and write
 inline constexpr size_t kHeaderSize = 16;
 inline constexpr uint32_t kMaxPayload = 4u << 20;         // 4 MiB
 inline constexpr uint32_t kMaxOutputChunk = 256u << 10;   // exec output per frame
@@ -42,7 +42,7 @@ enum class Type : uint16_t {
   kExecInput = 4,     // ExecInput (own tag) -> kOk once written | kError (EPIPE: stdin closed)
   kExecResize = 5,    // ExecResize (own tag) -> kOk | kError (ENOTTY: not a terminal exec)
   kReadFile = 10,     // PathRequest -> kFileData | kFileFd | kError
-  kWriteBegin = 11,   // PathRequest -> kWriteReady (+fd) | kError
+  kWriteBegin = 11,   // WriteRequest -> kWriteReady (+fd) | kError
   kWriteCommit = 12,  // (empty; the kWriteBegin's tag) -> kOk | kError
   kWriteAbort = 13,   // (empty) -> kOk
   kStat = 14,         // PathRequest -> kStatResult | kError
@@ -239,6 +239,14 @@ struct PathRequest {
   std::string path;  // absolute, normalised; raw bytes
 };
 
+struct WriteRequest {
+  std::string path;
+  // The new file's permission bits (at most 07777), or kKeepMode: an existing file's mode is
+  // kept, a new file gets 0644 (api.md).
+  uint32_t mode = kKeepMode;
+  static constexpr uint32_t kKeepMode = 0xffffffff;
+};
+
 struct ReaddirRequest {
   std::string path;
   bool with_types = false;
@@ -269,6 +277,7 @@ struct StatReply {
   bool is_symbolic_link = false;
   uint64_t size = 0;
   double mtime_ms = 0;
+  uint32_t mode = 0;  // st_mode of the target (type and permission bits), as Node's Stats.mode
 };
 
 struct ReaddirReply {
@@ -288,6 +297,7 @@ std::string Encode(const ExecStarted& m);
 std::string Encode(const ExecOutput& m);
 std::string Encode(const ExecExit& m);
 std::string Encode(const PathRequest& m);
+std::string Encode(const WriteRequest& m);
 std::string Encode(const ReaddirRequest& m);
 std::string Encode(const MkdirRequest& m);
 std::string Encode(const RmRequest& m);
@@ -307,6 +317,7 @@ bool Decode(std::string_view payload, ExecStarted* m);
 bool Decode(std::string_view payload, ExecOutput* m);
 bool Decode(std::string_view payload, ExecExit* m);
 bool Decode(std::string_view payload, PathRequest* m);
+bool Decode(std::string_view payload, WriteRequest* m);
 bool Decode(std::string_view payload, ReaddirRequest* m);
 bool Decode(std::string_view payload, MkdirRequest* m);
 bool Decode(std::string_view payload, RmRequest* m);

@@ -34,6 +34,7 @@ void DecodeEverything(std::string_view payload) {
   RoundTrip<ExecOutput>(payload);
   RoundTrip<ExecExit>(payload);
   RoundTrip<PathRequest>(payload);
+  RoundTrip<WriteRequest>(payload);
   RoundTrip<ReaddirRequest>(payload);
   RoundTrip<MkdirRequest>(payload);
   RoundTrip<RmRequest>(payload);

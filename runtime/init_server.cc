@@ -546,14 +546,16 @@ void InitServer::HandleFileVerb(const proto::FrameReader::Frame& frame) {
       return;
     }
     case Type::kWriteBegin: {
-      proto::PathRequest req;
+      proto::WriteRequest req;
       if (!proto::Decode(frame.payload, &req)) break;
       if (writes_.count(tag) != 0) {
         SendProtocolError(tag, EEXIST, "a write with tag " + std::to_string(tag) + " is open");
         return;
       }
-      workers_->Submit([this, tag, root, reply, path = std::move(req.path)] {
-        auto begun = fs::BeginWrite(root, path);
+      std::optional<uint32_t> mode;
+      if (req.mode != proto::WriteRequest::kKeepMode) mode = req.mode;
+      workers_->Submit([this, tag, root, reply, path = std::move(req.path), mode] {
+        auto begun = fs::BeginWrite(root, path, mode);
         if (!begun.ok()) {
           reply([this, tag, e = begun.error()] { SendError(tag, e); });
           return;
@@ -609,7 +611,8 @@ void InitServer::HandleFileVerb(const proto::FrameReader::Frame& frame) {
           return;
         }
         const auto& s = st.value();
-        proto::StatReply r{s.is_file, s.is_directory, s.is_symbolic_link, s.size, s.mtime_ms};
+        proto::StatReply r{s.is_file, s.is_directory, s.is_symbolic_link, s.size, s.mtime_ms,
+                           s.mode};
         reply([this, tag, r] { Send(Type::kStatResult, tag, proto::Encode(r)); });
       });
       return;

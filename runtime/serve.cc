@@ -759,6 +759,23 @@ ApiOutcome<bool> QueryBool(std::string_view query, std::string_view name) {
 // `offset` of a re-attach: default 0; it must be a number within what the session keeps.
 ApiOutcome<uint64_t> AttachOffset(std::string_view query, const ExecSession& s) {
   auto text = QueryValue(query, "offset");
+// `mode` of an upload (PUT .../files?path=P&mode=755): permission bits in octal, at most 7777;
+// absent: an existing file keeps its mode and a new one gets 0644 (api.md).
+ApiOutcome<std::optional<uint32_t>> QueryMode(std::string_view query) {
+  auto text = QueryValue(query, "mode");
+  if (!text) return std::optional<uint32_t>();
+  const bool octal =
+      !text->empty() && text->size() <= 5 &&
+      std::all_of(text->begin(), text->end(), [](char ch) { return ch >= '0' && ch <= '7'; });
+  const uint32_t mode = octal ? static_cast<uint32_t>(std::stoul(*text, nullptr, 8)) : 0;
+  if (!octal || mode > 07777) {
+    return ApiError::Invalid(
+        "\"mode\" must be permission bits in octal, 0 to 7777 (e.g. 755), not \"" +
+        utf8::DecodeLossy(text->substr(0, 40)) + "\"");
+  }
+  return std::optional<uint32_t>(mode);
+}
+
   uint64_t offset = 0;
   if (text) {
     const bool digits =
@@ -3390,11 +3407,16 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
     const ApiError reply_error = running.error();
+  auto mode = QueryMode(query);
+  if (!mode.ok()) {
+    const ApiError reply_error = mode.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
     co_return co_await ReplyError(c, reply_error);
   }
   std::shared_ptr<Sandbox> box = running.value();
   auto start = Clock::now();
-  auto work9 = [box, p = path] { return box->client().BeginWrite(p); };
+  auto work9 = [box, p = path, m = mode.value()] { return box->client().BeginWrite(p, m); };
   auto begun = co_await Blocking(std::move(work9));
   if (!begun.ok()) {
     const ApiError reply_error = ApiError::FromFs(begun.error());
@@ -3701,6 +3723,7 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
       std::sort(entries.begin(), entries.end(),
                 [](const auto& x, const auto& y) { return x.name < y.name; });
       json::array list;
+      o["mode"] = r.value().mode;  // Node's Stats.mode: the type and permission bits
       for (const auto& e : entries) {
         if (!typed) {
           list.emplace_back(utf8::DecodeLossy(e.name));

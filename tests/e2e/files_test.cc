@@ -118,6 +118,22 @@ TEST_F(FilesTest, PutCreatesParentsAndKeepsOrSetsMode) {
   Sh(id_, "printf old > x.sh; chmod 0751 x.sh");
   ASSERT_EQ(PutFile(id_, "x.sh", "new").status, 204);
   EXPECT_EQ(Sh(id_, "cat x.sh; stat -c ' %a' x.sh"), "new 751\n");
+  // ?mode= sets the permission bits (octal), on a new file and over an existing one's.
+  auto put_mode = [&](const std::string& path, const std::string& mode, const std::string& bytes) {
+    return client().Request("PUT", SbPath(id_, "/files?path=" + path + "&mode=" + mode), bytes);
+  };
+  ASSERT_EQ(put_mode("run.sh", "755", "#!/bin/sh\necho ran\n").status, 204);
+  EXPECT_EQ(Sh(id_, "./run.sh; stat -c %a run.sh"), "ran\n755\n");
+  ASSERT_EQ(put_mode("x.sh", "0600", "newer").status, 204);
+  EXPECT_EQ(Sh(id_, "cat x.sh; stat -c ' %a' x.sh"), "newer 600\n");
+  ASSERT_EQ(put_mode("s", "4750", "").status, 204);
+  EXPECT_EQ(Sh(id_, "stat -c %a s"), "4750\n");
+  for (const std::string bad : {"9", "10000", "rwx", "", "-1", "0x1ed"}) {
+    Response r = put_mode("x.sh", bad, "never");
+    EXPECT_EQ(r.status, 400) << "mode=" << bad << ": " << r.Describe();
+    EXPECT_EQ(r.ErrorCode(), "invalid_request") << "mode=" << bad;
+  }
+  EXPECT_EQ(Sh(id_, "cat x.sh; stat -c ' %a' x.sh"), "newer 600\n");
   // /root too.
   ASSERT_EQ(PutFile(id_, "/root/.config/app.json", "{}").status, 204);
   EXPECT_EQ(Sh(id_, "cat ~/.config/app.json"), "{}");
@@ -235,6 +251,11 @@ TEST_F(FilesTest, ReaddirSortedWithTypes) {
   EXPECT_EQ(types["a"], "file");
   EXPECT_EQ(types["dir"], "directory");
   EXPECT_EQ(types["link"], "symlink");
+  // Node's Stats.mode: the target's type and permission bits.
+  EXPECT_EQ(Field(o, "mode"), json::value(S_IFREG | 0644)) << f.Describe();
+  EXPECT_EQ(Field(d, "mode"), json::value(S_IFDIR | 0755)) << json::serialize(d);
+  EXPECT_EQ(Field(lf, "mode"), json::value(S_IFREG | 0644)) << json::serialize(lf);
+
   EXPECT_EQ(types["pipe"], "other");
 
   Response empty = Fs(id_, "readdir", json::object{{"path", "top/dir"}});

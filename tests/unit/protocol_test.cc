@@ -130,9 +130,10 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_TRUE(e2.cancelled);
   EXPECT_EQ(e2.duration_ms, 812u);
 
-  StatReply s{true, false, true, 4096, 1700000000123.456};
+  StatReply s{true, false, true, 4096, 1700000000123.456, 0100755};
   StatReply s2;
   ASSERT_TRUE(Decode(Encode(s), &s2));
+  EXPECT_EQ(s2.mode, 0100755u);
   EXPECT_TRUE(s2.is_file);
   EXPECT_FALSE(s2.is_directory);
   EXPECT_TRUE(s2.is_symbolic_link);
@@ -179,6 +180,14 @@ TEST(Protocol, RefusesTruncatedTrailingAndOutOfRangePayloads) {
   EXPECT_FALSE(Decode(Encode(ExecOutput{3, "x"}), &o));
   ReaddirReply d;
   EXPECT_FALSE(Decode(Encode(ReaddirReply{{{"a", 9}}}), &d));
+  // A write's mode: permission bits only, or "keep".
+  WriteRequest w;
+  ASSERT_TRUE(Decode(Encode(WriteRequest{"/a", 04755}), &w));
+  EXPECT_EQ(w.mode, 04755u);
+  ASSERT_TRUE(Decode(Encode(WriteRequest{"/a"}), &w));
+  EXPECT_EQ(w.mode, WriteRequest::kKeepMode);
+  EXPECT_FALSE(Decode(Encode(WriteRequest{"/a", 010000}), &w));
+  EXPECT_FALSE(Decode(Encode(WriteRequest{"/a", 0100644}), &w));
 }
 
 TEST(Protocol, ExecOutputFastPathsMatchTheGeneralEncoding) {
