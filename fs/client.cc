@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "base/files.h"
+#include "fs/fs_error.h"
 
 namespace nsbox::fs {
 
@@ -485,9 +486,18 @@ FsOutcome<InitClient::OpenedRead> DecodeOpenedRead(const InitClient::RawReply& r
   return opened;
 }
 
+// A path longer than a frame carries (kMaxPathBytes) is answered here, as nsbox-init answers any
+// path of PATH_MAX bytes or more (fs::CheckPath, with the verb's syscall): sent, it would be
+// refused as a malformed frame.
+std::optional<FsError> TooLongToSend(const std::string& path, std::string_view syscall) {
+  if (path.size() <= proto::kMaxPathBytes) return std::nullopt;
+  return CheckPath(path, syscall);
+}
+
 }  // namespace
 
 FsOutcome<InitClient::OpenedRead> InitClient::OpenRead(const std::string& path) {
+  if (auto bad = TooLongToSend(path, "open")) return *bad;
   UniqueFd fd;
   auto r = Call(Type::kReadFile, proto::Encode(proto::PathRequest{path}), &fd);
   if (!r.ok()) return r.error();
@@ -496,6 +506,10 @@ FsOutcome<InitClient::OpenedRead> InitClient::OpenRead(const std::string& path) 
 
 void InitClient::StartOpenRead(const std::string& path,
                                std::function<void(FsOutcome<OpenedRead>)> done) {
+  if (auto bad = TooLongToSend(path, "open")) {
+    done(*bad);
+    return;
+  }
   auto callback = std::make_shared<std::function<void(FsOutcome<OpenedRead>)>>(std::move(done));
   SendAsync(
       Type::kReadFile, proto::Encode(proto::PathRequest{path}),
@@ -549,6 +563,7 @@ FsOutcome<std::string> InitClient::ReadFile(const std::string& path) {
 
 FsOutcome<InitClient::OpenedWrite> InitClient::BeginWrite(const std::string& path,
                                                           std::optional<uint32_t> mode) {
+  if (auto bad = TooLongToSend(path, "open")) return *bad;
   OpenedWrite opened;
   opened.tag = NextTag();
   proto::WriteRequest req{path, mode.value_or(proto::WriteRequest::kKeepMode)};
@@ -581,6 +596,7 @@ FsOutcome<Unit> InitClient::WriteFile(const std::string& path, std::string_view 
 }
 
 FsOutcome<proto::StatReply> InitClient::Stat(const std::string& path) {
+  if (auto bad = TooLongToSend(path, "stat")) return *bad;
   auto r = Call(Type::kStat, proto::Encode(proto::PathRequest{path}));
   if (!r.ok()) return r.error();
   proto::StatReply s;
@@ -591,6 +607,7 @@ FsOutcome<proto::StatReply> InitClient::Stat(const std::string& path) {
 }
 
 FsOutcome<proto::ReaddirReply> InitClient::Readdir(const std::string& path, bool with_types) {
+  if (auto bad = TooLongToSend(path, "scandir")) return *bad;
   auto r = Call(Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}));
   if (!r.ok()) return r.error();
   proto::ReaddirReply d;
@@ -601,6 +618,7 @@ FsOutcome<proto::ReaddirReply> InitClient::Readdir(const std::string& path, bool
 }
 
 FsOutcome<bool> InitClient::Exists(const std::string& path) {
+  if (TooLongToSend(path, "access")) return false;  // as nsbox-init: never an error
   auto r = Call(Type::kExists, proto::Encode(proto::PathRequest{path}));
   if (!r.ok()) return r.error();
   bool b = false;
@@ -621,10 +639,12 @@ FsOutcome<Unit> ExpectOk(FsOutcome<InitClient::RawReply> r) {
 }  // namespace
 
 FsOutcome<Unit> InitClient::Mkdir(const std::string& path, bool recursive) {
+  if (auto bad = TooLongToSend(path, "mkdir")) return *bad;
   return ExpectOk(Call(Type::kMkdir, proto::Encode(proto::MkdirRequest{path, recursive})));
 }
 
 FsOutcome<Unit> InitClient::Rm(const std::string& path, bool recursive, bool force) {
+  if (auto bad = TooLongToSend(path, "rm")) return *bad;
   return ExpectOk(Call(Type::kRm, proto::Encode(proto::RmRequest{path, recursive, force})));
 }
 

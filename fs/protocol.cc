@@ -319,7 +319,9 @@ std::string Encode(const ExecRequest& m) {
 bool Decode(std::string_view payload, ExecRequest* m) {
   Reader r(payload);
   bool has_stdin = false;
-  if (!r.Bytes(&m->command, kMaxPayload) || !r.Bytes(&m->cwd, kMaxPathBytes) ||
+  // cwd: any length the frame holds; one of PATH_MAX bytes or more fails in chdir, as api.md
+  // says of a cwd that cannot be entered (exit code 1, the reason on stderr).
+  if (!r.Bytes(&m->command, kMaxPayload) || !r.Bytes(&m->cwd, kMaxPayload) ||
       !GetStrings(r, &m->env, kMaxPayload) || !r.Bool(&has_stdin)) {
     return false;
   }
@@ -459,8 +461,6 @@ bool Decode(std::string_view payload, PathRequest* m) {
   return r.Bytes(&m->path, kMaxPathBytes) && r.Done();
 }
 
-std::string Encode(const ReaddirRequest& m) {
-  Writer w;
 std::string Encode(const WriteRequest& m) {
   Writer w;
   w.Bytes(m.path);
@@ -474,6 +474,8 @@ bool Decode(std::string_view payload, WriteRequest* m) {
          (m->mode <= 07777 || m->mode == WriteRequest::kKeepMode) && r.Done();
 }
 
+std::string Encode(const ReaddirRequest& m) {
+  Writer w;
   w.Bytes(m.path);
   w.U8(m.with_types);
   return w.Take();
@@ -531,9 +533,9 @@ std::string Encode(const StatReply& m) {
                             (m.is_symbolic_link ? 4 : 0)));
   w.U64(m.size);
   w.F64(m.mtime_ms);
+  w.U32(m.mode);
   return w.Take();
 }
-  w.U32(m.mode);
 
 bool Decode(std::string_view payload, StatReply* m) {
   Reader r(payload);

@@ -288,14 +288,17 @@ ApiOutcome<std::string> RawPath(const std::optional<std::string>& path,
 }
 
 // A path from a client made absolute against the sandbox's cwd and normalised.
-// A NUL byte is invalid_request (api.md "Paths").
-ApiOutcome<std::string> SandboxPath(const SandboxEntry& entry, const std::string& raw) {
+// A NUL byte is invalid_request (api.md "Paths"); an empty path is Node's ENOENT, named by the
+// verb's `syscall` as Node names it ("open", "stat", "scandir", "mkdir", "lstat").
+ApiOutcome<std::string> SandboxPath(const SandboxEntry& entry, const std::string& raw,
+                                    std::string_view syscall) {
   if (raw.find('\0') != std::string::npos) {
     return ApiError::Invalid("the path contains a NUL byte");
   }
   if (raw.empty()) {
-    // Node: ENOENT for an empty path.
-    return ApiError::Of(404, "ENOENT", "ENOENT: no such file or directory, open ''", "", "open");
+    return ApiError::Of(404, "ENOENT",
+                        "ENOENT: no such file or directory, " + std::string(syscall) + " ''", "",
+                        std::string(syscall));
   }
   return fs::ResolvePath(entry.config().cwd, raw);
 }
@@ -727,9 +730,6 @@ asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& 
   }
 }
 
-// "replace=1" (or true, or a bare "replace") in a query string; anything else is false.
-bool QueryFlag(std::string_view query, std::string_view name) {
-  auto v = QueryValue(query, name);
 // Whether `method` is one of `allow` ("GET, PUT, DELETE"), whole names compared: a request's
 // method is any token the client likes, and "UT" or "T" is not "PUT".
 bool MethodIn(std::string_view allow, std::string_view method) {
@@ -744,6 +744,9 @@ bool MethodIn(std::string_view allow, std::string_view method) {
   return false;
 }
 
+// "replace=1" (or true, or a bare "replace") in a query string; anything else is false.
+bool QueryFlag(std::string_view query, std::string_view name) {
+  auto v = QueryValue(query, name);
   return v.has_value() && (*v == "1" || *v == "true" || v->empty());
 }
 
@@ -756,9 +759,6 @@ ApiOutcome<bool> QueryBool(std::string_view query, std::string_view name) {
   return ApiError::Invalid("\"" + std::string(name) + "\" must be 1 or 0");
 }
 
-// `offset` of a re-attach: default 0; it must be a number within what the session keeps.
-ApiOutcome<uint64_t> AttachOffset(std::string_view query, const ExecSession& s) {
-  auto text = QueryValue(query, "offset");
 // `mode` of an upload (PUT .../files?path=P&mode=755): permission bits in octal, at most 7777;
 // absent: an existing file keeps its mode and a new one gets 0644 (api.md).
 ApiOutcome<std::optional<uint32_t>> QueryMode(std::string_view query) {
@@ -776,6 +776,9 @@ ApiOutcome<std::optional<uint32_t>> QueryMode(std::string_view query) {
   return std::optional<uint32_t>(mode);
 }
 
+// `offset` of a re-attach: default 0; it must be a number within what the session keeps.
+ApiOutcome<uint64_t> AttachOffset(std::string_view query, const ExecSession& s) {
+  auto text = QueryValue(query, "offset");
   uint64_t offset = 0;
   if (text) {
     const bool digits =
@@ -3313,7 +3316,7 @@ struct QueryTarget {
 ApiOutcome<QueryTarget> ResolveQueryPath(const SandboxEntry& entry, std::string_view query) {
   auto raw = QueryPath(query);
   if (!raw.ok()) return raw.error();
-  auto path = SandboxPath(entry, raw.value());
+  auto path = SandboxPath(entry, raw.value(), "open");
   if (!path.ok()) return path.error();
   return QueryTarget{std::move(raw.value()), std::move(path.value())};
 }
@@ -3404,14 +3407,14 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   }
   const std::string& raw = target.value().raw;
   const std::string& path = target.value().path;
-  auto running = co_await EnsureRunning(entry);
-  if (!running.ok()) {
-    const ApiError reply_error = running.error();
   auto mode = QueryMode(query);
   if (!mode.ok()) {
     const ApiError reply_error = mode.error();
     co_return co_await ReplyError(c, reply_error);
   }
+  auto running = co_await EnsureRunning(entry);
+  if (!running.ok()) {
+    const ApiError reply_error = running.error();
     co_return co_await ReplyError(c, reply_error);
   }
   std::shared_ptr<Sandbox> box = running.value();
@@ -3669,18 +3672,6 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     const ApiError reply_error = raw.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  auto path = SandboxPath(*entry, raw.value());
-  if (verb == "exists" && !path.ok() && path.error().status != 503) {
-    // exists never fails for the path itself (api.md): a NUL byte or "" is
-    // simply not there.
-    json::object o;
-    o["exists"] = false;
-    co_return co_await ReplyJson(c, 200, o);
-  }
-  if (!path.ok()) {
-    const ApiError reply_error = path.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
   auto with_types = f.Bool("withTypes");
   auto recursive = f.Bool("recursive");
   auto force = f.Bool("force");
@@ -3689,6 +3680,24 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
       const ApiError reply_error = b->error();
       co_return co_await ReplyError(c, reply_error);
     }
+  }
+  const std::string_view syscall = verb == "readdir" ? "scandir"
+                                   : verb == "rm"    ? "lstat"
+                                                     : std::string_view(verb);
+  auto path = SandboxPath(*entry, raw.value(), syscall);
+  if (verb == "exists" && !path.ok() && path.error().status != 503) {
+    // exists never fails for the path itself (api.md): a NUL byte or "" is
+    // simply not there.
+    json::object o;
+    o["exists"] = false;
+    co_return co_await ReplyJson(c, 200, o);
+  }
+  if (verb == "rm" && force.value() && !path.ok() && path.error().code == "ENOENT") {
+    co_return co_await ReplyNoContent(c);  // Node's rm with force: nothing there is no error
+  }
+  if (!path.ok()) {
+    const ApiError reply_error = path.error();
+    co_return co_await ReplyError(c, reply_error);
   }
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
@@ -3714,6 +3723,7 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
       o["isSymbolicLink"] = r.value().is_symbolic_link;
       o["size"] = r.value().size;
       o["mtimeMs"] = r.value().mtime_ms;
+      o["mode"] = r.value().mode;  // Node's Stats.mode: the type and permission bits
       return std::optional<json::object>(std::move(o));
     }
     if (verb == "readdir") {
@@ -3723,7 +3733,6 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
       std::sort(entries.begin(), entries.end(),
                 [](const auto& x, const auto& y) { return x.name < y.name; });
       json::array list;
-      o["mode"] = r.value().mode;  // Node's Stats.mode: the type and permission bits
       for (const auto& e : entries) {
         if (!typed) {
           list.emplace_back(utf8::DecodeLossy(e.name));

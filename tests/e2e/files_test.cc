@@ -179,6 +179,32 @@ TEST_F(FilesTest, ErrorStatusesAndCodes) {
                 "GET long name");
   ExpectFsError(Stat("/workspace/" + std::string(300, 'n')), 400, "ENAMETOOLONG", "",
                 "stat long name");
+  // Paths over PATH_MAX, also longer than a frame to nsbox-init carries (64 KiB): ENAMETOOLONG
+  // from every verb, never a malformed request.
+  for (size_t n : {size_t{5000}, size_t{70000}}) {
+    const std::string long_path = "/workspace/" + std::string(n, 'n');
+    const std::string what = "a path of " + std::to_string(n) + " bytes: ";
+    if (n < 60000) {  // the raw endpoints' URL holds at most 64 KiB of target
+      ExpectFsError(GetFile(id_, long_path), 400, "ENAMETOOLONG", "", what + "GET");
+      ExpectFsError(PutFile(id_, long_path, "x"), 400, "ENAMETOOLONG", "", what + "PUT");
+    }
+    ExpectFsError(Stat(long_path), 400, "ENAMETOOLONG", "", what + "stat");
+    for (const char* verb : {"readdir", "mkdir", "rm"}) {
+      ExpectFsError(Fs(id_, verb, json::object{{"path", long_path}}), 400, "ENAMETOOLONG", "",
+                    what + verb);
+    }
+    EXPECT_FALSE(Exists(long_path)) << what;
+  }
+  // An empty path: Node's ENOENT, named by each verb's syscall; rm with force succeeds.
+  const std::pair<const char*, const char*> empty_cases[] = {
+      {"stat", "stat ''"}, {"readdir", "scandir ''"}, {"mkdir", "mkdir ''"}, {"rm", "lstat ''"}};
+  for (const auto& [verb, named] : empty_cases) {
+    Response r = Fs(id_, verb, json::object{{"path", ""}});
+    ExpectFsError(r, 404, "ENOENT", "", std::string("empty path: ") + verb);
+    EXPECT_NE(r.ErrorMessage().find(named), std::string::npos) << r.Describe();
+  }
+  EXPECT_EQ(Fs(id_, "rm", json::object{{"path", ""}, {"force", true}}).status, 204);
+  EXPECT_FALSE(Exists(""));
   // A symlink loop.
   Sh(id_, "ln -s loop1 loop2; ln -s loop2 loop1");
   ExpectFsError(GetFile(id_, "/workspace/loop1"), 400, "ELOOP", "", "GET loop");
@@ -225,6 +251,11 @@ TEST_F(FilesTest, StatDescribesTargetAndLink) {
   EXPECT_EQ(Field(ld, "isDirectory"), json::value(true));
   EXPECT_EQ(Field(ld, "isSymbolicLink"), json::value(true));
 
+  // Node's Stats.mode: the target's type and permission bits.
+  EXPECT_EQ(Field(o, "mode"), json::value(S_IFREG | 0644)) << f.Describe();
+  EXPECT_EQ(Field(d, "mode"), json::value(S_IFDIR | 0755)) << json::serialize(d);
+  EXPECT_EQ(Field(lf, "mode"), json::value(S_IFREG | 0644)) << json::serialize(lf);
+
   ExpectFsError(Stat("/workspace/dangle"), 404, "ENOENT", "/workspace/dangle", "dangling");
   ExpectFsError(Stat("/workspace/missing"), 404, "ENOENT", "/workspace/missing", "missing");
   ExpectFsError(Stat("/workspace/f/x"), 400, "ENOTDIR", "", "through a file");
@@ -251,11 +282,6 @@ TEST_F(FilesTest, ReaddirSortedWithTypes) {
   EXPECT_EQ(types["a"], "file");
   EXPECT_EQ(types["dir"], "directory");
   EXPECT_EQ(types["link"], "symlink");
-  // Node's Stats.mode: the target's type and permission bits.
-  EXPECT_EQ(Field(o, "mode"), json::value(S_IFREG | 0644)) << f.Describe();
-  EXPECT_EQ(Field(d, "mode"), json::value(S_IFDIR | 0755)) << json::serialize(d);
-  EXPECT_EQ(Field(lf, "mode"), json::value(S_IFREG | 0644)) << json::serialize(lf);
-
   EXPECT_EQ(types["pipe"], "other");
 
   Response empty = Fs(id_, "readdir", json::object{{"path", "top/dir"}});

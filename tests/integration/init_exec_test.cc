@@ -112,6 +112,16 @@ TEST_F(InitExecTest, Cwd) {
   run = Run(req);
   EXPECT_EQ(run.exit.exit_code, 1) << run.Describe();
   EXPECT_NE(run.err.find("Not a directory"), std::string::npos) << run.err;
+  // Longer than PATH_MAX, and longer than a path frame carries (64 KiB): the same answer,
+  // never a malformed request.
+  for (size_t n : {size_t{5000}, size_t{70000}}) {
+    req.cwd = "/workspace/" + std::string(n, 'x');
+    run = Run(req);
+    ASSERT_TRUE(run.ok) << n << ": " << run.Describe();
+    EXPECT_EQ(run.exit.exit_code, 1) << n << ": " << run.Describe().substr(0, 500);
+    EXPECT_EQ(run.exit.reason, Reason(EndReason::kExited)) << n;
+    EXPECT_NE(run.err.find("File name too long"), std::string::npos) << n;
+  }
 }
 
 TEST_F(InitExecTest, EnvIsExactlyWhatWasSent) {
