@@ -523,6 +523,7 @@ std::unique_ptr<Launch> PrepareLaunch(const CommandSpec& spec, bool own) {
     request.pwd_env_size = l->pwd_env.size();
   }
   request.cwd = cwd->empty() ? "/" : cwd->c_str();
+  request.shell_line = spec.shell_line;
   return l;
 }
 

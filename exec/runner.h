@@ -51,6 +51,9 @@ struct CommandSpec {
   std::string file;
   std::vector<std::string> fallback_argv;
   std::vector<std::string> fallback_env;
+  // A command line run by the shell (argv, or the fallback, is the shell): the shell's own failure
+  // to start is api.md's "cannot be started" (exit code 1), not a command's 126 or 127.
+  bool shell_line = false;
   std::string cwd;  // absolute, inside the jail
   // Fed first. Then, without stdin_stream, stdin is closed (nullopt and no stream: /dev/null).
   std::optional<std::string> stdin_data;

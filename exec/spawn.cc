@@ -251,8 +251,12 @@ NSBOX_CHILD_CODE void RunPreExecHook(const ChildHooks& hooks, ChildReport* repor
     exec_ret = RawSyscall(SYS_execve, Arg(req.fallback_argv[0]), Arg(req.fallback_argv),
                           Arg(req.fallback_envp));
   }
-  ChildFail(report, SpawnStep::kExec, exec_ret,
-            exec_ret == -ENOENT || exec_ret == -ENOTDIR ? kExitNotFound : kExitNotExecutable);
+  // The shell itself not started (none in the image, or the command line too long for an
+  // argument: E2BIG), or any program's arguments too long: api.md's "cannot be started", as a
+  // spawn failure is in Flue's local(). A program not found or not runnable: the shell's codes.
+  int code = exec_ret == -ENOENT || exec_ret == -ENOTDIR ? kExitNotFound : kExitNotExecutable;
+  if (req.shell_line || exec_ret == -E2BIG) code = kExitNotStarted;
+  ChildFail(report, SpawnStep::kExec, exec_ret, code);
 }
 
 // The child, between clone and execve. Async-signal-safe and allocation-free: it shares the

@@ -76,6 +76,8 @@ struct SpawnRequest {
   // as bash runs it (exec/direct.h). A failure of this one is the one reported.
   const char* const* fallback_argv = nullptr;  // NULL-terminated, argv[0] the path; or NULL
   const char* const* fallback_envp = nullptr;
+  // What executes last is the shell (CommandSpec::shell_line): its failure exits 1.
+  bool shell_line = false;
   // An entry of envp that starts "PWD=" and has room after it: the child writes its working
   // directory there, as the kernel's getcwd gives it (only with a fallback: a directory too deep
   // for it goes to the fallback). NULL: none.

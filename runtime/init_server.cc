@@ -356,6 +356,7 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
       direct = exec::DirectForm(req.command, hello_.shell, req.env, IsExecutableFile);
     }
     spec.argv = {hello_.shell, "-c", std::move(req.command)};
+    spec.shell_line = true;
     if (direct.has_value()) {
       spec.file = std::move(direct->file);
       spec.fallback_argv = std::exchange(spec.argv, std::move(direct->argv));

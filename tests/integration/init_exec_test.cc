@@ -124,6 +124,18 @@ TEST_F(InitExecTest, Cwd) {
   }
 }
 
+// api.md: a command that cannot be started answers exit code 1 and the reason on stderr, as a
+// spawn failure is in Flue's local(); a command line too long for the shell's argument is one.
+TEST_F(InitExecTest, ACommandLineTooLongToStartIsExitOne) {
+  ExecRun run = Run("echo " + std::string(200000, 'x') + " | wc -c");
+  ASSERT_TRUE(run.ok) << run.Describe().substr(0, 500);
+  EXPECT_EQ(run.exit.exit_code, 1) << run.Describe().substr(0, 500);
+  EXPECT_EQ(run.exit.reason, Reason(EndReason::kExited));
+  EXPECT_NE(run.err.find("Argument list too long"), std::string::npos) << run.err.substr(0, 500);
+  // A program the shell does not find is still the shell's 127.
+  EXPECT_EQ(Run("no-such-program-here").exit.exit_code, 127);
+}
+
 TEST_F(InitExecTest, EnvIsExactlyWhatWasSent) {
   auto req = Request("tr '\\0' '\\n' < /proc/$$/environ");
   req.env = {kJailPath, "FOO=bar baz", "EMPTY=", "WITH_EQ=a=b", "UNI=\xc3\xa9t\xc3\xa9"};
