@@ -100,6 +100,7 @@ std::string EncodeConfig(const SandboxConfig& c) {
   if (c.limits.memory_bytes) limits["memoryBytes"] = *c.limits.memory_bytes;
   if (c.limits.pids) limits["pids"] = *c.limits.pids;
   if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
+  if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
   o["limits"] = std::move(limits);
   o["network"] = net::PolicyToJson(c.network);
   o["createdAt"] = c.created_at;
@@ -169,6 +170,7 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
     };
     NSBOX_TRY(count("memoryBytes", &c.limits.memory_bytes));
     NSBOX_TRY(count("pids", &c.limits.pids));
+    NSBOX_TRY(count("outputBytes", &c.limits.output_bytes));
     if (const json::value* cpu = l.if_contains("cpus"); cpu != nullptr && !cpu->is_null()) {
       boost::system::error_code number_ec;
       double cpus = cpu->is_number() ? cpu->to_number<double>(number_ec) : 0;

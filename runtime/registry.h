@@ -46,6 +46,9 @@ struct SandboxLimits {
   std::optional<uint64_t> memory_bytes;
   std::optional<uint64_t> pids;
   std::optional<double> cpus;
+  // The cap on a command's stdout and stderr together (api.md: 64 MiB, configurable per
+  // sandbox); none: 64 MiB.
+  std::optional<uint64_t> output_bytes;
 };
 
 struct SandboxConfig {

@@ -219,6 +219,7 @@ json::object SandboxJson(const SandboxEntry& e) {
   if (c.limits.memory_bytes) limits["memoryBytes"] = *c.limits.memory_bytes;
   if (c.limits.pids) limits["pids"] = *c.limits.pids;
   if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
+  if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
   o["limits"] = std::move(limits);
   AddNetworkJson(o, e);
   json::object env;
@@ -2379,6 +2380,14 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
       co_return co_await ReplyError(c, reply_error);
     }
     config.limits.pids = pids.value();
+    // api.md: the output cap, 64 MiB unless configured; at most 1 GiB, which a buffered answer
+    // holds whole.
+    auto output = lf.Count("outputBytes", 1, uint64_t{1} << 30);
+    if (!output.ok()) {
+      const ApiError reply_error = output.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    config.limits.output_bytes = output.value();
     if (const json::value* cpus = l.if_contains("cpus"); cpus != nullptr && !cpus->is_null()) {
       boost::system::error_code ec;
       double value = cpus->is_number() ? cpus->to_number<double>(ec) : 0;
@@ -2400,10 +2409,12 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
       }
     }
     for (const auto& [k, v] : l) {
-      if (k != "memoryBytes" && k != "pids" && k != "cpus" && k != "diskBytes") {
+      if (k != "memoryBytes" && k != "pids" && k != "cpus" && k != "diskBytes" &&
+          k != "outputBytes") {
         {
-          const ApiError reply_error = ApiError::Invalid("unknown limit \"" + std::string(k) +
-                                                         "\" (memoryBytes, pids, cpus, diskBytes)");
+          const ApiError reply_error =
+              ApiError::Invalid("unknown limit \"" + std::string(k) +
+                                "\" (memoryBytes, pids, cpus, outputBytes, diskBytes)");
           co_return co_await ReplyError(c, reply_error);
         }
       }
@@ -2514,6 +2525,7 @@ std::shared_ptr<ExecSession> Daemon::StartSession(std::shared_ptr<SandboxEntry> 
       {HostnameFor(entry->config().id, entry->hash()), box->shell(), std::move(spec.overrides)});
   if (spec.stdin_text) request.stdin_data = *spec.stdin_text;
   request.timeout_ms = spec.timeout_ms;
+  if (auto cap = entry->config().limits.output_bytes) request.output_limit = *cap;
   request.stdin_stream = spec.stdin_stream;
   request.tty = spec.tty;
 

@@ -291,6 +291,41 @@ TEST_F(ExecTest, OutputOverTheCapIsTruncated) {
   EXPECT_EQ(Sh(id_, "echo ok"), "ok\n");
 }
 
+// api.md: the cap is "configurable per sandbox": limits.outputBytes, kept in the sandbox's
+// configuration (also across a restart of its nsbox-init).
+TEST_F(ExecTest, TheOutputCapIsConfigurablePerSandbox) {
+  const std::string small = NewId();
+  Response made = Create(small, R"({"limits": {"outputBytes": 1000}})");
+  ASSERT_EQ(made.status, 201) << made.Describe();
+  EXPECT_EQ(Field(Field(Obj(made), "limits").as_object(), "outputBytes"), json::value(1000));
+  for (int round = 0; round < 2; ++round) {
+    ExecResult r = Exec(small, "head -c 5000 /dev/zero | tr '\\0' b; echo never >&2");
+    EXPECT_EQ(r.exit_code(), 1) << r.Describe();
+    EXPECT_EQ(Field(r.answer, "truncated"), json::value(true)) << r.Describe();
+    EXPECT_EQ(r.reason(), "output_limit");
+    EXPECT_NE(r.err().find("nsbox: output exceeded 1000 bytes; process tree killed\n"),
+              std::string::npos)
+        << r.err();
+    EXPECT_LE(r.out().size(), 1000u);
+    EXPECT_EQ(r.out().find_first_not_of('b'), std::string::npos);
+    // Under the cap: whole.
+    EXPECT_EQ(Exec(small, "head -c 900 /dev/zero | tr '\\0' c").out(), std::string(900, 'c'));
+    // Stopped: the next exec starts it again, from its configuration.
+    Response stopped = client().Request("POST", SbPath(small, "/stop"));
+    ASSERT_EQ(stopped.status, 200) << stopped.Describe();
+  }
+  // Another sandbox keeps the default.
+  EXPECT_EQ(Exec(id_, "head -c 5000 /dev/zero | wc -c").out(), "5000\n");
+  for (const char* bad :
+       {R"({"limits": {"outputBytes": 0}})", R"({"limits": {"outputBytes": -1}})",
+        R"({"limits": {"outputBytes": 2147483648}})", R"({"limits": {"outputBytes": "1M"}})"}) {
+    Response r = client().Request("PUT", SbPath(NewId()), bad,
+                                  {{"Content-Type", "application/json"}});
+    EXPECT_EQ(r.status, 400) << bad << ": " << r.Describe();
+    EXPECT_EQ(r.ErrorCode(), "invalid_request") << bad;
+  }
+}
+
 TEST_F(ExecTest, InvalidUtf8BecomesReplacementCharacter) {
   // Node's Buffer.toString('utf8'): one U+FFFD per maximal invalid subpart.
   ExecResult r = Exec(id_, R"(printf 'a\377b\342\202z\303'; printf '\300\257' >&2)");

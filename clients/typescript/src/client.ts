@@ -21,6 +21,8 @@ export interface SandboxLimits {
   pids?: number;
   cpus?: number;
   diskBytes?: number;
+  /** A command's stdout and stderr together, past which it is killed (default 64 MiB). */
+  outputBytes?: number;
 }
 
 /**

@@ -47,7 +47,7 @@ function validate(options: unknown): asserts options is NsboxSandboxOptions {
   if (o.limits !== undefined) {
     if (o.limits === null || typeof o.limits !== 'object' || Array.isArray(o.limits)) fail('option `limits` must be an object');
     for (const [k, v] of Object.entries(o.limits as object)) {
-      if (!['memoryBytes', 'pids', 'cpus', 'diskBytes'].includes(k)) fail(`option \`limits\`: unknown limit \`${k}\``);
+      if (!['memoryBytes', 'pids', 'cpus', 'diskBytes', 'outputBytes'].includes(k)) fail(`option \`limits\`: unknown limit \`${k}\``);
       if (typeof v !== 'number' || !(v > 0) || !Number.isFinite(v)) fail(`option \`limits.${k}\` must be a positive number, got ${JSON.stringify(v)}`);
     }
   }
