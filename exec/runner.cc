@@ -587,6 +587,8 @@ struct Runner::Impl {
     uint64_t limit = 0;
     uint64_t delivered = 0;
     bool truncated = false;
+    // stderr as delivered ends a line (or is empty): nsbox's own stderr lines start on a new one.
+    bool stderr_at_line_start = true;
     std::optional<EndReason> kill_reason;  // the first kill wins
     bool killed_running = false;           // the kill came before the main process exited
     int kill_checks = 0;
@@ -993,6 +995,7 @@ void Runner::Impl::Deliver(const CommandPtr& cmd, int stream, size_t n) {
   size_t give = static_cast<size_t>(std::min<uint64_t>(n, room));
   if (give > 0) {
     cmd->delivered += give;
+    if (stream == 2) cmd->stderr_at_line_start = s.buf[give - 1] == '\n';
     if (cmd->events.on_output) cmd->events.on_output(stream, std::string_view(s.buf.get(), give));
   }
   if (n > room) {
@@ -1290,14 +1293,17 @@ void Runner::Impl::Finish(const CommandPtr& cmd) {
   CommandEvents events = std::move(cmd->events);
   cmd->events = CommandEvents();
   if (events.on_output) {
-    if (!cmd->start_failure.empty()) events.on_output(2, cmd->start_failure);
+    // api.md's lines on stderr, each on a line of its own after what the command wrote there.
+    auto say = [&](const std::string& line) {
+      events.on_output(2, cmd->stderr_at_line_start ? line : "\n" + line);
+      cmd->stderr_at_line_start = true;
+    };
+    if (!cmd->start_failure.empty()) say(cmd->start_failure);
     if (cmd->kill_reason == EndReason::kTimeout && cmd->killed_running) {
-      events.on_output(
-          2, "nsbox: command timed out after " + std::to_string(cmd->timeout.count()) + " ms\n");
+      say("nsbox: command timed out after " + std::to_string(cmd->timeout.count()) + " ms\n");
     }
     if (cmd->truncated) {
-      events.on_output(2, "nsbox: output exceeded " + std::to_string(cmd->limit) +
-                              " bytes; process tree killed\n");
+      say("nsbox: output exceeded " + std::to_string(cmd->limit) + " bytes; process tree killed\n");
     }
   }
   if (events.on_exit) events.on_exit(result);

@@ -267,6 +267,12 @@ TEST_F(ExecTest, TimeoutKillsAndReports124) {
   EXPECT_GE(took2, milliseconds(2200)) << stubborn.Describe();
   EXPECT_LT(took2, milliseconds(4500)) << stubborn.Describe();
   EXPECT_EQ(Exec(id_, "pgrep -c sleep || true").out(), "0\n");
+
+  // The line is a line of its own after a stderr that did not end one.
+  ExecResult partial =
+      Exec(id_, json::object{{"command", "printf partial >&2; sleep 10"}, {"timeoutMs", 300}});
+  EXPECT_EQ(partial.exit_code(), 124) << partial.Describe();
+  EXPECT_EQ(partial.err(), "partial\nnsbox: command timed out after 300 ms\n");
 }
 
 TEST_F(ExecTest, OutputOverTheCapIsTruncated) {
