@@ -3599,6 +3599,15 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   auto import_work = [this, name, spool, replace, progress, queue] {
     auto done = registry_.ImportImage(name, spool, replace, progress);
     UnlinkLogged(spool);
+    if (!done.ok()) {
+      // The client sent a body, not a file: its errors name it so, not the daemon's spool.
+      ApiError error = done.error();
+      for (size_t at = error.message.find(spool); at != std::string::npos;
+           at = error.message.find(spool, at)) {
+        error.message.replace(at, spool.size(), "the uploaded image");
+      }
+      done = std::move(error);
+    }
     queue->Push(ImportEvent{std::nullopt, std::move(done)});
     return true;
   };

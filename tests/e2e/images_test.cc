@@ -268,6 +268,8 @@ TEST_F(Images, BadInputIsRefusedClearlyAndLeavesNothing) {
     EXPECT_EQ(r.ErrorCode(), "invalid_image") << c.what;
     EXPECT_NE(r.ErrorMessage().find(c.needle), std::string::npos)
         << c.what << ": " << r.ErrorMessage();
+    // The client sent a body: the daemon's spool file is never named.
+    EXPECT_EQ(r.ErrorMessage().find(".import-upload-"), std::string::npos) << r.ErrorMessage();
     EXPECT_EQ(client().Get("/v1/images/bad").status, 404) << c.what;
     EXPECT_EQ(Leftovers(), std::vector<std::string>{}) << c.what;
   }
