@@ -492,7 +492,29 @@ ApiOutcome<fs::proto::TtySize> TtySizeOf(const json::object& o, std::string_view
   return fs::proto::TtySize{rows.value(), cols.value()};
 }
 
+// A key of a request body that the route does not know: an error naming it and the keys it
+// takes. Never ignored (Flue's contract: "never silently ignore an option").
+std::optional<ApiError> UnknownKey(const json::object& o,
+                                   const std::vector<std::string_view>& known,
+                                   std::string_view what) {
+  for (const auto& [key, value] : o) {
+    if (std::find(known.begin(), known.end(), std::string_view(key)) != known.end()) continue;
+    std::string names;
+    for (std::string_view k : known) names += (names.empty() ? "" : ", ") + std::string(k);
+    return ApiError::Invalid("unknown option \"" +
+                             utf8::DecodeLossy(std::string_view(key).substr(0, 100)) + "\" for " +
+                             std::string(what) + " (" + names + ")");
+  }
+  return std::nullopt;
+}
+
 ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry& entry) {
+  if (auto unknown = UnknownKey(o,
+                                {"command", "cwd", "env", "stdin", "timeoutMs", "encoding",
+                                 "detach", "stdinStream", "tty"},
+                                "exec")) {
+    return *unknown;
+  }
   Fields f(o);
   ExecSpec spec;
   auto command = f.String("command");
@@ -2281,6 +2303,10 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     co_return co_await ReplyError(c, reply_error);
   }
   const json::object& o = body.value();
+  if (auto unknown = UnknownKey(o, {"image", "cwd", "env", "limits", "network"}, "a sandbox")) {
+    const ApiError reply_error = *unknown;
+    co_return co_await ReplyError(c, reply_error);
+  }
   Fields f(o);
   SandboxConfig config;
   config.id = id;
@@ -3675,6 +3701,14 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
   auto body = co_await ReadJson(c, /*optional=*/false);
   if (!body.ok()) {
     const ApiError reply_error = body.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  std::vector<std::string_view> known = {"path", "pathBase64"};
+  if (verb == "readdir") known.push_back("withTypes");
+  if (verb == "mkdir" || verb == "rm") known.push_back("recursive");
+  if (verb == "rm") known.push_back("force");
+  if (auto unknown = UnknownKey(body.value(), known, "fs/" + verb)) {
+    const ApiError reply_error = *unknown;
     co_return co_await ReplyError(c, reply_error);
   }
   Fields f(body.value());

@@ -356,6 +356,44 @@ TEST_F(ApiTest, NoContentAnswersHaveNoLength) {
   EXPECT_EQ(client().Get("/v1/health").status, 200);
 }
 
+// Flue's contract: never silently ignore an option. An unknown key of a body is a 400 that names
+// it, and nothing is done.
+TEST_F(ApiTest, UnknownOptionsAreRefusedNotIgnored) {
+  const std::string id = NewId();
+  Create(id);
+  ASSERT_EQ(client().Request("PUT", SbPath(id, "/files?path=keep"), "x").status, 204);
+  struct Case {
+    std::string target;
+    json::object body;
+  };
+  const std::string fresh = NewId();
+  const std::vector<Case> cases = {
+      {SbPath(fresh), {{"bogus", 1}}},
+      {SbPath(id), {{"cwd", "/workspace"}, {"memoryBytes", 1}}},
+      {SbPath(id, "/exec"), {{"command", "touch /workspace/ran"}, {"timeout", 5}}},
+      {SbPath(id, "/fs/rm"), {{"path", "keep"}, {"dryRun", true}}},
+      {SbPath(id, "/fs/mkdir"), {{"path", "made"}, {"mode", 448}}},
+      {SbPath(id, "/fs/readdir"), {{"path", "/workspace"}, {"recursive", true}}},
+      {SbPath(id, "/fs/stat"), {{"path", "keep"}, {"bigint", true}}},
+      {SbPath(id, "/fs/exists"), {{"path", "keep"}, {"withTypes", true}}},
+  };
+  for (const Case& c : cases) {
+    const std::string method = c.target.find("/fs/") == std::string::npos &&
+                                       c.target.find("/exec") == std::string::npos
+                                   ? "PUT"
+                                   : "POST";
+    Response r = client().Request(method, c.target, json::serialize(c.body),
+                                  {{"Content-Type", "application/json"}});
+    EXPECT_EQ(r.status, 400) << c.target << ": " << r.Describe();
+    EXPECT_EQ(r.ErrorCode(), "invalid_request") << c.target;
+    const std::string key = std::string(c.body.rbegin()->key());
+    EXPECT_NE(r.ErrorMessage().find("unknown option \"" + key + "\""), std::string::npos)
+        << r.Describe();
+  }
+  EXPECT_EQ(client().Get(SbPath(fresh)).status, 404) << "a refused PUT created nothing";
+  EXPECT_EQ(Sh(id, "ls /workspace"), "keep\n") << "a refused request did something";
+}
+
 // ---- malformed input ----
 
 TEST_F(ApiTest, MalformedJsonIs400) {
