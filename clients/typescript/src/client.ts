@@ -151,6 +151,8 @@ export interface StatResult {
   isSymbolicLink: boolean;
   size: number;
   mtimeMs: number;
+  /** The target's type and permission bits, as Node's `Stats.mode` (`0o100755`). */
+  mode: number;
 }
 
 export interface DirEntry {
@@ -620,12 +622,20 @@ export class NsboxClient {
 
   /**
    * `PUT .../files?path=P`: creates or atomically replaces the file, making missing parents.
-   * `content` is a string (UTF-8), bytes, or a stream / async iterable of bytes.
+   * `content` is a string (UTF-8), bytes, or a stream / async iterable of bytes. `mode`: the
+   * file's permission bits (`0o755`); without it an existing file keeps its mode, a new one 0644.
    */
-  async writeFile(id: string, path: SandboxPath, content: FileContent, options: { signal?: AbortSignal } = {}): Promise<void> {
+  async writeFile(id: string, path: SandboxPath, content: FileContent, options: { signal?: AbortSignal; mode?: number } = {}): Promise<void> {
+    let url = filesUrl(id, path);
+    if (options.mode !== undefined) {
+      if (!Number.isInteger(options.mode) || options.mode < 0 || options.mode > 0o7777) {
+        throw new TypeError(`nsbox: writeFile's mode must be permission bits from 0 to 0o7777, got ${describe(options.mode)}`);
+      }
+      url += `&mode=${options.mode.toString(8)}`;
+    }
     await this.#request({
       method: 'PUT',
-      path: filesUrl(id, path),
+      path: url,
       headers: { 'Content-Type': 'application/octet-stream' },
       body: content,
       signal: options.signal,

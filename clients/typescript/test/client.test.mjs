@@ -253,8 +253,12 @@ test('stat: file, directory, symlink, dangling symlink', async () => {
   await c.writeFile(ID, 's/f.txt', 'hello');
   await c.exec(ID, 'cd s && ln -s f.txt link && ln -s nowhere dangling && ln -s . dirlink');
   const f = await c.stat(ID, 's/f.txt');
-  assert.deepEqual({ ...f, mtimeMs: 0 }, { isFile: true, isDirectory: false, isSymbolicLink: false, size: 5, mtimeMs: 0 });
+  assert.deepEqual({ ...f, mtimeMs: 0 }, { isFile: true, isDirectory: false, isSymbolicLink: false, size: 5, mtimeMs: 0, mode: 0o100644 });
   assert.ok(Math.abs(f.mtimeMs - Date.now()) < 60000);
+  await c.writeFile(ID, 'm/run.sh', '#!/bin/sh\necho ran\n', { mode: 0o755 });
+  assert.equal((await c.stat(ID, 'm/run.sh')).mode, 0o100755);
+  assert.equal((await c.exec(ID, './m/run.sh')).stdout, 'ran\n');
+  await assert.rejects(c.writeFile(ID, 'm/x', 'x', { mode: 0o10000 }), TypeError);
   const l = await c.stat(ID, 's/link');
   assert.equal(l.isFile, true);
   assert.equal(l.isSymbolicLink, true);
