@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/json.hpp>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +43,10 @@ namespace {
 constexpr int kExitApiError = 1;
 constexpr int kExitUsage = 125;
 constexpr int kExitInterrupted = 130;
+
+// The least and most memoryBytes of a sandbox the daemon takes (api.md, limits).
+constexpr uint64_t kMinSandboxMemory = uint64_t{16} << 20;
+constexpr uint64_t kMaxSandboxMemory = uint64_t{1} << 50;
 
 }  // namespace
 
@@ -100,8 +106,8 @@ struct ClientCommands::Options {
   CLI::App* port_add = nullptr;
   CLI::App* port_ls = nullptr;
   CLI::App* port_rm = nullptr;
-  int port = 0;
-  int host_port = 0;
+  std::string port;  // checked by ParsePort, for a message that says what a port is
+  std::optional<std::string> host_port;
   std::string address;
 };
 
@@ -117,9 +123,29 @@ int Fail(std::string_view what, std::string_view message, int code = kExitApiErr
   return code;
 }
 
+// Why the daemon's Unix socket refused this user (EACCES): it is there (nsboxd makes it 0660),
+// but its mode and group keep this user out. Both are given when the socket can be looked at;
+// the group by number, as nsbox is linked statically (no NSS).
+std::string SocketAccessHint(const std::string& socket_path) {
+  struct stat st {};
+  if (::stat(socket_path.c_str(), &st) != 0) {
+    return "; the daemon's socket is not accessible to this user (it is 0660): run as root or as "
+           "a member of the socket's group";
+  }
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "; the daemon's socket is not accessible to this user (mode %04o, group id %u): "
+                "run as root or as a member of that group",
+                st.st_mode & 07777, st.st_gid);
+  return text;
+}
+
 // A transport error, with the hint a user needs when the daemon is not there at all.
 Error Transport(const ApiClient& client, Error error) {
   if (!client.connect_failed()) return error;
+  if (error.code() == EACCES && !client.endpoint().socket_path.empty()) {
+    return Error(EACCES, error.message() + SocketAccessHint(client.endpoint().socket_path));
+  }
   std::string flag = client.endpoint().socket_path.empty() ? "--url" : "--socket";
   return Error(error.code(), error.message() + "; is nsboxd running? Start it with 'nsbox serve'" +
                                  " or point " + flag + " at it");
@@ -134,6 +160,43 @@ Result<ApiResponse> Check(const ApiClient& client, Result<ApiResponse> answer) {
 }
 
 // ---- small helpers ----
+
+// ParseBytes, and a fraction of a unit as docker takes it: "1.5G" is 1610612736 bytes, rounded
+// down to a whole byte.
+Result<uint64_t> ParseMemory(std::string_view flag, std::string_view value) {
+  const size_t dot = value.find('.');
+  if (dot == std::string_view::npos) return ParseBytes(flag, value);
+  auto bad = [&](std::string_view why) {
+    return Error(EINVAL, std::string(flag) + " '" + std::string(value) + "': " + std::string(why));
+  };
+  auto digits = [](std::string_view s) {
+    return !s.empty() &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  size_t end = dot + 1;
+  while (end < value.size() && value[end] >= '0' && value[end] <= '9') ++end;
+  const std::string_view whole_digits = value.substr(0, dot);
+  const std::string_view fraction = value.substr(dot + 1, end - dot - 1);
+  const std::string suffix(value.substr(end));
+  if (!digits(whole_digits) || !digits(fraction)) {
+    return bad("not a byte count (examples: 536870912, 512M, 1.5G)");
+  }
+  // 18 digits at most: the fraction times a unit (up to 2^40) then fits in 128 bits.
+  if (fraction.size() > 18) return bad("too many decimal places");
+  auto unit = ParseBytes(flag, "1" + suffix);
+  if (!unit.ok()) return bad("unknown unit (use K, M, G or T)");
+  auto whole = ParseBytes(flag, std::string(whole_digits) + suffix);
+  if (!whole.ok()) return bad("too large");
+  unsigned __int128 numerator = 0;
+  unsigned __int128 denominator = 1;
+  for (char c : fraction) {
+    numerator = numerator * 10 + static_cast<unsigned>(c - '0');
+    denominator *= 10;
+  }
+  const auto part = static_cast<uint64_t>(numerator * *unit / denominator);  // < *unit
+  if (part > UINT64_MAX - *whole) return bad("too large");
+  return *whole + part;
+}
 
 Result<std::pair<std::string, std::string>> ParseEnv(std::string_view flag,
                                                      const std::string& item) {
@@ -192,6 +255,25 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
 
 // ---- where the daemon is ----
 
+// ApiEndpoint::FromUrl, with a message for the two common slips it lumps together with https://
+// (whose hint, TLS in front, it keeps): no scheme at all, and another scheme.
+Result<ApiEndpoint> EndpointFromUrl(std::string_view url, std::string token) {
+  auto bad = [&](std::string_view why) {
+    return Error(EINVAL, "--url '" + std::string(url) + "': " + std::string(why));
+  };
+  const size_t scheme_end = url.find("://");
+  if (scheme_end == std::string_view::npos) {
+    return bad("no scheme; write http://" + std::string(url));
+  }
+  std::string scheme(url.substr(0, scheme_end));
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (!url.starts_with("http://") && scheme != "https") {
+    return bad("only http://HOST:PORT is supported");
+  }
+  return ApiEndpoint::FromUrl(url, std::move(token));
+}
+
 Result<ApiEndpoint> Endpoint(const Options& o) {
   bool socket_flag = o.socket_opt->count() > 0;
   bool url_flag = o.url_opt->count() > 0;
@@ -201,14 +283,14 @@ Result<ApiEndpoint> Endpoint(const Options& o) {
     const char* env_token = std::getenv("NSBOX_TOKEN");
     if (env_token != nullptr) token = env_token;
   }
-  if (url_flag) return ApiEndpoint::FromUrl(o.url, token);
+  if (url_flag) return EndpointFromUrl(o.url, token);
   if (socket_flag) {
     if (o.socket.empty()) return Error(EINVAL, "--socket: empty path");
     return ApiEndpoint::Unix(o.socket);
   }
   const char* env_url = std::getenv("NSBOX_URL");
   if (env_url != nullptr && *env_url != '\0') {
-    auto endpoint = ApiEndpoint::FromUrl(env_url, token);
+    auto endpoint = EndpointFromUrl(env_url, token);
     if (!endpoint.ok()) return std::move(endpoint).error().Context("NSBOX_URL");
     return endpoint;
   }
@@ -295,8 +377,16 @@ int Create(const Options& o, ApiClient& client) {
     options_given = true;
   }
   if (o.memory) {
-    auto bytes = ParseBytes("--memory", *o.memory);
+    auto bytes = ParseMemory("--memory", *o.memory);
     if (!bytes.ok()) return Fail("create", bytes.error().message(), kExitUsage);
+    // Said here, in the words `nsbox run --memory` uses for its own least (4M).
+    if (*bytes < kMinSandboxMemory) {
+      return Fail("create", "--memory '" + *o.memory + "': at least 16M is needed to start",
+                  kExitUsage);
+    }
+    if (*bytes > kMaxSandboxMemory) {
+      return Fail("create", "--memory '" + *o.memory + "': at most 1024T", kExitUsage);
+    }
     limits["memoryBytes"] = *bytes;
   }
   if (o.pids) {
@@ -388,10 +478,29 @@ int ForEachId(const Options& o, ApiClient& client, std::string_view verb) {
 
 // ---- ports ----
 
+// A port of the command line: a number from `least` to 65535.
+Result<int> ParsePort(std::string_view what, const std::string& text, int least) {
+  int port = -1;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
+  if (ec != std::errc() || ptr != text.data() + text.size() || port < least || port > 65535) {
+    return Error(EINVAL, std::string(what) + " '" + text + "': the port must be a number from " +
+                             std::to_string(least) + " to 65535");
+  }
+  return port;
+}
+
 int AddPort(const Options& o, ApiClient& client) {
+  auto port = ParsePort("PORT", o.port, 1);
+  auto host_port = ParsePort("--host-port", o.host_port.value_or("0"), 0);
+  for (const auto* parsed : {&port, &host_port}) {
+    if (!parsed->ok()) {
+      return Fail("port add", parsed->error().message() + " (see nsbox port add --help)",
+                  kExitUsage);
+    }
+  }
   json::object body;
-  body["port"] = o.port;
-  body["hostPort"] = o.host_port;
+  body["port"] = *port;
+  body["hostPort"] = *host_port;
   if (!o.address.empty()) body["address"] = o.address;
   auto answer = Check(client, client.Call(Method::kPost, SandboxTarget(o.id, "/ports"), body));
   if (!answer.ok()) return Fail("port add " + o.id, answer.error().message());
@@ -427,8 +536,12 @@ int ListPorts(const Options& o, ApiClient& client) {
 }
 
 int RemovePort(const Options& o, ApiClient& client) {
-  auto answer = Check(client, client.Call(Method::kDelete,
-                                          SandboxTarget(o.id, "/ports/" + std::to_string(o.port))));
+  auto port = ParsePort("PORT", o.port, 1);
+  if (!port.ok()) {
+    return Fail("port rm", port.error().message() + " (see nsbox port rm --help)", kExitUsage);
+  }
+  auto answer = Check(
+      client, client.Call(Method::kDelete, SandboxTarget(o.id, "/ports/" + std::to_string(*port))));
   if (!answer.ok()) return Fail("port rm " + o.id, answer.error().message());
   return 0;
 }
@@ -526,6 +639,17 @@ class CopyProgress {
   uint64_t files_ = 0;
 };
 
+// An import's error as the user is shown it: the API's image_exists names its query parameter
+// (?replace=1), where the CLI's way is --replace.
+std::string ImportErrorText(std::string_view code, std::string message) {
+  if (code != "image_exists") return message;
+  constexpr std::string_view kQuery = "?replace=1";
+  if (size_t at = message.find(kQuery); at != std::string::npos) {
+    return message.replace(at, kQuery.size(), "--replace");
+  }
+  return message + " (replace it with --replace)";
+}
+
 int ImportImage(const Options& o, ApiClient& client) {
   const std::string what = "image import " + o.image_name;
   if (auto reason = images::InvalidImageNameReason(o.image_name)) {
@@ -584,15 +708,22 @@ int ImportImage(const Options& o, ApiClient& client) {
       image = event->at("image").get_object();
     } else if (type == "error") {
       const json::value* e = event->if_contains("error");
-      import_error = e != nullptr && e->is_object() ? JsonText(e->get_object(), "message")
-                                                    : std::string("the import failed");
+      import_error = e != nullptr && e->is_object()
+                         ? ImportErrorText(JsonText(e->get_object(), "code"),
+                                           JsonText(e->get_object(), "message"))
+                         : std::string("the import failed");
     }
     return Ok();
   };
   std::string target = ImageTarget(o.image_name);
   if (o.replace) target += "?replace=1";
-  auto answer = Check(client, client.Upload(Method::kPost, target, fd.get(), upload));
+  auto answer = client.Upload(Method::kPost, target, fd.get(), upload);
   line.Done();
+  if (answer.ok() && !answer->ok()) {
+    ApiErrorBody e = answer->error();
+    return Fail(what, ImportErrorText(e.code, std::move(e.message)));
+  }
+  answer = Check(client, std::move(answer));
   if (!answer.ok()) return Fail(what, answer.error().message());
   if (!import_error.empty()) return Fail(what, import_error);
   if (!image) return Fail(what, "the daemon's answer ended without the image");
@@ -678,10 +809,10 @@ int RemoveImages(const Options& o, ApiClient& client) {
 // The connection a running exec uses, for the signal handler to shut down: closing it is what
 // kills the command's process tree (api.md "exec", Cancellation).
 std::atomic<int> g_exec_fd{-1};
-volatile sig_atomic_t g_interrupted = 0;
+volatile sig_atomic_t g_interrupted = 0;  // the signal that interrupted the exec, or 0
 
-void OnInterrupt(int) {
-  g_interrupted = 1;
+void OnInterrupt(int sig) {
+  g_interrupted = sig;
   int fd = g_exec_fd.load();
   // SAFETY: shutdown(2) is async-signal-safe; the fd stays open (only main code closes it), so
   // it cannot name another file here. The blocked read returns and the connection is dropped.
@@ -772,7 +903,8 @@ int Exec(const Options& o, ApiClient& client) {
     return Fail(what, Transport(client, std::move(st).error()).message());
   }
   g_exec_fd.store(client.socket_fd());
-  if (g_interrupted) return kExitInterrupted;
+  // 128 + the signal, as a shell reports a command it ended (130 for Ctrl-C).
+  if (g_interrupted) return 128 + g_interrupted;
 
   bool exited = false;
   int64_t exit_code = 1;
@@ -805,7 +937,7 @@ int Exec(const Options& o, ApiClient& client) {
   auto answer = client.StreamLines(Method::kPost, SandboxTarget(o.id, "/exec"), body,
                                    "application/x-ndjson", on_line);
   g_exec_fd.store(-1);
-  if (g_interrupted && !exited) return kExitInterrupted;
+  if (g_interrupted && !exited) return 128 + g_interrupted;
   answer = Check(client, std::move(answer));
   if (!answer.ok()) return Fail(what, answer.error().message());
   if (!exited) return Fail(what, "the daemon's stream ended before the command did");
@@ -882,6 +1014,7 @@ struct RemoteStat {
   bool is_dir = false;
   bool is_file = false;
   std::optional<uint64_t> size;
+  std::optional<uint32_t> mode;  // st_mode, type and permission bits (absent from older daemons)
 };
 
 Result<RemoteStat> StatRemote(ApiClient& client, const std::string& id, const std::string& path) {
@@ -906,6 +1039,11 @@ Result<RemoteStat> StatRemote(ApiClient& client, const std::string& id, const st
     st.size = size->get_uint64();
   } else if (size != nullptr && size->is_int64() && size->get_int64() >= 0) {
     st.size = static_cast<uint64_t>(size->get_int64());
+  }
+  const json::value* mode = o->if_contains("mode");
+  if (mode != nullptr && mode->is_int64() && mode->get_int64() >= 0 &&
+      mode->get_int64() <= UINT32_MAX) {
+    st.mode = static_cast<uint32_t>(mode->get_int64());
   }
   return st;
 }
@@ -953,17 +1091,34 @@ Result<std::vector<RemoteEntry>> ReadDirRemote(ApiClient& client, const std::str
   return out;
 }
 
-// `shown` names the file on the progress line.
+// `shown` names the file on the progress line. With `keep_mode`, a regular file's permission
+// bits (set-id and sticky included) go with it, as cp -p and docker cp keep them; without (for
+// standard input), the sandbox gives a new file 0644 and an existing one keeps its mode.
 Status PutFile(ApiClient& client, const std::string& id, const std::string& path, int fd,
-               const std::string& shown, CopyProgress& progress) {
+               const std::string& shown, CopyProgress& progress, bool keep_mode) {
   struct stat st {};
   std::optional<uint64_t> size;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) size = static_cast<uint64_t>(st.st_size);
+  std::string target = FilesTarget(id, path);
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    size = static_cast<uint64_t>(st.st_size);
+    if (keep_mode) {
+      char mode[16];
+      std::snprintf(mode, sizeof mode, "&mode=%o", st.st_mode & 07777);
+      target += mode;
+    }
+  }
   progress.File(shown, size);
   ApiClient::UploadOptions upload;
   upload.on_sent = [&](uint64_t sent) { progress.Moved(sent); };
-  NSBOX_TRY(Check(client, client.Upload(Method::kPut, FilesTarget(id, path), fd, upload)));
+  NSBOX_TRY(Check(client, client.Upload(Method::kPut, target, fd, upload)));
   return Ok();
+}
+
+// The mode a new host file gets for a sandbox file of st_mode `mode` (umask applies, as for
+// cp): its permission bits, never set-uid, set-gid or sticky: a sandbox must not plant set-id
+// files on the host. 0666 when the daemon did not say.
+mode_t HostFileMode(std::optional<uint32_t> mode) {
+  return mode ? static_cast<mode_t>(*mode & 0777) : 0666;
 }
 
 // Streams a sandbox file into a host file that is opened by `open_file` only once the daemon
@@ -1041,7 +1196,8 @@ Status UploadTree(ApiClient& client, const std::string& id, int dirfd, const std
       // O_NONBLOCK: if it was swapped for a FIFO since the stat, opening it must not hang.
       NSBOX_ASSIGN_OR_RETURN(UniqueFd file,
                              OpenAt(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK));
-      NSBOX_TRY_CTX(PutFile(client, id, child_remote, file.get(), child_shown, progress),
+      NSBOX_TRY_CTX(PutFile(client, id, child_remote, file.get(), child_shown, progress,
+                            /*keep_mode=*/true),
                     child_shown);
     } else if (S_ISLNK(st.st_mode)) {
       skipped.Add(child_shown + " (a symlink; symlinks are not copied)");
@@ -1085,10 +1241,13 @@ Status DownloadTree(ApiClient& client, const std::string& id, const std::string&
                              OpenAt(dirfd, e.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
       NSBOX_TRY(DownloadTree(client, id, child_remote, sub.get(), child_shown, skipped, progress));
     } else if (e.type == "file") {
-      NSBOX_TRY_CTX(GetFile(client, id, child_remote, std::nullopt, progress,
+      // Its mode (and size, for the progress line): readdir has only the type.
+      NSBOX_ASSIGN_OR_RETURN(RemoteStat st, StatRemote(client, id, child_remote));
+      NSBOX_TRY_CTX(GetFile(client, id, child_remote, st.size, progress,
                             [&]() {
                               return OpenAt(dirfd, e.name,
-                                            O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0666);
+                                            O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW,
+                                            HostFileMode(st.mode));
                             }),
                     id + ":" + child_remote);
     } else if (e.type == "symlink") {
@@ -1104,7 +1263,8 @@ Status CopyToSandbox(ApiClient& client, const std::string& src, const CpSide& ds
                      CopyProgress& progress) {
   if (src == "-") {
     // Standard input to one file: streamed with chunked transfer-encoding.
-    return PutFile(client, dst.id, dst.path, STDIN_FILENO, "standard input", progress);
+    return PutFile(client, dst.id, dst.path, STDIN_FILENO, "standard input", progress,
+                   /*keep_mode=*/false);
   }
   struct stat st {};
   if (::stat(src.c_str(), &st) != 0) return Error::Sys("stat", src, errno);
@@ -1125,7 +1285,7 @@ Status CopyToSandbox(ApiClient& client, const std::string& src, const CpSide& ds
   std::string remote = dst.path;
   if (target.is_dir || EndsWithSlash(dst.path)) remote = JoinPath(dst.path, BaseName(src));
   NSBOX_ASSIGN_OR_RETURN(UniqueFd file, OpenAt(AT_FDCWD, src, O_RDONLY));
-  return PutFile(client, dst.id, remote, file.get(), src, progress);
+  return PutFile(client, dst.id, remote, file.get(), src, progress, /*keep_mode=*/true);
 }
 
 Status CopyFromSandbox(ApiClient& client, const CpSide& src, const std::string& dst,
@@ -1162,8 +1322,9 @@ Status CopyFromSandbox(ApiClient& client, const CpSide& src, const std::string& 
   } else if (EndsWithSlash(dst)) {
     return Error(ENOENT, dst + ": no such directory");
   }
-  return GetFile(client, src.id, src.path, source.size, progress,
-                 [&] { return OpenAt(AT_FDCWD, local, O_WRONLY | O_CREAT | O_TRUNC, 0666); });
+  return GetFile(client, src.id, src.path, source.size, progress, [&] {
+    return OpenAt(AT_FDCWD, local, O_WRONLY | O_CREAT | O_TRUNC, HostFileMode(source.mode));
+  });
 }
 
 int Copy(const Options& o, ApiClient& client) {
@@ -1186,6 +1347,55 @@ int Copy(const Options& o, ApiClient& client) {
   }
   if (!st.ok()) return Fail(what, st.error().message());
   return 0;
+}
+
+// ---- what the parse left over ----
+
+// Runs after the parse, before CLI11 checks what is required and what is left over, to say
+// what to do where CLI11 would not: a word no command took is an unknown command (CLI11: "A
+// subcommand is required"), and an option exec or shell does not know is most likely the
+// command's, given without "--" before it.
+void CheckLeftovers(const CLI::App& app, const Options& o, const std::vector<std::string>& stray) {
+  // The innermost command given, and its name: "image " for `nsbox image bogus`.
+  const CLI::App* cmd = &app;
+  std::string name;
+  while (!cmd->get_subcommands().empty()) {
+    cmd = cmd->get_subcommands().front();
+    name += cmd->get_name() + " ";
+  }
+  std::vector<std::string> words;
+  std::copy_if(stray.begin(), stray.end(), std::back_inserter(words),
+               [](const std::string& w) { return !w.empty(); });
+  if (!words.empty()) {
+    if (cmd->get_require_subcommand_min() > 0) {
+      throw CLI::ExtrasError("unknown command '" + name + words.front() + "'",
+                             CLI::ExitCodes::ExtrasError);
+    }
+    throw CLI::ExtrasError(words);  // extra arguments of a command: CLI11's own message
+  }
+  if (cmd != o.exec && cmd != o.shell) return;
+  std::vector<std::string> unknown;
+  for (const std::string& arg : app.remaining(/*recurse=*/true)) {
+    if (arg.size() > 1 && arg[0] == '-' && arg != "--") unknown.push_back(arg);
+  }
+  if (unknown.empty()) return;
+  std::string text;
+  for (const std::string& arg : unknown) text += (text.empty() ? "'" : ", '") + arg + "'";
+  // The example puts the options right after the command's name: where they were, mostly. The
+  // options' own callbacks have not run yet: their values are read as given.
+  const std::vector<std::string>& id = cmd->get_option("id")->results();
+  const std::vector<std::string>& command = cmd->get_option("command")->results();
+  std::string example = "nsbox " + cmd->get_name() + " ID -- COMMAND...";
+  if (id.size() == 1 && !command.empty()) {
+    std::vector<std::string> words_of = {"nsbox", cmd->get_name(), id[0], "--", command[0]};
+    words_of.insert(words_of.end(), unknown.begin(), unknown.end());
+    words_of.insert(words_of.end(), command.begin() + 1, command.end());
+    example = ShellCommand(words_of);
+  }
+  throw CLI::ExtrasError(cmd->get_name() + ": unknown option" + (unknown.size() > 1 ? "s " : " ") +
+                             text + " (for the command's own options, put the command after " +
+                             "'--': " + example + ")",
+                         CLI::ExitCodes::ExtrasError);
 }
 
 }  // namespace
@@ -1238,7 +1448,8 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
       "create", "Create a persistent sandbox, or find the existing one: nsbox create ID");
   o.create->add_option("id", o.id, "the sandbox's id (any UTF-8, up to 256 bytes)")->required();
   o.create->add_option("--image", o.image, "root file system (default: host)");
-  o.create->add_option("--memory,-m", o.memory, "memory limit, e.g. 512M or 2G");
+  o.create->add_option("--memory,-m", o.memory,
+                       "memory limit, e.g. 512M, 1.5G or 2G (at least 16M)");
   o.create->add_option("--pids", o.pids, "most processes and threads at once");
   o.create->add_option("--cpus", o.cpus, "CPU time limit in CPUs, e.g. 1.5");
   // allow_extra_args(false): one value per --env, so `--env A=1 ID` leaves ID alone.
@@ -1294,6 +1505,12 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
       "cp", "Copy files between the host and a sandbox: nsbox cp SRC DST, one side ID:PATH");
   o.cp->add_option("src", o.src, "host path, '-' for standard input, or ID:PATH")->required();
   o.cp->add_option("dst", o.dst, "host path, '-' for standard output, or ID:PATH")->required();
+  o.cp->footer(
+      "A file's permission bits go with it both ways: a new host file gets them less set-uid,\n"
+      "set-gid and sticky (and less the umask), an existing host file keeps its own mode, and\n"
+      "standard input makes a new sandbox file 0644. Directories' modes are not copied.\n"
+      "Inside a copied directory, symlinks are skipped (each named on stderr); a symlink given\n"
+      "as SRC is followed.");
 
   o.stop = app.add_subcommand("stop", "Stop sandboxes (their processes end; files stay)");
   o.stop->add_option("id", o.ids, "the sandboxes' ids")->required();
@@ -1324,11 +1541,8 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   o.port_add = o.port_cmd->add_subcommand(
       "add", "Listen on the host for a port inside: nsbox port add ID PORT; prints its URL");
   o.port_add->add_option("id", o.id, "the sandbox's id")->required();
-  o.port_add->add_option("port", o.port, "the port inside, on 127.0.0.1")
-      ->required()
-      ->check(CLI::Range(1, 65535));
-  o.port_add->add_option("--host-port", o.host_port, "the host port (default: a free one)")
-      ->check(CLI::Range(0, 65535));
+  o.port_add->add_option("port", o.port, "the port inside, on 127.0.0.1 (1 to 65535)")->required();
+  o.port_add->add_option("--host-port", o.host_port, "the host port (default: a free one)");
   o.port_add->add_option("--address", o.address,
                          "the host address to listen on (default 127.0.0.1)");
   o.port_ls = o.port_cmd->add_subcommand("ls", "List a sandbox's exposed ports");
@@ -1336,7 +1550,17 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   o.port_ls->add_flag("--json", o.json, "print the API's JSON");
   o.port_rm = o.port_cmd->add_subcommand("rm", "Close an exposed port and its connections");
   o.port_rm->add_option("id", o.id, "the sandbox's id")->required();
-  o.port_rm->add_option("port", o.port, "the port inside")->required()->check(CLI::Range(1, 65535));
+  o.port_rm->add_option("port", o.port, "the port inside")->required();
+
+  // The words no command took, for CheckLeftovers: a positional of a nameless option group
+  // (hidden from the usage line, which lists the app's own), whose callback force_callback runs
+  // even when there are none, after the parse and before CLI11's checks of requirements and
+  // extras.
+  app.add_option_group("")
+      ->add_option_function<std::vector<std::string>>(
+          "stray",
+          [&app, &o](const std::vector<std::string>& stray) { CheckLeftovers(app, o, stray); })
+      ->force_callback();
 }
 
 ClientCommands::~ClientCommands() = default;

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pty.h>
@@ -130,8 +131,9 @@ enum class Terminal { kNone, kStderr, kStdoutAndStderr };
 // A running `nsbox` process with its stdin, stdout and stderr on pipes (or a terminal).
 class CliProcess {
  public:
+  // `as_nobody`: the process runs as uid and gid 65534, with no supplementary groups.
   CliProcess(const std::vector<std::string>& args, const std::vector<std::string>& env,
-             Terminal terminal = Terminal::kNone) {
+             Terminal terminal = Terminal::kNone, bool as_nobody = false) {
     int in[2], out[2], err[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 ||
         ::pipe2(err, O_CLOEXEC) != 0) {
@@ -169,6 +171,10 @@ class CliProcess {
       ::dup2(in[0], 0);
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
+      if (as_nobody &&
+          (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)) {
+        ::_exit(126);
+      }
       ::execve(kNsbox, argv.data(), envp.data());
       ::_exit(127);
     }
@@ -506,6 +512,16 @@ TEST_F(CliTest, CreateSendsLimitsEnvAndImage) {
   EXPECT_EQ(limits.at("pids").to_number<int64_t>(), 64);
   EXPECT_DOUBLE_EQ(limits.at("cpus").to_number<double>(), 1.5);
   EXPECT_EQ(Sh(id, "echo \"$GREETING/$N\""), "hello world/1\n");
+
+  // A fraction of a unit, as docker takes it, rounded down to a whole byte.
+  for (auto [memory, bytes] :
+       {std::pair{"1.5G", int64_t{1610612736}}, std::pair{"16.5m", int64_t{17301504}},
+        std::pair{"0.1GiB", int64_t{107374182}}}) {
+    r = Nsbox({"create", Id(std::string("mem") + memory), "--memory", memory, "--json"});
+    ASSERT_EQ(r.code, 0) << memory << "\n" << r.Describe();
+    EXPECT_EQ(json::parse(r.out).at("limits").at("memoryBytes").to_number<int64_t>(), bytes)
+        << memory;
+  }
 }
 
 TEST_F(CliTest, CreateRejectsBadOptions) {
@@ -518,6 +534,21 @@ TEST_F(CliTest, CreateRejectsBadOptions) {
   r = Nsbox({"create", Id(), "--env", "NOEQUALS"});
   EXPECT_EQ(r.code, 125) << r.Describe();
   EXPECT_EQ(r.err, "nsbox: create: --env 'NOEQUALS': expected NAME=VALUE\n");
+
+  // Below the daemon's least (16M): said by the CLI, as `nsbox run` says its own (4M).
+  for (const char* memory : {"1M", "0", "512k", "100", "15.9M"}) {
+    r = Nsbox({"create", Id(), "--memory", memory});
+    EXPECT_EQ(r.code, 125) << memory << "\n" << r.Describe();
+    EXPECT_EQ(r.err, std::string("nsbox: create: --memory '") + memory +
+                         "': at least 16M is needed to start\n");
+  }
+  r = Nsbox({"create", Id(), "--memory", "1.5X"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: create: --memory '1.5X': unknown unit (use K, M, G or T)\n");
+  r = Nsbox({"create", Id(), "--memory", "1.G"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: create: --memory '1.G': not a byte count (examples: 536870912, 512M, 1.5G)\n");
 
   r = Nsbox({"create"});  // no id
   EXPECT_EQ(r.code, 125) << r.Describe();
@@ -726,7 +757,8 @@ TEST_P(CliInterruptTest, InterruptKillsTheCommand) {
   EXPECT_EQ(Sh(id, ps), "1\n");
 
   ::kill(p->pid(), sig);
-  EXPECT_EQ(p->WaitExit(milliseconds(3000)), 130) << p->err();
+  // 128 + the signal, as a shell reports it: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP.
+  EXPECT_EQ(p->WaitExit(milliseconds(3000)), 128 + sig) << p->err();
   EXPECT_EQ(p->err(), "");
 
   // The sandbox's sleep is gone within a few seconds (SIGTERM at once, SIGKILL 2 s later).
@@ -741,7 +773,7 @@ TEST_P(CliInterruptTest, InterruptKillsTheCommand) {
   EXPECT_EQ(count, "0\n") << "the command still runs after the CLI was interrupted";
 }
 
-INSTANTIATE_TEST_SUITE_P(Signals, CliInterruptTest, ::testing::Values(SIGINT, SIGTERM),
+INSTANTIATE_TEST_SUITE_P(Signals, CliInterruptTest, ::testing::Values(SIGINT, SIGTERM, SIGHUP),
                          [](const ::testing::TestParamInfo<int>& param) {
                            return std::string(sigabbrev_np(param.param));
                          });
@@ -844,6 +876,70 @@ TEST_F(CliTest, CpDirectoryTreeBothWays) {
   r = Nsbox({"cp", id + ":copied", "-"});
   EXPECT_EQ(r.code, 1) << r.Describe();
   EXPECT_EQ(r.err, "nsbox: cp " + id + ":copied -: cannot write a directory to standard output\n");
+}
+
+// Modes: a file's permission bits go both ways; a new host file never gets set-id or sticky bits
+// (umask applies), an existing one keeps its mode, stdin makes 0644; directories' are not copied.
+TEST_F(CliTest, CpKeepsFileModes) {
+  std::string id = NewBox();
+  const mode_t old_umask = ::umask(022);
+  auto host_mode = [](const std::string& path) {
+    struct stat st {};
+    return ::lstat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+  };
+  std::string script = dir_ + "/" + prefix_ + "run.sh";
+  WriteHostFile(script, "#!/bin/sh\necho ran\n");
+  ASSERT_EQ(::chmod(script.c_str(), 0755), 0);
+  CliResult r = Nsbox({"cp", script, id + ":run.sh"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  r = Nsbox({"exec", id, "--", "./run.sh"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "ran\n");
+
+  // Set-id and sticky bits go into the sandbox (they mean nothing to the host there).
+  ASSERT_EQ(::chmod(script.c_str(), 04751), 0);
+  r = Nsbox({"cp", script, id + ":suid.sh"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  r = Nsbox({"cp", "-", id + ":stdin.txt"}, "x");
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(Sh(id, "stat -c '%a %n' run.sh suid.sh stdin.txt"),
+            "755 run.sh\n4751 suid.sh\n644 stdin.txt\n");
+
+  // Back: without the set-uid bit; an existing host file keeps its mode; the umask applies.
+  std::string back = dir_ + "/" + prefix_ + "back.sh";
+  r = Nsbox({"cp", id + ":suid.sh", back});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(host_mode(back), 0751);
+  std::string kept = dir_ + "/" + prefix_ + "kept.sh";
+  WriteHostFile(kept, "old");
+  ASSERT_EQ(::chmod(kept.c_str(), 0600), 0);
+  r = Nsbox({"cp", id + ":run.sh", kept});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(host_mode(kept), 0600);
+  EXPECT_EQ(ReadHostFile(kept), "#!/bin/sh\necho ran\n");
+  ::umask(077);
+  r = Nsbox({"cp", id + ":run.sh", back + ".masked"});
+  ::umask(022);
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(host_mode(back + ".masked"), 0700);
+
+  // A tree: each file's mode, set-gid and sticky dropped; directories get the host's default.
+  EXPECT_EQ(Sh(id,
+               "mkdir -p t/sub && echo a > t/a && chmod 640 t/a && cp suid.sh t/sub/x && "
+               "chmod 3710 t/sub/x && chmod 700 t t/sub"),
+            "");
+  std::string tree = dir_ + "/" + prefix_ + "tree";
+  r = Nsbox({"cp", id + ":t", tree});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(host_mode(tree + "/a"), 0640);
+  EXPECT_EQ(host_mode(tree + "/sub/x"), 0710);
+  EXPECT_EQ(host_mode(tree), 0755);
+  EXPECT_EQ(host_mode(tree + "/sub"), 0755);
+  // And up again: the files' modes go with them.
+  r = Nsbox({"cp", tree, id + ":t2"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(Sh(id, "stat -c '%a %n' t2/a t2/sub/x"), "640 t2/a\n710 t2/sub/x\n");
+  ::umask(old_umask);
 }
 
 TEST_F(CliTest, CpShowsProgressOnATerminalOnly) {
@@ -955,6 +1051,74 @@ TEST_F(CliTest, RmThenLs) {
 
 // ---- errors ----
 
+// Usage errors say what to do, exit 125.
+TEST_F(CliTest, UsageErrorsSayWhatToDo) {
+  std::string id = NewBox();
+  CliResult r = Nsbox({"crate", id});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: unknown command 'crate'\nRun 'nsbox --help' for usage.\n");
+  r = Nsbox({"help"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: unknown command 'help'\nRun 'nsbox --help' for usage.\n");
+  r = Nsbox({"image", "bogus"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: unknown command 'image bogus'\nRun 'nsbox image --help' for usage.\n");
+  r = Nsbox({"ls", "extra"});  // an extra argument of a known command: CLI11's words
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: The following argument was not expected: extra\nRun 'nsbox ls --help' for "
+            "usage.\n");
+
+  // The command's options without "--": the way to give them.
+  r = Nsbox({"exec", id, "ls", "-la", "/tmp"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err,
+            "nsbox: exec: unknown option '-la' (for the command's own options, put the "
+            "command after '--': nsbox exec " +
+                id + " -- ls -la /tmp)\nRun 'nsbox exec --help' for usage.\n");
+  r = Nsbox({"exec", id, "--", "ls", "-d", "/tmp"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "/tmp\n");
+
+  // Ports are numbers from 1 to 65535.
+  r = Nsbox({"port", "add", id, "abc"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: port add: PORT 'abc': the port must be a number from 1 to 65535 (see nsbox "
+            "port add --help)\n");
+  r = Nsbox({"port", "add", id, "80", "--host-port", "70000"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: port add: --host-port '70000': the port must be a number from 0 to 65535 "
+            "(see nsbox port add --help)\n");
+  r = Nsbox({"port", "rm", id, "0"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: port rm: PORT '0': the port must be a number from 1 to 65535 (see nsbox port "
+            "rm --help)\n");
+}
+
+// An image that exists: the CLI's way to replace it is --replace (the API's is ?replace=1).
+TEST_F(CliTest, ImageImportSaysReplace) {
+  const std::string name = "cli-test-replace";
+  std::string root = dir_ + "/" + prefix_ + "root";
+  ASSERT_EQ(::mkdir(root.c_str(), 0755), 0);
+  WriteHostFile(root + "/hello.txt", "hello\n");
+  std::string tar = dir_ + "/" + prefix_ + "root.tar";
+  ASSERT_EQ(std::system(("tar -C '" + root + "' -cf '" + tar + "' .").c_str()), 0);
+  CliResult r = Nsbox({"image", "import", name, tar});
+  ASSERT_EQ(r.code, 0) << r.Describe();
+  r = Nsbox({"image", "import", name, tar});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: image import " + name + ": an image named '" + name +
+                       "' exists already (replace it with --replace)\n");
+  r = Nsbox({"image", "import", "--replace", name, tar});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  r = Nsbox({"image", "rm", name});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+}
+
 TEST_F(CliTest, UnknownSandbox) {
   std::string id = prefix_ + "never-created";
   for (const std::vector<std::string>& args : {std::vector<std::string>{"exec", id, "--", "true"},
@@ -999,6 +1163,27 @@ TEST_F(CliTest, UnreachableDaemon) {
             "nsbox: exec box: connect to nsboxd at http://127.0.0.1:1: ECONNREFUSED (Connection "
             "refused); is nsboxd running? Start it with 'nsbox serve' or point --url at it\n");
 
+  // A socket this user may not use: not "is nsboxd running?", but what it takes. The daemon's
+  // own socket (0660), its directory opened for traversal for the time of the test.
+  if (daemon_ > 0) {
+    ASSERT_EQ(::chmod(dir_.c_str(), 0711), 0);
+    CliProcess nobody({"ls"}, {"NSBOX_SOCKET=" + socket_}, Terminal::kNone, /*as_nobody=*/true);
+    r = nobody.Finish();
+    ASSERT_EQ(::chmod(dir_.c_str(), 0700), 0);
+    EXPECT_EQ(r.code, 1) << r.Describe();
+    EXPECT_EQ(r.err, "nsbox: ls: connect to nsboxd at " + socket_ +
+                         ": EACCES (Permission denied); the daemon's socket is not accessible to "
+                         "this user (mode 0660, group id 0): run as root or as a member of that "
+                         "group\n");
+  }
+
+  // --url: without a scheme, the one to write; TLS is said of https:// only.
+  r = Nsbox({"ls", "--url", "127.0.0.1:47711"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: ls: --url '127.0.0.1:47711': no scheme; write http://127.0.0.1:47711\n");
+  r = Nsbox({"ls", "--url", "ftp://127.0.0.1:21"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: ls: --url 'ftp://127.0.0.1:21': only http://HOST:PORT is supported\n");
   r = Nsbox({"ls", "--url", "https://127.0.0.1:7711"});
   EXPECT_EQ(r.code, 125) << r.Describe();
   EXPECT_EQ(r.err,
