@@ -540,8 +540,8 @@ std::string Encode(const StatReply& m) {
 bool Decode(std::string_view payload, StatReply* m) {
   Reader r(payload);
   uint8_t flags = 0;
-  if (!r.U8(&flags) || flags > 7 || !r.U64(&m->size) || !r.F64(&m->mtime_ms) ||
-      !r.U32(&m->mode) || !r.Done()) {
+  if (!r.U8(&flags) || flags > 7 || !r.U64(&m->size) || !r.F64(&m->mtime_ms) || !r.U32(&m->mode) ||
+      !r.Done()) {
     return false;
   }
   m->is_file = flags & 1;

@@ -612,8 +612,8 @@ void InitServer::HandleFileVerb(const proto::FrameReader::Frame& frame) {
           return;
         }
         const auto& s = st.value();
-        proto::StatReply r{s.is_file, s.is_directory, s.is_symbolic_link, s.size, s.mtime_ms,
-                           s.mode};
+        proto::StatReply r{s.is_file, s.is_directory, s.is_symbolic_link,
+                           s.size,    s.mtime_ms,     s.mode};
         reply([this, tag, r] { Send(Type::kStatResult, tag, proto::Encode(r)); });
       });
       return;

@@ -378,10 +378,10 @@ TEST_F(ApiTest, UnknownOptionsAreRefusedNotIgnored) {
       {SbPath(id, "/fs/exists"), {{"path", "keep"}, {"withTypes", true}}},
   };
   for (const Case& c : cases) {
-    const std::string method = c.target.find("/fs/") == std::string::npos &&
-                                       c.target.find("/exec") == std::string::npos
-                                   ? "PUT"
-                                   : "POST";
+    const std::string method =
+        c.target.find("/fs/") == std::string::npos && c.target.find("/exec") == std::string::npos
+            ? "PUT"
+            : "POST";
     Response r = client().Request(method, c.target, json::serialize(c.body),
                                   {{"Content-Type", "application/json"}});
     EXPECT_EQ(r.status, 400) << c.target << ": " << r.Describe();

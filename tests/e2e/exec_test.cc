@@ -325,8 +325,8 @@ TEST_F(ExecTest, TheOutputCapIsConfigurablePerSandbox) {
   for (const char* bad :
        {R"({"limits": {"outputBytes": 0}})", R"({"limits": {"outputBytes": -1}})",
         R"({"limits": {"outputBytes": 2147483648}})", R"({"limits": {"outputBytes": "1M"}})"}) {
-    Response r = client().Request("PUT", SbPath(NewId()), bad,
-                                  {{"Content-Type", "application/json"}});
+    Response r =
+        client().Request("PUT", SbPath(NewId()), bad, {{"Content-Type", "application/json"}});
     EXPECT_EQ(r.status, 400) << bad << ": " << r.Describe();
     EXPECT_EQ(r.ErrorCode(), "invalid_request") << bad;
   }
