@@ -161,43 +161,6 @@ Result<ApiResponse> Check(const ApiClient& client, Result<ApiResponse> answer) {
 
 // ---- small helpers ----
 
-// ParseBytes, and a fraction of a unit as docker takes it: "1.5G" is 1610612736 bytes, rounded
-// down to a whole byte.
-Result<uint64_t> ParseMemory(std::string_view flag, std::string_view value) {
-  const size_t dot = value.find('.');
-  if (dot == std::string_view::npos) return ParseBytes(flag, value);
-  auto bad = [&](std::string_view why) {
-    return Error(EINVAL, std::string(flag) + " '" + std::string(value) + "': " + std::string(why));
-  };
-  auto digits = [](std::string_view s) {
-    return !s.empty() &&
-           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-  };
-  size_t end = dot + 1;
-  while (end < value.size() && value[end] >= '0' && value[end] <= '9') ++end;
-  const std::string_view whole_digits = value.substr(0, dot);
-  const std::string_view fraction = value.substr(dot + 1, end - dot - 1);
-  const std::string suffix(value.substr(end));
-  if (!digits(whole_digits) || !digits(fraction)) {
-    return bad("not a byte count (examples: 536870912, 512M, 1.5G)");
-  }
-  // 18 digits at most: the fraction times a unit (up to 2^40) then fits in 128 bits.
-  if (fraction.size() > 18) return bad("too many decimal places");
-  auto unit = ParseBytes(flag, "1" + suffix);
-  if (!unit.ok()) return bad("unknown unit (use K, M, G or T)");
-  auto whole = ParseBytes(flag, std::string(whole_digits) + suffix);
-  if (!whole.ok()) return bad("too large");
-  unsigned __int128 numerator = 0;
-  unsigned __int128 denominator = 1;
-  for (char c : fraction) {
-    numerator = numerator * 10 + static_cast<unsigned>(c - '0');
-    denominator *= 10;
-  }
-  const auto part = static_cast<uint64_t>(numerator * *unit / denominator);  // < *unit
-  if (part > UINT64_MAX - *whole) return bad("too large");
-  return *whole + part;
-}
-
 Result<std::pair<std::string, std::string>> ParseEnv(std::string_view flag,
                                                      const std::string& item) {
   size_t eq = item.find('=');
@@ -377,7 +340,7 @@ int Create(const Options& o, ApiClient& client) {
     options_given = true;
   }
   if (o.memory) {
-    auto bytes = ParseMemory("--memory", *o.memory);
+    auto bytes = ParseBytes("--memory", *o.memory);
     if (!bytes.ok()) return Fail("create", bytes.error().message(), kExitUsage);
     // Said here, in the words `nsbox run --memory` uses for its own least (4M).
     if (*bytes < kMinSandboxMemory) {

@@ -20,9 +20,22 @@ Result<uint64_t> ParseBytes(std::string_view flag, std::string_view value) {
   auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
   if (ec == std::errc::result_out_of_range) return Bad(flag, value, "too large");
   if (ec != std::errc() || ptr == value.data()) {
-    return Bad(flag, value, "not a byte count (examples: 536870912, 512M, 2G)");
+    return Bad(flag, value, "not a byte count (examples: 536870912, 512M, 1.5G)");
   }
-  std::string_view suffix(ptr, static_cast<size_t>(value.data() + value.size() - ptr));
+  const char* const end = value.data() + value.size();
+  // A fraction of the unit, as docker takes it ("1.5G"): rounded down to a whole byte.
+  std::string_view fraction;
+  if (ptr != end && *ptr == '.') {
+    const char* digits = ++ptr;
+    while (ptr != end && *ptr >= '0' && *ptr <= '9') ++ptr;
+    fraction = std::string_view(digits, static_cast<size_t>(ptr - digits));
+    if (fraction.empty()) {
+      return Bad(flag, value, "not a byte count (examples: 536870912, 512M, 1.5G)");
+    }
+    // 18 digits at most: the fraction's numerator times a unit (2^40) then fits in 128 bits.
+    if (fraction.size() > 18) return Bad(flag, value, "too many decimal places");
+  }
+  std::string_view suffix(ptr, static_cast<size_t>(end - ptr));
   int shift = 0;
   if (!suffix.empty()) {
     switch (suffix[0]) {
@@ -55,7 +68,19 @@ Result<uint64_t> ParseBytes(std::string_view flag, std::string_view value) {
     if (!ok) return Bad(flag, value, "unknown unit (use K, M, G or T)");
   }
   if (shift > 0 && n > (UINT64_MAX >> shift)) return Bad(flag, value, "too large");
-  return n << shift;
+  uint64_t bytes = n << shift;
+  if (!fraction.empty()) {
+    unsigned __int128 numerator = 0;
+    unsigned __int128 denominator = 1;
+    for (char c : fraction) {
+      numerator = numerator * 10 + static_cast<unsigned>(c - '0');
+      denominator *= 10;
+    }
+    const auto part = static_cast<uint64_t>((numerator << shift) / denominator);  // < 2^shift
+    if (part > UINT64_MAX - bytes) return Bad(flag, value, "too large");
+    bytes += part;
+  }
+  return bytes;
 }
 
 Result<uint64_t> ParseCount(std::string_view flag, std::string_view value, uint64_t min,

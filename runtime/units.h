@@ -8,8 +8,9 @@
 
 namespace nsbox::runtime {
 
-// "512M", "1G", "1048576", "64KiB": a byte count with an optional binary suffix (K, M, G, T,
-// optionally followed by "i", "iB" or "B"). Errors name `flag` and the value.
+// "512M", "1G", "1048576", "64KiB", "1.5G": a byte count with an optional binary suffix (K, M, G,
+// T, optionally followed by "i", "iB" or "B"); a fraction of the unit is rounded down to a whole
+// byte. Errors name `flag` and the value.
 Result<uint64_t> ParseBytes(std::string_view flag, std::string_view value);
 // A whole number in [min, max].
 Result<uint64_t> ParseCount(std::string_view flag, std::string_view value, uint64_t min,

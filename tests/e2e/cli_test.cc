@@ -529,7 +529,7 @@ TEST_F(CliTest, CreateRejectsBadOptions) {
   EXPECT_EQ(r.code, 125) << r.Describe();
   EXPECT_EQ(r.out, "");
   EXPECT_EQ(r.err,
-            "nsbox: create: --memory 'lots': not a byte count (examples: 536870912, 512M, 2G)\n");
+            "nsbox: create: --memory 'lots': not a byte count (examples: 536870912, 512M, 1.5G)\n");
 
   r = Nsbox({"create", Id(), "--env", "NOEQUALS"});
   EXPECT_EQ(r.code, 125) << r.Describe();

@@ -13,10 +13,17 @@ TEST(Units, ParsesByteCounts) {
   EXPECT_EQ(*ParseBytes("--memory", "3Mi"), 3ull << 20);
   EXPECT_EQ(*ParseBytes("--memory", "1T"), 1ull << 40);
   EXPECT_EQ(*ParseBytes("--memory", "100B"), 100u);
+  // Fractions of the unit, rounded down to a whole byte.
+  EXPECT_EQ(*ParseBytes("--memory", "1.5G"), 1610612736u);
+  EXPECT_EQ(*ParseBytes("--memory", "16.5m"), 17301504u);
+  EXPECT_EQ(*ParseBytes("--memory", "0.1GiB"), 107374182u);
+  EXPECT_EQ(*ParseBytes("--memory", "2.5"), 2u);
+  EXPECT_EQ(*ParseBytes("--memory", "0.999999999999999999T"), (1ull << 40) - 1);
 }
 
 TEST(Units, ByteErrorsNameTheFlagAndValue) {
-  for (const char* bad : {"", "abc", "12X", "-5", "1.5G", "5MBx", "99999999999999999999"}) {
+  for (const char* bad : {"", "abc", "12X", "-5", "1.G", ".5G", "1.5.2G", "1.5X", "5MBx",
+                          "99999999999999999999", "1.0000000000000000001G"}) {
     auto r = ParseBytes("--memory", bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.error().message().find("--memory '" + std::string(bad) + "'"), std::string::npos)
