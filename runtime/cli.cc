@@ -848,7 +848,10 @@ int InteractiveExec(const Options& o, const ApiClient& client, json::object body
   if (!result.ok()) {
     return Fail(what, Transport(client, std::move(result).error()).message());
   }
-  if (result->interrupted && !result->exited) return kExitInterrupted;
+  // 128 + the signal, as for exec without a WebSocket (130 for SIGINT).
+  if (result->interrupted && !result->exited) {
+    return result->signal > 0 ? 128 + result->signal : kExitInterrupted;
+  }
   if (!result->exited) return Fail(what, "the connection ended before the command did");
   return ExecExitCode(what, result->exit_code, result->reason);
 }

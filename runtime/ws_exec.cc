@@ -100,6 +100,7 @@ class Session {
       }
       // Hanging up is what kills the command (api.md, Cancellation).
       result_.interrupted = true;
+      result_.signal = sig;
       Finish();
     });
   }

@@ -20,6 +20,7 @@ struct WsExecResult {
   int64_t exit_code = 1;     // from it
   std::string reason;        // "exited", "timeout", "oom", ...
   bool interrupted = false;  // SIGINT/SIGTERM/SIGHUP here ended it (the command was killed)
+  int signal = 0;            // which of them
 };
 
 struct WsExecOptions {

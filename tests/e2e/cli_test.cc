@@ -745,12 +745,25 @@ TEST_F(CliTest, ExecCwdEnvAndTimeout) {
 
 // Ctrl-C on `nsbox exec` ends the command for real: closing the connection kills its process
 // tree in the sandbox (api.md "exec", Cancellation).
-class CliInterruptTest : public CliTest, public ::testing::WithParamInterface<int> {};
+class CliInterruptTest : public CliTest, public ::testing::WithParamInterface<int> {
+ protected:
+  void RunInterrupted(const std::string& id, int sig, bool interactive);
+};
 
 TEST_P(CliInterruptTest, InterruptKillsTheCommand) {
   int sig = GetParam();
-  std::string id = NewBox();
-  auto p = Start({"exec", id, "--", "sleep 1000 & echo ready; wait"});
+  // Over the streamed POST, and with -i over the WebSocket.
+  const std::string id = NewBox();
+  for (bool interactive : {false, true}) {
+    SCOPED_TRACE(interactive ? "exec -i" : "exec");
+    RunInterrupted(id, sig, interactive);
+  }
+}
+
+void CliInterruptTest::RunInterrupted(const std::string& id, int sig, bool interactive) {
+  std::vector<std::string> args = {"exec", id, "--", "sleep 1000 & echo ready; wait"};
+  if (interactive) args.insert(args.begin() + 1, "-i");
+  auto p = Start(args);
   ASSERT_TRUE(p->PumpUntil([&] { return p->out() == "ready\n"; }, milliseconds(15000)))
       << p->out() << p->err();
   std::string ps = "for f in /proc/[0-9]*/comm; do cat $f; done 2>/dev/null | grep -c '^sleep$'";
