@@ -49,6 +49,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "exec/runner.h"
+#include "fs/fs_error.h"
 #include "fs/path.h"
 #include "images/image.h"
 #include "images/store.h"
@@ -3346,17 +3347,11 @@ ApiOutcome<std::string> QueryPath(std::string_view query) {
   return RawPath(path, path_base64);
 }
 
-// The `path` or `pathBase64` query parameter as the client gave it, and resolved in the sandbox.
-struct QueryTarget {
-  std::string raw;
-  std::string path;
-};
-ApiOutcome<QueryTarget> ResolveQueryPath(const SandboxEntry& entry, std::string_view query) {
+// The `path` or `pathBase64` query parameter, resolved in the sandbox.
+ApiOutcome<std::string> ResolveQueryPath(const SandboxEntry& entry, std::string_view query) {
   auto raw = QueryPath(query);
   if (!raw.ok()) return raw.error();
-  auto path = SandboxPath(entry, raw.value(), "open");
-  if (!path.ok()) return path.error();
-  return QueryTarget{std::move(raw.value()), std::move(path.value())};
+  return SandboxPath(entry, raw.value(), "open");
 }
 
 asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
@@ -3366,7 +3361,7 @@ asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
     const ApiError reply_error = target.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  const std::string& path = target.value().path;
+  const std::string& path = target.value();
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
     const ApiError reply_error = running.error();
@@ -3443,8 +3438,7 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
     const ApiError reply_error = target.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  const std::string& raw = target.value().raw;
-  const std::string& path = target.value().path;
+  const std::string& path = target.value();
   auto mode = QueryMode(query);
   if (!mode.ok()) {
     const ApiError reply_error = mode.error();
@@ -3489,10 +3483,9 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   }
   if (copied.write_error != 0) {
     co_await abort();
-    const int err = copied.write_error;
-    const ApiError reply_error = ApiError::Of(
-        StatusForErrno(err), ErrnoName(err),
-        ErrnoName(err) + ": " + ErrnoText(err) + ", write '" + raw + "'", raw, "write");
+    // Node's wording, as every other file error ("ENOSPC: no space left on device, write ...").
+    const ApiError reply_error =
+        ApiError::FromFs(fs::MakeFsError(copied.write_error, "write", path));
     co_return co_await ReplyError(c, reply_error);
   }
   const uint64_t total = copied.bytes;

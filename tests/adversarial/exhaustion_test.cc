@@ -209,6 +209,8 @@ TEST_F(ExhaustionTest, MemoryBombThroughUploadToTmpfs) {
   Response r = PutFile(id, "/tmp/big", std::string(256 * kMiB, 'b'));
   EXPECT_EQ(r.status, 507) << r.Describe();
   EXPECT_EQ(r.ErrorCode(), "ENOSPC") << r.Describe();
+  // Node's wording, as every file error.
+  EXPECT_EQ(r.ErrorMessage(), "ENOSPC: no space left on device, write '/tmp/big'") << r.Describe();
   ExecResult held = Exec(id, "du -sk /tmp | cut -f1");
   EXPECT_LT(std::stol(held.out().empty() ? "0" : held.out()), 64L * 1024) << held.Describe();
 }
