@@ -754,6 +754,36 @@ asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& 
   }
 }
 
+// Whether an Accept header asks for NDJSON (api.md): one of its media ranges is
+// application/x-ndjson, compared without regard to case (RFC 9110 §8.3.1), and not refused with
+// q=0.
+bool WantsNdjson(std::string_view accept) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+    return s;
+  };
+  while (!accept.empty()) {
+    const size_t comma = accept.find(',');
+    std::string_view range = accept.substr(0, comma);
+    accept = comma == std::string_view::npos ? std::string_view() : accept.substr(comma + 1);
+    size_t semi = range.find(';');
+    if (!beast::iequals(trim(range.substr(0, semi)), "application/x-ndjson")) continue;
+    bool refused = false;
+    while (semi != std::string_view::npos) {
+      range.remove_prefix(semi + 1);
+      semi = range.find(';');
+      const std::string_view param = trim(range.substr(0, semi));
+      if (param.size() >= 2 && (param[0] == 'q' || param[0] == 'Q') && param[1] == '=') {
+        const std::string_view q = param.substr(2);
+        refused = !q.empty() && q.find_first_not_of("0.") == std::string_view::npos;
+      }
+    }
+    if (!refused) return true;
+  }
+  return false;
+}
+
 // Whether `method` is one of `allow` ("GET, PUT, DELETE"), whole names compared: a request's
 // method is any token the client likes, and "UT" or "T" is not "PUT".
 bool MethodIn(std::string_view allow, std::string_view method) {
@@ -2757,8 +2787,7 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
     const ApiError reply_error = parsed.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  const bool stream =
-      c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
+  const bool stream = WantsNdjson(c.parser.get()[http::field::accept]);
   const bool base64 = parsed.value().base64;
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) {
@@ -3601,8 +3630,7 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   }
   log::info("image={} received {} bytes; importing", name, total);
 
-  const bool stream =
-      c.parser.get()[http::field::accept].find("application/x-ndjson") != std::string_view::npos;
+  const bool stream = WantsNdjson(c.parser.get()[http::field::accept]);
   struct ImportEvent {
     std::optional<images::ImportProgress> progress;
     std::optional<ApiOutcome<images::ImageInfo>> done;

@@ -417,6 +417,29 @@ TEST_F(ExecTest, StreamEventsInOrder) {
   EXPECT_TRUE(s.done());
 }
 
+// Media types are case-insensitive; a range refused with q=0 is not asked for.
+TEST_F(ExecTest, StreamIsChosenByTheAcceptHeaderAsHttpReadsIt) {
+  const std::string body = json::serialize(json::object{{"command", "echo hi"}});
+  const std::pair<const char*, bool> cases[] = {
+      {"application/x-ndjson", true},
+      {"APPLICATION/X-NDJSON", true},
+      {"application/json, application/x-ndjson;q=0.5", true},
+      {"application/x-ndjson ; charset=utf-8", true},
+      {"application/x-ndjson;q=0", false},
+      {"application/x-ndjson;q=0.000", false},
+      {"application/json", false},
+      {"application/x-ndjsonx", false},
+  };
+  for (const auto& [accept, streamed] : cases) {
+    Response r = client().Request("POST", SbPath(id_, "/exec"), body,
+                                  {{"Content-Type", "application/json"}, {"Accept", accept}});
+    ASSERT_EQ(r.status, 200) << accept << ": " << r.Describe();
+    EXPECT_EQ(r.Header("content-type"), streamed ? "application/x-ndjson" : "application/json")
+        << accept;
+    EXPECT_EQ(r.body.find("\"type\":\"start\"") != std::string::npos, streamed) << accept;
+  }
+}
+
 TEST_F(ExecTest, StreamNeverSplitsAUtf8Character) {
   // The euro sign (3 bytes) and an emoji (4 bytes) written in pieces with pauses between.
   NdjsonStream s(
