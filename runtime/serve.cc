@@ -3971,18 +3971,20 @@ int Serve(const ServeOptions& options) {
   ro.watch_channel = [&channels](std::shared_ptr<fs::InitClient> client) {
     channels.Watch(std::move(client));
   };
-  auto registry = Registry::Open(ro);
-  if (!registry.ok()) return fail(registry.error().message());
-
-  const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
-  auto unix_acceptor = ListenUnix(io, socket_path);
-  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
+  // The TCP listener first: a bad --listen (or a port in use) fails before the state directory
+  // or the socket file is made.
   std::unique_ptr<Acceptor> tcp_acceptor;
   if (!options.listen.empty()) {
     auto t = ListenTcp(io, options.listen);
     if (!t.ok()) return fail(t.error().message());
     tcp_acceptor = std::move(t).value();
   }
+  auto registry = Registry::Open(ro);
+  if (!registry.ok()) return fail(registry.error().message());
+
+  const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
+  auto unix_acceptor = ListenUnix(io, socket_path);
+  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
 
   // Exec sessions live in memory only: what a previous daemon spilled is of no use now.
   for (const auto& entry : (*registry)->List()) {

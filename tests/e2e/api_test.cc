@@ -905,5 +905,26 @@ TEST_F(TcpTest, MissingOrEmptyTokenFileRefusesToStart) {
   EXPECT_NE(code, -1) << "it kept running";
 }
 
+// A --listen that is not HOST:PORT is refused before the daemon makes anything: no state
+// directory, no socket file left behind.
+TEST_F(TcpTest, ABadListenAddressLeavesNothing) {
+  Daemon d;
+  const std::string token_file = d.dir() + "/token";
+  FILE* f = std::fopen(token_file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("0123456789abcdef0123456789abcdef", f);
+  std::fclose(f);
+  ASSERT_EQ(::chmod(token_file.c_str(), 0600), 0);
+  for (const char* bad : {"bogus", "127.0.0.1", "127.0.0.1:99999", "[::1:7711"}) {
+    int code = d.RunToExit({"--listen", bad, "--token-file", token_file});
+    EXPECT_NE(code, 0) << bad;
+    EXPECT_NE(code, -1) << bad << ": it kept running";
+    EXPECT_NE(d.Log().find("--listen"), std::string::npos) << bad << ": " << d.Log();
+    struct stat st {};
+    EXPECT_NE(::stat(d.socket_path().c_str(), &st), 0) << bad << ": a socket file was left";
+    EXPECT_NE(::stat(d.state_dir().c_str(), &st), 0) << bad << ": the state directory was made";
+  }
+}
+
 }  // namespace
 }  // namespace nsbox::e2e
