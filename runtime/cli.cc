@@ -1476,7 +1476,8 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
       "set-gid and sticky (and less the umask), an existing host file keeps its own mode, and\n"
       "standard input makes a new sandbox file 0644. Directories' modes are not copied.\n"
       "Inside a copied directory, symlinks are skipped (each named on stderr); a symlink given\n"
-      "as SRC is followed.");
+      "as SRC is followed. ID:PATH splits at the first ':', so an id with a ':' in it cannot be\n"
+      "named here (nor a host path, unless it starts with '/' or '.': ./a:b).");
 
   o.stop = app.add_subcommand("stop", "Stop sandboxes (their processes end; files stay)");
   o.stop->add_option("id", o.ids, "the sandboxes' ids")->required();
