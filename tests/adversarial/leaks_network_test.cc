@@ -96,7 +96,11 @@ TEST_F(LeaksTest, NoSecretInAnyReadableFile) {
 // Host processes are invisible: /proc lists only the sandbox's own. Control: the host has the
 // daemon and many more.
 TEST_F(LeaksTest, HostProcessesAreInvisible) {
-  Sh(id_, "sleep 30 >/dev/null 2>&1 &");
+  // Waits until the background job has exec'd sleep: until then it is a bash (CI under load
+  // once listed "bash" here).
+  Sh(id_,
+     "sleep 30 >/dev/null 2>&1 & "
+     "while [ \"$(cat /proc/$!/comm 2>/dev/null)\" != sleep ]; do sleep 0.01; done");
   KeyValues in = Probe(id_, "status");
   const std::string pids = Get(in, "pids");
   // The background sleep and the probe itself (bash execs it), in either order (the probe may
