@@ -2379,10 +2379,10 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
   }
   if (cwd.value()) {
     if (cwd.value()->empty() || cwd.value()->find('\0') != std::string::npos) {
-      {
-        const ApiError reply_error = ApiError::Invalid("\"cwd\" must be a non-empty path");
-        co_return co_await ReplyError(c, reply_error);
-      }
+      const ApiError reply_error = ApiError::Invalid(
+          cwd.value()->empty() ? "\"cwd\" must be a non-empty path"
+                               : "\"cwd\" contains a NUL byte, which no path can hold");
+      co_return co_await ReplyError(c, reply_error);
     }
     config.cwd = fs::ResolvePath(default_cwd, *cwd.value());
   }

@@ -512,6 +512,10 @@ TEST_F(ApiTest, PathWithNulIs400ButExistsIsFalse) {
   Response exec = Exec(id, json::object{{"command", "true"}, {"cwd", nul_path}}).response;
   EXPECT_TRUE(exec.status == 400 || (exec.status == 200 && Obj(exec)["exitCode"] == 1))
       << exec.Describe();
+  // A sandbox's cwd: the message says what is wrong with it.
+  Response made = client().PutJson(SbPath(NewId()), json::object{{"cwd", nul_path}});
+  ExpectError(made, 400, "invalid_request", "PUT with a cwd that has a NUL");
+  EXPECT_NE(made.ErrorMessage().find("NUL"), std::string::npos) << made.Describe();
   // Nothing named a or a\0b appeared.
   EXPECT_EQ(Sh(id, "ls -A /workspace"), "");
 }
