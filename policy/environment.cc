@@ -41,24 +41,26 @@ std::vector<std::string> BuildEnvironment(const EnvironmentInput& input) {
   return out;
 }
 
-Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg) {
+Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg,
+                                                               std::string_view what) {
   auto eq = arg.find('=');
   if (eq == std::string::npos) {
-    return Error::Msg("--env '" + arg + "': expected NAME=VALUE");
+    return Error::Msg(std::string(what) + " '" + arg + "': expected NAME=VALUE");
   }
   std::string name = arg.substr(0, eq);
   if (name.empty()) {
-    return Error::Msg("--env '" + arg + "': the variable name is empty");
+    return Error::Msg(std::string(what) + " '" + arg + "': the variable name is empty");
   }
   bool bad_name = std::any_of(name.begin(), name.end(), [](char c) {
     return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
   });
   if (bad_name) {
-    return Error::Msg("--env '" + arg + "': the variable name has a control character");
+    return Error::Msg(std::string(what) + " '" + arg +
+                      "': the variable name has a control character");
   }
   std::string value = arg.substr(eq + 1);
   if (value.find('\0') != std::string::npos) {
-    return Error::Msg("--env '" + name + "': the value has a NUL byte");
+    return Error::Msg(std::string(what) + " '" + name + "': the value has a NUL byte");
   }
   return std::make_pair(std::move(name), std::move(value));
 }

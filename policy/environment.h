@@ -3,6 +3,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/error.h"
@@ -21,7 +22,9 @@ struct EnvironmentInput {
 std::vector<std::string> BuildEnvironment(const EnvironmentInput& input);
 
 // Parses one `--env K=V` argument. K must be a valid variable name: non-empty, no '=', no NUL,
-// no control characters.
-Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg);
+// no control characters. Errors name the assignment as `what` gave it: "--env '=x': ..." for the
+// command line, "\"env\" entry '=x': ..." for the API.
+Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg,
+                                                               std::string_view what = "--env");
 
 }  // namespace nsbox::policy

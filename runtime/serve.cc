@@ -576,11 +576,11 @@ ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry&
         return ApiError::Invalid("\"env\": the value of " + std::string(k) +
                                  " must be a string or null");
       }
-      auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()));
+      auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()),
+                                               "\"env\" entry");
       if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
-        return ApiError::Invalid("\"env\": " + (parsed.ok()
-                                                    ? std::string("a value contains a NUL byte")
-                                                    : parsed.error().message()));
+        return ApiError::Invalid(parsed.ok() ? std::string("\"env\": a value contains a NUL byte")
+                                             : parsed.error().message());
       }
       spec.overrides.emplace_back(std::string(k), std::string(v.get_string()));
     }
@@ -2402,12 +2402,12 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
         }
       }
       std::string assignment = std::string(k) + "=" + std::string(v.get_string());
-      auto parsed = policy::ParseEnvAssignment(assignment);
+      auto parsed = policy::ParseEnvAssignment(assignment, "\"env\" entry");
       if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
         {
-          const ApiError reply_error = ApiError::Invalid(
-              "\"env\": " + (parsed.ok() ? std::string("a value contains a NUL byte")
-                                         : parsed.error().message()));
+          const ApiError reply_error =
+              ApiError::Invalid(parsed.ok() ? std::string("\"env\": a value contains a NUL byte")
+                                            : parsed.error().message());
           co_return co_await ReplyError(c, reply_error);
         }
       }

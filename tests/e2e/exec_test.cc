@@ -222,6 +222,11 @@ TEST_F(ExecTest, EnvIsLayeredAndNullUnsets) {
   ExecResult odd = Exec(id, json::object{{"command", "printf '%s' \"$ODD\""},
                                          {"env", json::object{{"ODD", "a b=c é\t"}}}});
   EXPECT_EQ(odd.out(), "a b=c é\t");
+  // A bad name is refused in the API's words (the CLI's --env is not the API's).
+  Response bad = client().PostJson(SbPath(id, "/exec"),
+                                   json::object{{"command", "true"}, {"env", {{"", "x"}}}});
+  EXPECT_EQ(bad.status, 400) << bad.Describe();
+  EXPECT_EQ(bad.ErrorMessage(), "\"env\" entry '=x': the variable name is empty") << bad.Describe();
 }
 
 TEST_F(ExecTest, Stdin) {
