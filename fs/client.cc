@@ -644,7 +644,7 @@ FsOutcome<Unit> InitClient::Mkdir(const std::string& path, bool recursive) {
 }
 
 FsOutcome<Unit> InitClient::Rm(const std::string& path, bool recursive, bool force) {
-  if (auto bad = TooLongToSend(path, "rm")) return *bad;
+  if (auto bad = TooLongToSend(path, "lstat")) return *bad;  // Node's rm looks first
   return ExpectOk(Call(Type::kRm, proto::Encode(proto::RmRequest{path, recursive, force})));
 }
 

@@ -231,7 +231,8 @@ FsOutcome<Unit> Mkdir(int root, const std::string& path, bool recursive) {
 }
 
 FsOutcome<Unit> Rm(int root, const std::string& path, bool recursive, bool force) {
-  if (auto bad = CheckPath(path, "rm")) return *bad;
+  // Node's rm looks at the path first (lstat): a path it cannot name fails there.
+  if (auto bad = CheckPath(path, "lstat")) return *bad;
   auto [parent, name] = SplitParent(path);
   if (name.empty()) {
     // The jail's root itself. Without `recursive` Node's answer (EISDIR) is already harmless.

@@ -189,9 +189,12 @@ TEST_F(FilesTest, ErrorStatusesAndCodes) {
       ExpectFsError(PutFile(id_, long_path, "x"), 400, "ENAMETOOLONG", "", what + "PUT");
     }
     ExpectFsError(Stat(long_path), 400, "ENAMETOOLONG", "", what + "stat");
-    for (const char* verb : {"readdir", "mkdir", "rm"}) {
-      ExpectFsError(Fs(id_, verb, json::object{{"path", long_path}}), 400, "ENAMETOOLONG", "",
-                    what + verb);
+    // Each names the syscall Node's verb would fail in (rm looks at the path first: lstat).
+    for (const auto& [verb, syscall] :
+         {std::pair{"readdir", "scandir"}, std::pair{"mkdir", "mkdir"}, std::pair{"rm", "lstat"}}) {
+      Response r = Fs(id_, verb, json::object{{"path", long_path}});
+      ExpectFsError(r, 400, "ENAMETOOLONG", "", what + verb);
+      EXPECT_EQ(Str(Field(Obj(r), "error").as_object(), "syscall"), syscall) << r.Describe();
     }
     EXPECT_FALSE(Exists(long_path)) << what;
   }
