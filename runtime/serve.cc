@@ -1073,7 +1073,7 @@ class Daemon {
 
   asio::awaitable<bool> SendContinue(Ctx& c);
   // An answer streamed as NDJSON (api.md: Accept: application/x-ndjson): the head of a chunked
-  // 200, then the events a line each, in chunks (FlushNdjson), the last with the answer's end.
+  // 200, then the events a line each, in chunks (SendChunk), the last with the answer's end.
   // Each returns false once the client is gone.
   asio::awaitable<bool> StartNdjson(Ctx& c);
   // The head of a chunked 200 of `content_type`; the chunks follow.
@@ -1084,9 +1084,9 @@ class Daemon {
   // connection may serve another request.
   asio::awaitable<bool> SendBufferedExec(Ctx& c, std::vector<std::string> (&output)[2], bool base64,
                                          const json::object& exit);
-  // NDJSON lines gathered in `lines` sent as one chunk (nothing when empty), and with `last` the
-  // answer's end in the same write. False once the client is gone.
-  asio::awaitable<bool> FlushNdjson(Ctx& c, std::string& lines, bool last);
+  // `bytes` of a chunked answer sent as one chunk (nothing when empty) and cleared, and with
+  // `last` the answer's end in the same write. False once the client is gone.
+  asio::awaitable<bool> SendChunk(Ctx& c, std::string& bytes, bool last);
   // The request's body, to its end, written into `fd` a piece at a time as it arrives (never
   // held whole). Stops at the first write error (its errno) or when the connection fails (why).
   struct BodyCopy {
@@ -2132,13 +2132,7 @@ asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c, std::vector<std::string> 
       if (!co_await StartChunked(c, "application/json", keep_alive)) co_return false;
       chunked = true;
     }
-    if (out.empty()) co_return true;
-    metrics_.BytesOut(out.size());
-    auto [ec, n] =
-        co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(out)), kTuple);
-    (void)n;
-    out.clear();
-    co_return !ec;
+    co_return co_await SendChunk(c, out, /*last=*/false);
   };
   for (int i = 0; i < 2; ++i) {
     out += i == 0 ? (base64 ? "{\"stdoutBase64\":\"" : "{\"stdout\":\"")
@@ -2166,30 +2160,26 @@ asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c, std::vector<std::string> 
   out.append(rest, 1);
   if (!chunked) co_return co_await Reply(c, 200, std::move(out));
   // The last piece and the end in one write.
-  metrics_.BytesOut(out.size());
-  auto [ec, n] = co_await asio::async_write(
-      c.socket, beast::buffers_cat(http::make_chunk(asio::buffer(out)), http::make_chunk_last()),
-      kTuple);
-  (void)n;
-  co_return !ec && keep_alive;
+  const bool sent = co_await SendChunk(c, out, /*last=*/true);
+  co_return sent&& keep_alive;
 }
 
-asio::awaitable<bool> Daemon::FlushNdjson(Ctx& c, std::string& lines, bool last) {
-  if (lines.empty() && !last) co_return true;
-  metrics_.BytesOut(lines.size());
+asio::awaitable<bool> Daemon::SendChunk(Ctx& c, std::string& bytes, bool last) {
+  if (bytes.empty() && !last) co_return true;
+  metrics_.BytesOut(bytes.size());
   boost::system::error_code ec;
-  if (lines.empty()) {
+  if (bytes.empty()) {
     std::tie(ec, std::ignore) =
         co_await asio::async_write(c.socket, http::make_chunk_last(), kTuple);
   } else if (last) {
     std::tie(ec, std::ignore) = co_await asio::async_write(
         c.socket,
-        beast::buffers_cat(http::make_chunk(asio::buffer(lines)), http::make_chunk_last()), kTuple);
+        beast::buffers_cat(http::make_chunk(asio::buffer(bytes)), http::make_chunk_last()), kTuple);
   } else {
     std::tie(ec, std::ignore) =
-        co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(lines)), kTuple);
+        co_await asio::async_write(c.socket, http::make_chunk(asio::buffer(bytes)), kTuple);
   }
-  lines.clear();
+  bytes.clear();
   co_return !ec;
 }
 
@@ -2746,7 +2736,7 @@ asio::awaitable<Daemon::LogSent> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSes
       for (const ExecSession::Piece& p : pieces) {
         offset = p.offset + p.data.size();
         if (auto event = encoder.Encode(p)) add(*event);
-        if (lines.size() >= kSocketReadRoom && !co_await FlushNdjson(c, lines, /*last=*/false)) {
+        if (lines.size() >= kSocketReadRoom && !co_await SendChunk(c, lines, /*last=*/false)) {
           co_return LogSent{};
         }
       }
@@ -2763,13 +2753,13 @@ asio::awaitable<Daemon::LogSent> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSes
       // The client may close its end as soon as it has the end: not a hang-up.
       watch->finished = true;
       LogSent sent;
-      sent.done = co_await FlushNdjson(c, lines, /*last=*/true);
+      sent.done = co_await SendChunk(c, lines, /*last=*/true);
       sent.keep = sent.done && c.parser.get().keep_alive() && !shutting_down_;
       co_return sent;
     }
     if (!lines.empty()) {
       // Sent before waiting; what changed during the write is looked at again first.
-      if (!co_await FlushNdjson(c, lines, /*last=*/false)) co_return LogSent{};
+      if (!co_await SendChunk(c, lines, /*last=*/false)) co_return LogSent{};
       continue;
     }
     co_await s->WaitChange();
@@ -3705,12 +3695,12 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
       lines += json::serialize(o);
       lines += '\n';
       if (event.done) {
-        if (!alive || !co_await FlushNdjson(c, lines, /*last=*/true)) co_return false;
+        if (!alive || !co_await SendChunk(c, lines, /*last=*/true)) co_return false;
         co_return c.parser.get().keep_alive() && !shutting_down_;
       }
     }
     if (alive) {
-      alive = co_await FlushNdjson(c, lines, /*last=*/false);
+      alive = co_await SendChunk(c, lines, /*last=*/false);
     } else {
       lines.clear();
     }
