@@ -675,6 +675,26 @@ std::string QueryWithout(std::string_view query, std::string_view name) {
   }
   return out;
 }
+// `s` without the spaces and tabs around it.
+std::string_view TrimBlanks(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// Calls `f` on each item of a header's `sep`-separated list (blanks trimmed, empty items
+// skipped) until it returns true; whether it did.
+template <typename F>
+bool AnyListItem(std::string_view list, char sep, F&& f) {
+  while (!list.empty()) {
+    const size_t at = list.find(sep);
+    const std::string_view item = TrimBlanks(list.substr(0, at));
+    list = at == std::string_view::npos ? std::string_view() : list.substr(at + 1);
+    if (!item.empty() && f(item)) return true;
+  }
+  return false;
+}
+
 
 constexpr std::string_view kTokenCookie = "nsbox_token";
 
@@ -689,22 +709,16 @@ CookieSplit SplitCookies(const Fields& fields) {
   CookieSplit out;
   for (const auto& f : fields) {
     if (f.name() != http::field::cookie) continue;
-    std::string_view v = f.value();
-    while (!v.empty()) {
-      size_t semi = v.find(';');
-      std::string_view item = v.substr(0, semi);
-      v = semi == std::string_view::npos ? std::string_view() : v.substr(semi + 1);
-      while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-      while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-      if (item.empty()) continue;
-      size_t eq = item.find('=');
+    AnyListItem(f.value(), ';', [&out](std::string_view item) {
+      const size_t eq = item.find('=');
       if (item.substr(0, eq) == kTokenCookie) {
         if (eq != std::string_view::npos) out.token = PercentDecode(item.substr(eq + 1), false);
-        continue;
+      } else {
+        if (!out.others.empty()) out.others += "; ";
+        out.others += item;
       }
-      if (!out.others.empty()) out.others += "; ";
-      out.others += item;
-    }
+      return false;  // every cookie
+    });
   }
   return out;
 }
@@ -758,44 +772,24 @@ asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& 
 // application/x-ndjson, compared without regard to case (RFC 9110 §8.3.1), and not refused with
 // q=0.
 bool WantsNdjson(std::string_view accept) {
-  auto trim = [](std::string_view s) {
-    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-    while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-    return s;
-  };
-  while (!accept.empty()) {
-    const size_t comma = accept.find(',');
-    std::string_view range = accept.substr(0, comma);
-    accept = comma == std::string_view::npos ? std::string_view() : accept.substr(comma + 1);
-    size_t semi = range.find(';');
-    if (!beast::iequals(trim(range.substr(0, semi)), "application/x-ndjson")) continue;
-    bool refused = false;
-    while (semi != std::string_view::npos) {
-      range.remove_prefix(semi + 1);
-      semi = range.find(';');
-      const std::string_view param = trim(range.substr(0, semi));
-      if (param.size() >= 2 && (param[0] == 'q' || param[0] == 'Q') && param[1] == '=') {
-        const std::string_view q = param.substr(2);
-        refused = !q.empty() && q.find_first_not_of("0.") == std::string_view::npos;
-      }
-    }
-    if (!refused) return true;
-  }
-  return false;
+  return AnyListItem(accept, ',', [](std::string_view range) {
+    const size_t semi = range.find(';');
+    if (!beast::iequals(TrimBlanks(range.substr(0, semi)), "application/x-ndjson")) return false;
+    if (semi == std::string_view::npos) return true;
+    const bool refused = AnyListItem(range.substr(semi + 1), ';', [](std::string_view param) {
+      if (param.size() < 2 || (param[0] != 'q' && param[0] != 'Q') || param[1] != '=') return false;
+      const std::string_view q = param.substr(2);
+      return !q.empty() && q.find_first_not_of("0.") == std::string_view::npos;
+    });
+    return !refused;
+  });
 }
 
 // Whether `method` is one of `allow` ("GET, PUT, DELETE"), whole names compared: a request's
 // method is any token the client likes, and "UT" or "T" is not "PUT".
 bool MethodIn(std::string_view allow, std::string_view method) {
-  while (!allow.empty()) {
-    const size_t comma = allow.find(',');
-    std::string_view name = allow.substr(0, comma);
-    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
-    if (!method.empty() && name == method) return true;
-    if (comma == std::string_view::npos) break;
-    allow.remove_prefix(comma + 1);
-  }
-  return false;
+  return !method.empty() &&
+         AnyListItem(allow, ',', [method](std::string_view name) { return name == method; });
 }
 
 // "replace=1" (or true, or a bare "replace") in a query string; anything else is false.
