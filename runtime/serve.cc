@@ -41,6 +41,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -495,8 +496,7 @@ ApiOutcome<fs::proto::TtySize> TtySizeOf(const json::object& o, std::string_view
 
 // A key of a request body that the route does not know: an error naming it and the keys it
 // takes. Never ignored (Flue's contract: "never silently ignore an option").
-std::optional<ApiError> UnknownKey(const json::object& o,
-                                   const std::vector<std::string_view>& known,
+std::optional<ApiError> UnknownKey(const json::object& o, std::span<const std::string_view> known,
                                    std::string_view what) {
   for (const auto& [key, value] : o) {
     if (std::find(known.begin(), known.end(), std::string_view(key)) != known.end()) continue;
@@ -510,12 +510,9 @@ std::optional<ApiError> UnknownKey(const json::object& o,
 }
 
 ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry& entry) {
-  if (auto unknown = UnknownKey(o,
-                                {"command", "cwd", "env", "stdin", "timeoutMs", "encoding",
-                                 "detach", "stdinStream", "tty"},
-                                "exec")) {
-    return *unknown;
-  }
+  static constexpr std::string_view kKeys[] = {
+      "command", "cwd", "env", "stdin", "timeoutMs", "encoding", "detach", "stdinStream", "tty"};
+  if (auto unknown = UnknownKey(o, kKeys, "exec")) return *unknown;
   Fields f(o);
   ExecSpec spec;
   auto command = f.String("command");
@@ -675,6 +672,9 @@ std::string QueryWithout(std::string_view query, std::string_view name) {
   }
   return out;
 }
+
+constexpr std::string_view kTokenCookie = "nsbox_token";
+
 // `s` without the spaces and tabs around it.
 std::string_view TrimBlanks(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -694,9 +694,6 @@ bool AnyListItem(std::string_view list, char sep, F&& f) {
   }
   return false;
 }
-
-
-constexpr std::string_view kTokenCookie = "nsbox_token";
 
 // The Cookie headers split: the nsbox_token value (decoded; nullopt when absent) and the other
 // cookies, joined again for the upstream.
@@ -1978,11 +1975,10 @@ asio::awaitable<bool> Daemon::Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
       co_return co_await ReplyError(c, reply_error);
     }
     const json::object& o = body.value();
-    for (const auto& [key, value] : o) {
-      if (key != "port" && key != "hostPort" && key != "address") {
-        const ApiError reply_error = ApiError::Invalid("unknown field '" + std::string(key) + "'");
-        co_return co_await ReplyError(c, reply_error);
-      }
+    static constexpr std::string_view kKeys[] = {"port", "hostPort", "address"};
+    if (auto unknown = UnknownKey(o, kKeys, "a port")) {
+      const ApiError reply_error = *unknown;
+      co_return co_await ReplyError(c, reply_error);
     }
     auto port = ParsePortNumber(o.if_contains("port"), "port", false);
     const json::value* hp = o.if_contains("hostPort");
@@ -2318,7 +2314,8 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     co_return co_await ReplyError(c, reply_error);
   }
   const json::object& o = body.value();
-  if (auto unknown = UnknownKey(o, {"image", "cwd", "env", "limits", "network"}, "a sandbox")) {
+  static constexpr std::string_view kKeys[] = {"image", "cwd", "env", "limits", "network"};
+  if (auto unknown = UnknownKey(o, kKeys, "a sandbox")) {
     const ApiError reply_error = *unknown;
     co_return co_await ReplyError(c, reply_error);
   }
@@ -2506,13 +2503,10 @@ asio::awaitable<bool> Daemon::SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntr
     co_return co_await ReplyError(c, reply_error);
   }
   const json::object& o = body.value();
-  for (const auto& [k, v] : o) {
-    if (k != "network") {
-      const ApiError reply_error =
-          ApiError::Invalid("unknown field \"" + std::string(std::string_view(k).substr(0, 100)) +
-                            "\"; the body is {\"network\": ...}");
-      co_return co_await ReplyError(c, reply_error);
-    }
+  static constexpr std::string_view kKeys[] = {"network"};
+  if (auto unknown = UnknownKey(o, kKeys, "a sandbox's network")) {
+    const ApiError reply_error = *unknown;
+    co_return co_await ReplyError(c, reply_error);
   }
   const json::value* network = o.if_contains("network");
   if (network == nullptr) {
@@ -3708,10 +3702,15 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     const ApiError reply_error = body.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  std::vector<std::string_view> known = {"path", "pathBase64"};
-  if (verb == "readdir") known.push_back("withTypes");
-  if (verb == "mkdir" || verb == "rm") known.push_back("recursive");
-  if (verb == "rm") known.push_back("force");
+  static constexpr std::string_view kPathKeys[] = {"path", "pathBase64"};
+  static constexpr std::string_view kReaddirKeys[] = {"path", "pathBase64", "withTypes"};
+  static constexpr std::string_view kMkdirKeys[] = {"path", "pathBase64", "recursive"};
+  static constexpr std::string_view kRmKeys[] = {"path", "pathBase64", "recursive", "force"};
+  using Keys = std::span<const std::string_view>;
+  const Keys known = verb == "readdir" ? Keys(kReaddirKeys)
+                     : verb == "mkdir" ? Keys(kMkdirKeys)
+                     : verb == "rm"    ? Keys(kRmKeys)
+                                       : Keys(kPathKeys);
   if (auto unknown = UnknownKey(body.value(), known, "fs/" + verb)) {
     const ApiError reply_error = *unknown;
     co_return co_await ReplyError(c, reply_error);
