@@ -13,7 +13,6 @@
 #include <boost/json.hpp>
 #include <cctype>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -443,13 +442,12 @@ int ForEachId(const Options& o, ApiClient& client, std::string_view verb) {
 
 // A port of the command line: a number from `least` to 65535.
 Result<int> ParsePort(std::string_view what, const std::string& text, int least) {
-  int port = -1;
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
-  if (ec != std::errc() || ptr != text.data() + text.size() || port < least || port > 65535) {
+  auto port = ParseCount(what, text, static_cast<uint64_t>(least), 65535);
+  if (!port.ok()) {
     return Error(EINVAL, std::string(what) + " '" + text + "': the port must be a number from " +
                              std::to_string(least) + " to 65535");
   }
-  return port;
+  return static_cast<int>(*port);
 }
 
 int AddPort(const Options& o, ApiClient& client) {
