@@ -346,16 +346,24 @@ TEST_P(FileOpsTest, ConcurrentReaderSeesOldOrNewNeverAMix) {
   const std::string a(64 * 1024, 'a'), b(64 * 1024, 'b');
   File("/f", a);
   std::atomic<bool> stop{false};
+  std::atomic<bool> reading{false};
   std::thread writer([&] {
+    // Not before the reader reads: a writer done before it began left it no read at all.
+    while (!reading) std::this_thread::yield();
     for (int i = 0; i < 200 && !stop; ++i) EXPECT_EQ(Write("/f", i % 2 ? a : b), "ok");
     stop = true;
   });
   int reads = 0;
-  while (!stop) {
+  do {
     std::string got = Read("/f");
-    ASSERT_TRUE(got == a || got == b) << got.substr(0, 80);
+    reading = true;
+    if (got != a && got != b) {
+      stop = true;
+      writer.join();
+      FAIL() << got.substr(0, 80);
+    }
     ++reads;
-  }
+  } while (!stop);
   writer.join();
   EXPECT_GT(reads, 0);
 }
