@@ -114,6 +114,26 @@ Status WriteFileAtomic(const std::string& dir, const std::string& name, std::str
   return FsyncPath(dir);
 }
 
+Result<UniqueFd> LockFileExclusive(const std::string& path, pid_t* holder) {
+  if (holder != nullptr) *holder = 0;
+  NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(AT_FDCWD, path, O_RDWR | O_CREAT, 0600));
+  struct flock lock {};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;  // l_start 0 and l_len 0: the whole file, however it grows
+  if (::fcntl(fd.get(), F_SETLK, &lock) == 0) return fd;
+  const int err = errno;
+  if (err != EAGAIN && err != EACCES) return Error::Sys("fcntl(F_SETLK)", path, err);
+  struct flock held {};
+  held.l_type = F_WRLCK;
+  held.l_whence = SEEK_SET;
+  pid_t pid = 0;
+  if (::fcntl(fd.get(), F_GETLK, &held) == 0 && held.l_type != F_UNLCK && held.l_pid > 0) {
+    pid = held.l_pid;
+  }
+  if (holder != nullptr) *holder = pid;
+  return Error(EBUSY, path + " is locked" + (pid > 0 ? " by pid " + std::to_string(pid) : ""));
+}
+
 // std::filesystem::remove_all does not follow symlinks.
 Status RemoveTree(const std::string& path) {
   std::error_code ec;

@@ -40,6 +40,14 @@ Status MakeSlotDurable(const std::string& dir, const std::string& name, size_t s
 Status FillSlotDurable(const std::string& dir, const std::string& name, std::string_view data);
 // temp file, fsync, rename, fsync of the directory: a crash leaves the old file or the new.
 Status WriteFileAtomic(const std::string& dir, const std::string& name, std::string_view data);
+// Opens (creating, 0600) `path` and takes an exclusive POSIX record lock on it, held until the
+// returned fd closes or this process ends: one owner (a daemon per state directory). The lock is
+// the process's, not the open file's: a child forked or cloned while it is held does not share
+// it, so a child that outlives its parent's death by a moment (a jail between clone and exec)
+// does not keep the next owner out, as an flock would. The process must not open and close the
+// file elsewhere (POSIX drops the lock at any close of it). Held by another: EBUSY, and
+// `*holder` (when given) is the holder's pid where the kernel names it, else 0.
+Result<UniqueFd> LockFileExclusive(const std::string& path, pid_t* holder = nullptr);
 // A whole tree, without following symlinks. Only for trees nothing else is using.
 Status RemoveTree(const std::string& path);
 

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>  // renameat2
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -297,14 +296,15 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
     if (::chmod(dir.c_str(), 0711) != 0) return Error::Sys("chmod", dir, errno);
   }
   const std::string lock_path = r->state_dir_ + "/nsboxd.lock";
-  r->lock_fd_.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!r->lock_fd_.valid()) return Error::Sys("open", lock_path, errno);
-  if (::flock(r->lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return Error(EBUSY, "another nsboxd is using the state directory " + r->state_dir_);
-    }
-    return Error::Sys("flock", lock_path, errno);
+  pid_t holder = 0;
+  Result<UniqueFd> locked = LockFileExclusive(lock_path, &holder);
+  if (!locked.ok()) {
+    if (locked.error().code() != EBUSY) return locked.error();
+    return Error(EBUSY, "another nsboxd" +
+                            (holder > 0 ? " (pid " + std::to_string(holder) + ")" : std::string()) +
+                            " is using the state directory " + r->state_dir_);
   }
+  r->lock_fd_ = std::move(*locked);
   char real[PATH_MAX];
   if (::realpath(r->state_dir_.c_str(), real) == nullptr) {
     return Error::Sys("realpath", r->state_dir_, errno);

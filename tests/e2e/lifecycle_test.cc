@@ -619,6 +619,25 @@ TEST_F(LifecycleTest, FilesSurviveSigkillAndNothingOfTheOldDaemonStays) {
   EXPECT_EQ(Sh(a, "echo usable"), "usable\n");
 }
 
+// One daemon per state directory: a second one, on another socket, is refused and names the
+// first; the first goes on serving.
+TEST_F(LifecycleTest, ASecondDaemonOnTheSameStateDirectoryIsRefused) {
+  const std::string id = NewId();
+  Create(id);
+  std::string output;
+  const int code = RunProgram({kNsboxBin, "serve", "--socket", daemon().dir() + "/second.sock",
+                               "--state-dir", daemon().state_dir()},
+                              daemon().dir() + "/second.log", &output);
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(output.find("another nsboxd (pid " + std::to_string(daemon().pid()) +
+                        ") is using the state directory " + daemon().state_dir()),
+            std::string::npos)
+      << output;
+  struct stat st {};
+  EXPECT_NE(::stat((daemon().dir() + "/second.sock").c_str(), &st), 0) << "a socket was left";
+  EXPECT_EQ(Sh(id, "echo still served"), "still served\n");
+}
+
 TEST_F(LifecycleTest, SigkillDuringA100MBUploadLeavesOldOrNew) {
   const std::string id = NewId(), other = NewId("other");
   Create(id);
