@@ -44,6 +44,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "base/base64.h"
@@ -3832,6 +3833,13 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
 
 // ---- listeners ----
 
+// A daemon SIGKILLed while it cloned a jail leaves the clone with copies of its listening
+// sockets until the clone dies too (of PR_SET_PDEATHSIG, well under a millisecond here): a socket
+// that still answers, or a port still in use, is looked at again for this long before a new
+// daemon gives up on it, so that a restart at once (systemd, a script) is not refused.
+constexpr auto kPredecessorGrace = std::chrono::milliseconds(1000);
+constexpr auto kPredecessorRetry = std::chrono::milliseconds(10);
+
 Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::string& path) {
   std::error_code fec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), fec);
@@ -3843,10 +3851,17 @@ Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::st
       return Error(EEXIST, path + " exists and is not a socket; refusing to replace it");
     }
     // A live daemon answers; a dead one's socket is only a name.
-    asio::local::stream_protocol::socket probe(io);
-    boost::system::error_code ec;
-    probe.connect(asio::local::stream_protocol::endpoint(path), ec);
-    if (!ec) return Error(EADDRINUSE, "another nsboxd is already listening on " + path);
+    const auto give_up = std::chrono::steady_clock::now() + kPredecessorGrace;
+    for (;;) {
+      asio::local::stream_protocol::socket probe(io);
+      boost::system::error_code ec;
+      probe.connect(asio::local::stream_protocol::endpoint(path), ec);
+      if (ec) break;
+      if (std::chrono::steady_clock::now() >= give_up) {
+        return Error(EADDRINUSE, "another nsboxd is already listening on " + path);
+      }
+      std::this_thread::sleep_for(kPredecessorRetry);
+    }
     if (::unlink(path.c_str()) != 0) return Error::Sys("unlink", path, errno);
   }
   auto acceptor = std::make_unique<Acceptor>(io);
@@ -3887,7 +3902,13 @@ Result<std::unique_ptr<Acceptor>> ListenTcp(asio::io_context& io, const std::str
   auto acceptor = std::make_unique<Acceptor>(io);
   acceptor->open(ep.protocol(), ec);
   if (!ec) acceptor->set_option(asio::socket_base::reuse_address(true), ec);
-  if (!ec) acceptor->bind(ep, ec);
+  const auto give_up = std::chrono::steady_clock::now() + kPredecessorGrace;
+  while (!ec) {
+    acceptor->bind(ep, ec);
+    if (ec != asio::error::address_in_use || std::chrono::steady_clock::now() >= give_up) break;
+    ec.clear();
+    std::this_thread::sleep_for(kPredecessorRetry);
+  }
   if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error(ec.value(), "listen on " + listen + ": " + ec.message());
   return acceptor;

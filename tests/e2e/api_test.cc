@@ -2,10 +2,15 @@
 // real Unix socket (and TCP with a bearer token): statuses, error codes, what is on disk, and
 // that no error crashes the daemon or leaks a file descriptor.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <regex>
 #include <set>
 #include <string>
@@ -928,6 +933,123 @@ TEST_F(TcpTest, ABadListenAddressLeavesNothing) {
     EXPECT_NE(::stat(d.socket_path().c_str(), &st), 0) << bad << ": a socket file was left";
     EXPECT_NE(::stat(d.state_dir().c_str(), &st), 0) << bad << ": the state directory was made";
   }
+}
+
+// ---- a predecessor's listeners ----
+
+// A daemon SIGKILLed while it cloned a jail leaves the clone with copies of its listening
+// sockets for a moment, until the clone dies too: the daemon restarted at once found its socket
+// still answering ("another nsboxd is already listening") or its port in use. A listener that goes
+// away within a second is now waited for; one that stays is refused as before.
+class PredecessorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (auto reason = E2eUnavailable()) GTEST_SKIP() << "NOT RUN: " << *reason;
+  }
+
+  // A listening socket, closed by a thread after `after` (joined by the destructor).
+  struct Listener {
+    int fd = -1;
+    std::thread closer;
+    ~Listener() {
+      if (closer.joinable()) closer.join();
+      if (fd >= 0) ::close(fd);
+    }
+    void CloseAfter(std::chrono::milliseconds after) {
+      closer = std::thread([this, after] {
+        std::this_thread::sleep_for(after);
+        ::close(fd);
+        fd = -1;
+      });
+    }
+  };
+
+  static void ListenUnix(const std::string& path, Listener* l) {
+    l->fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(l->fd, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    ASSERT_LT(path.size(), sizeof addr.sun_path);
+    std::copy(path.begin(), path.end(), addr.sun_path);
+    ASSERT_EQ(::bind(l->fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << strerror(errno);
+    ASSERT_EQ(::listen(l->fd, 16), 0) << strerror(errno);
+  }
+
+  static void ListenTcp(uint16_t port, Listener* l) {
+    l->fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(l->fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(l->fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << strerror(errno);
+    ASSERT_EQ(::listen(l->fd, 16), 0) << strerror(errno);
+  }
+
+  static std::string TokenFile(const Daemon& d) {
+    const std::string file = d.dir() + "/token";
+    FILE* f = std::fopen(file.c_str(), "w");
+    std::fputs("0123456789abcdef0123456789abcdef", f);
+    std::fclose(f);
+    ::chmod(file.c_str(), 0600);
+    return file;
+  }
+};
+
+TEST_F(PredecessorTest, ASocketWhoseListenerGoesAwayAtOnceIsTakenOver) {
+  Daemon d;
+  Listener old;
+  ASSERT_NO_FATAL_FAILURE(ListenUnix(d.socket_path(), &old));
+  old.CloseAfter(milliseconds(300));
+  ASSERT_TRUE(d.Start()) << d.error();
+  Client c(d.endpoint());
+  EXPECT_EQ(c.Get("/v1/health").status, 200);
+}
+
+TEST_F(PredecessorTest, ASocketThatKeepsAnsweringIsRefused) {
+  Daemon first;
+  ASSERT_TRUE(first.Start()) << first.error();
+  Daemon second;
+  std::string output;
+  const int code = RunProgram(
+      {kNsboxBin, "serve", "--socket", first.socket_path(), "--state-dir", second.state_dir()},
+      second.dir() + "/second.log", &output);
+  EXPECT_NE(code, 0) << output;
+  EXPECT_NE(output.find("another nsboxd is already listening on " + first.socket_path()),
+            std::string::npos)
+      << output;
+  Client c(first.endpoint());
+  EXPECT_EQ(c.Get("/v1/health").status, 200) << "the first daemon lost its socket";
+}
+
+TEST_F(PredecessorTest, APortWhoseListenerGoesAwayAtOnceIsTakenOver) {
+  Daemon d;
+  const uint16_t port = FreeTcpPort();
+  ASSERT_NE(port, 0);
+  Listener old;
+  ASSERT_NO_FATAL_FAILURE(ListenTcp(port, &old));
+  old.CloseAfter(milliseconds(300));
+  ASSERT_TRUE(
+      d.Start({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", TokenFile(d)}))
+      << d.error();
+  Client c(Endpoint::Tcp("127.0.0.1", port));
+  EXPECT_EQ(c.Get("/v1/health").status, 401) << "not nsboxd on the port";
+}
+
+TEST_F(PredecessorTest, APortThatStaysInUseIsRefused) {
+  Daemon d;
+  const uint16_t port = FreeTcpPort();
+  ASSERT_NE(port, 0);
+  Listener other;
+  ASSERT_NO_FATAL_FAILURE(ListenTcp(port, &other));
+  const int code =
+      d.RunToExit({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", TokenFile(d)});
+  EXPECT_NE(code, 0);
+  EXPECT_NE(code, -1) << "it kept running";
+  EXPECT_NE(
+      d.Log().find("listen on 127.0.0.1:" + std::to_string(port) + ": Address already in use"),
+      std::string::npos)
+      << d.Log();
 }
 
 }  // namespace
