@@ -975,12 +975,15 @@ class PredecessorTest : public ::testing::Test {
     ASSERT_EQ(::listen(l->fd, 16), 0) << strerror(errno);
   }
 
-  static void ListenTcp(uint16_t port, Listener* l) {
+  // On a free port of 127.0.0.1, set in *port.
+  static void ListenTcp(Listener* l, uint16_t* port) {
+    *port = FreeTcpPort();
+    ASSERT_NE(*port, 0);
     l->fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     ASSERT_GE(l->fd, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
+    addr.sin_port = htons(*port);
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ASSERT_EQ(::bind(l->fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << strerror(errno);
     ASSERT_EQ(::listen(l->fd, 16), 0) << strerror(errno);
@@ -1024,10 +1027,9 @@ TEST_F(PredecessorTest, ASocketThatKeepsAnsweringIsRefused) {
 
 TEST_F(PredecessorTest, APortWhoseListenerGoesAwayAtOnceIsTakenOver) {
   Daemon d;
-  const uint16_t port = FreeTcpPort();
-  ASSERT_NE(port, 0);
   Listener old;
-  ASSERT_NO_FATAL_FAILURE(ListenTcp(port, &old));
+  uint16_t port = 0;
+  ASSERT_NO_FATAL_FAILURE(ListenTcp(&old, &port));
   old.CloseAfter(milliseconds(300));
   ASSERT_TRUE(
       d.Start({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", TokenFile(d)}))
@@ -1038,10 +1040,9 @@ TEST_F(PredecessorTest, APortWhoseListenerGoesAwayAtOnceIsTakenOver) {
 
 TEST_F(PredecessorTest, APortThatStaysInUseIsRefused) {
   Daemon d;
-  const uint16_t port = FreeTcpPort();
-  ASSERT_NE(port, 0);
   Listener other;
-  ASSERT_NO_FATAL_FAILURE(ListenTcp(port, &other));
+  uint16_t port = 0;
+  ASSERT_NO_FATAL_FAILURE(ListenTcp(&other, &port));
   const int code =
       d.RunToExit({"--listen", "127.0.0.1:" + std::to_string(port), "--token-file", TokenFile(d)});
   EXPECT_NE(code, 0);
