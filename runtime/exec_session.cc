@@ -104,6 +104,7 @@ asio::awaitable<void> ExecSession::WaitChange() {
 
 void ExecSession::Append(int stream, std::string_view data) {
   if (data.empty() || dropped_) return;
+  if (tap) tap(stream, data);
   if (!ring_.empty() && ring_.back().stream == stream && ring_.back().data.size() < kChunkMerge) {
     ring_.back().data.append(data);
   } else {

@@ -93,6 +93,12 @@ class ExecSession {
   // once under half of it (or dropped, or the session ends): each true is followed by one false.
   std::function<void(bool behind)> on_spill_behind;
 
+  // Given every byte that Append takes, at once and in order, before any of it can leave the
+  // ring: for a reader that must miss nothing however small the ring and the spill are (the
+  // buffered answer; a reader of the log may fall behind its oldest kept offset). One at a time;
+  // its owner clears it.
+  std::function<void(int stream, std::string_view data)> tap;
+
   // From the control channel's events, in their order.
   void Started(uint32_t pid);
   void Append(int stream, std::string_view data);

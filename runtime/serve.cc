@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/asio/as_tuple.hpp>
@@ -1074,8 +1075,8 @@ class Daemon {
   // of output collected (AppendToBlocks), each decoded, escaped and sent on its own (never the
   // whole output, nor its escaped copy, in one string). `exit` holds the other keys. Whether the
   // connection may serve another request.
-  asio::awaitable<bool> SendBufferedExec(Ctx& c, std::vector<std::string> (&output)[2], bool base64,
-                                         const json::object& exit);
+  asio::awaitable<bool> SendBufferedExec(Ctx& c, std::array<std::vector<std::string>, 2>& output,
+                                         bool base64, const json::object& exit);
   // `bytes` of a chunked answer sent as one chunk (nothing when empty) and cleared, and with
   // `last` the answer's end in the same write. False once the client is gone.
   asio::awaitable<bool> SendChunk(Ctx& c, std::string& bytes, bool last);
@@ -2109,7 +2110,8 @@ asio::awaitable<bool> Daemon::StartChunked(Ctx& c, std::string_view content_type
   co_return !ec;
 }
 
-asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c, std::vector<std::string> (&output)[2],
+asio::awaitable<bool> Daemon::SendBufferedExec(Ctx& c,
+                                               std::array<std::vector<std::string>, 2>& output,
                                                bool base64, const json::object& exit) {
   const bool keep_alive =
       c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_;
@@ -2800,25 +2802,25 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       keep = sent.keep;
     }
   } else {
-    // The buffered answer: the whole output, read from the log as it comes, kept in blocks
-    // (one string grown to 64 MiB, then decoded, escaped and serialized whole, held five copies
-    // of it at once: 371 MB of daemon for one answer of 60 MiB, most of its time page faults).
-    std::vector<std::string> output[2];
-    uint64_t offset = 0;
+    // The buffered answer: the whole output, taken from the session as it arrives (its tap, set
+    // before any output can come), kept in blocks (one string grown to 64 MiB, then decoded,
+    // escaped and serialized whole, held five copies of it at once: 371 MB of daemon for one
+    // answer of 60 MiB, most of its time page faults). Read from the log instead, with a ring
+    // and a spill smaller than the output (--output-ring, --output-spill), bytes that left both
+    // between two of this reader's turns were missing from an answer that said it was whole.
+    auto output = std::make_shared<std::array<std::vector<std::string>, 2>>();
+    s->tap = [output](int from, std::string_view data) {
+      AppendToBlocks((*output)[from == 2 ? 1 : 0], data);
+    };
     for (;;) {
       if (s->dropped() || watch->hung_up) break;
-      auto pieces = co_await s->ReadLog(offset, kStreamChunk);
-      for (const ExecSession::Piece& p : pieces) {
-        offset = p.offset + p.data.size();
-        AppendToBlocks(output[p.stream == 2 ? 1 : 0], p.data);
-      }
-      if (!pieces.empty()) continue;
       if (s->ended()) {
         answered = true;
         break;
       }
       co_await s->WaitChange();
     }
+    s->tap = nullptr;
     if (answered) {
       // The answer's ≈ 20 keys and strings from one arena, not an allocation each.
       json::monotonic_resource arena;
@@ -2829,10 +2831,11 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
         boost::system::error_code ignored;
         c.socket.cancel(ignored);
       }
-      keep = co_await SendBufferedExec(c, output, base64, o);
+      keep = co_await SendBufferedExec(c, *output, base64, o);
+      output.reset();
       // The pieces are freed, but glibc keeps a heap's free pages: after a large answer they go
       // back, so that the daemon does not keep the size of its largest answer for good.
-      if (offset > (8u << 20)) ::malloc_trim(0);
+      if (s->end() > (8u << 20)) ::malloc_trim(0);
     }
   }
   watch->finished = true;

@@ -452,6 +452,24 @@ TEST_F(AttachTest, RingAndSpillKeepTheNewestBytesAndAreRemoved) {
   EXPECT_EQ(client().Get(OutputPath(Str(after.back().as_object(), "execId"), "")).status, 404);
 }
 
+// The buffered answer takes the output as it arrives, not from the log: with a ring and a spill
+// far smaller than the output, what left both between two of its reads was missing from an
+// answer that said "truncated": false (3.2 MB of 4.8 in one run, an empty stdout in another).
+TEST_F(AttachTest, TheBufferedAnswerIsWholeHoweverLittleTheLogKeeps) {
+  RestartWith({"--output-ring", "4096", "--output-spill", "0"});
+  std::string want_out, want_err;
+  for (int i = 1; i <= 300000; ++i) want_out += std::to_string(i) + "\n";
+  for (int i = 1; i <= 50000; ++i) want_err += std::to_string(i) + "\n";
+  for (int run = 0; run < 3; ++run) {
+    ExecResult r = Exec(id_, "seq 1 300000; seq 1 50000 >&2; seq 1 300000");
+    ASSERT_EQ(r.exit_code(), 0) << r.Describe();
+    EXPECT_EQ(r.out().size(), 2 * want_out.size()) << "run " << run;
+    EXPECT_TRUE(r.out() == want_out + want_out) << "run " << run;
+    EXPECT_TRUE(r.err() == want_err) << "run " << run << ": " << r.err().size() << " bytes";
+    EXPECT_FALSE(r.answer.at("truncated").as_bool());
+  }
+}
+
 TEST_F(AttachTest, LeftoverSpillFilesAreRemovedAtStart) {
   RestartWith({"--output-ring", "4096", "--output-spill", "1M"});
   std::string exec_id;
