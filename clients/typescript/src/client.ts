@@ -109,8 +109,10 @@ export interface ExecUsage {
 }
 
 export interface ExecResult {
-  stdout: string;
-  stderr: string;
+  /** The output as text; absent with `encoding: 'base64'` (then `stdoutBase64`). */
+  stdout?: string;
+  /** Absent with `encoding: 'base64'` (then `stderrBase64`). */
+  stderr?: string;
   stdoutBase64?: string;
   stderrBase64?: string;
   exitCode: number;
@@ -211,6 +213,7 @@ function describe(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
   if (typeof value === 'string') return JSON.stringify(value);
+  if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') return `${typeof value} ${String(value)}`;
   return typeof value;
 }
 
@@ -224,12 +227,18 @@ export class NsboxClient {
   readonly url: URL | undefined;
   readonly #token: string | undefined;
   readonly #agent: http.Agent;
+  readonly #prefix: string = '';
 
   constructor(options: NsboxClientOptions = {}) {
     if (options === null || typeof options !== 'object' || Array.isArray(options)) {
       throw new TypeError(`nsbox: options must be an object, got ${describe(options)}`);
     }
     const opts = options as Record<string, unknown>;
+    for (const key of Object.keys(opts)) {
+      if (key !== 'socketPath' && key !== 'url' && key !== 'token') {
+        throw new TypeError(`nsbox: unknown option \`${key}\` (the client takes socketPath, url and token)`);
+      }
+    }
     checkOptionalString(opts, 'socketPath');
     checkOptionalString(opts, 'url');
     checkOptionalString(opts, 'token');
@@ -247,10 +256,18 @@ export class NsboxClient {
       if (url.protocol !== 'http:' && url.protocol !== 'https:') {
         throw new TypeError(`nsbox: option \`url\` must be http:// or https://, got ${JSON.stringify(urlText)}`);
       }
+      if (url.username !== '' || url.password !== '') {
+        throw new TypeError('nsbox: option `url` must not carry credentials (user:password@); nsboxd takes a bearer token: pass `token`');
+      }
+      if (url.search !== '' || url.hash !== '') {
+        throw new TypeError(`nsbox: option \`url\` must not have a query or a fragment, got ${JSON.stringify(urlText)}`);
+      }
+      // A path is where nsboxd's API sits behind a reverse proxy: every request goes under it.
+      this.#prefix = url.pathname.replace(/\/+$/, '');
       this.url = url;
       this.socketPath = undefined;
       this.#token = options.token ?? process.env.NSBOX_TOKEN;
-      this.endpoint = url.origin;
+      this.endpoint = url.origin + this.#prefix;
       this.#agent = url.protocol === 'https:' ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true });
     } else {
       if (options.token !== undefined) {
@@ -284,7 +301,7 @@ export class NsboxClient {
 
       const requestOptions: http.RequestOptions = {
         method: opts.method,
-        path: opts.path,
+        path: this.#prefix + opts.path,
         headers,
         agent: this.#agent,
       };
@@ -367,7 +384,14 @@ export class NsboxClient {
       if (err instanceof DOMException || err instanceof NsboxError) throw err;
       throw this.#transportError(err as NodeJS.ErrnoException, true);
     }
-    return Buffer.concat(chunks);
+    // A buffer of its own, never a slice of Node's shared pool (Buffer.concat takes small ones
+    // from it): its `.buffer` would show other bytes of this process, such as an exec's env.
+    let total = 0;
+    for (const chunk of chunks) total += chunk.length;
+    const out = Buffer.allocUnsafeSlow(total);
+    let at = 0;
+    for (const chunk of chunks) at += chunk.copy(out, at);
+    return out;
   }
 
   async #errorFrom(res: http.IncomingMessage, verb?: string): Promise<NsboxError> {
@@ -393,6 +417,18 @@ export class NsboxClient {
     return new NsboxError('http_error', `nsbox: HTTP ${status} from nsboxd at ${this.endpoint}: ${text.slice(0, 500)}`, { status });
   }
 
+  #parse(body: Buffer, status: number): unknown {
+    try {
+      return JSON.parse(body.toString('utf8'));
+    } catch {
+      throw new NsboxError(
+        'invalid_answer',
+        `nsbox: the answer of ${this.endpoint} (HTTP ${status}) is not JSON; is it nsboxd? It began: ${JSON.stringify(body.subarray(0, 200).toString('utf8'))}`,
+        { status },
+      );
+    }
+  }
+
   async #request(opts: SendOptions & { verb?: string }): Promise<{ status: number; body: Buffer }> {
     const res = await this.#send(opts);
     if ((res.statusCode ?? 0) >= 400) throw await this.#errorFrom(res, opts.verb);
@@ -406,9 +442,9 @@ export class NsboxClient {
       opts.body = Buffer.from(JSON.stringify(payload), 'utf8');
       opts.headers = { 'Content-Type': 'application/json' };
     }
-    const { body } = await this.#request(opts);
+    const { body, status } = await this.#request(opts);
     if (body.length === 0) return undefined as T;
-    return JSON.parse(body.toString('utf8')) as T;
+    return this.#parse(body, status) as T;
   }
 
   // ---- service ---------------------------------------------------------------------------
@@ -434,11 +470,11 @@ export class NsboxClient {
       opts.headers = { 'Content-Type': 'application/json' };
     }
     const { status, body } = await this.#request(opts);
-    return { ...(JSON.parse(body.toString('utf8')) as SandboxInfo), created: status === 201 };
+    return { ...(this.#parse(body, status) as SandboxInfo), created: status === 201 };
   }
 
   /** `GET /v1/sandboxes/{id}`; `sandbox_not_found` if there is none. */
-  getSandbox(id: string): Promise<SandboxInfo> {
+  async getSandbox(id: string): Promise<SandboxInfo> {
     return this.#json('GET', sandboxUrl(id));
   }
 
@@ -448,12 +484,12 @@ export class NsboxClient {
   }
 
   /** `POST /v1/sandboxes/{id}/stop`: ends every process; the files stay. */
-  stopSandbox(id: string): Promise<SandboxInfo> {
+  async stopSandbox(id: string): Promise<SandboxInfo> {
     return this.#json('POST', `${sandboxUrl(id)}/stop`);
   }
 
   /** `GET /v1/sandboxes/{id}/network`: the policy in force, and the address while it runs. */
-  getNetwork(id: string): Promise<{ network: NetworkPolicy; address: string | null }> {
+  async getNetwork(id: string): Promise<{ network: NetworkPolicy; address: string | null }> {
     return this.#json('GET', `${sandboxUrl(id)}/network`);
   }
 
@@ -461,7 +497,7 @@ export class NsboxClient {
    * `PUT /v1/sandboxes/{id}/network`: replaces the policy, on a running sandbox at once for new
    * connections. `network_unavailable` (422) when the host cannot enforce it.
    */
-  setNetwork(id: string, network: NetworkPolicy): Promise<SandboxInfo> {
+  async setNetwork(id: string, network: NetworkPolicy): Promise<SandboxInfo> {
     return this.#json('PUT', `${sandboxUrl(id)}/network`, { network });
   }
 
@@ -473,7 +509,7 @@ export class NsboxClient {
   // ---- exec ------------------------------------------------------------------------------
 
   /** `POST .../exec`, buffered: resolves when the command has ended, whatever its exit code. */
-  exec(id: string, command: string, options: ExecOptions = {}): Promise<ExecResult> {
+  async exec(id: string, command: string, options: ExecOptions = {}): Promise<ExecResult> {
     return this.#json<ExecResult>('POST', `${sandboxUrl(id)}/exec`, execBody(command, options), undefined, options.signal);
   }
 
@@ -591,7 +627,7 @@ export class NsboxClient {
    * `POST .../ports`: listen on the host for `port` inside (127.0.0.1 in the sandbox); each
    * connection is relayed byte for byte. `port_already_exposed`, `address_in_use` on conflicts.
    */
-  exposePort(id: string, port: number, options: ExposePortOptions = {}): Promise<ExposedPort> {
+  async exposePort(id: string, port: number, options: ExposePortOptions = {}): Promise<ExposedPort> {
     return this.#json('POST', `${sandboxUrl(id)}/ports`, { port, ...options });
   }
 
@@ -633,6 +669,7 @@ export class NsboxClient {
       }
       url += `&mode=${options.mode.toString(8)}`;
     }
+    checkContent(content);
     await this.#request({
       method: 'PUT',
       path: url,
@@ -643,7 +680,7 @@ export class NsboxClient {
   }
 
   /** `POST .../fs/stat`: target's kind, size and mtime; `isSymbolicLink` of the path itself. */
-  stat(id: string, path: SandboxPath): Promise<StatResult> {
+  async stat(id: string, path: SandboxPath): Promise<StatResult> {
     return this.#json('POST', `${sandboxUrl(id)}/fs/stat`, pathBody(path));
   }
 
@@ -678,6 +715,13 @@ export class NsboxClient {
   }
 }
 
+function checkContent(content: unknown): void {
+  if (typeof content === 'string' || content instanceof Uint8Array || content instanceof Readable || isAsyncIterable(content)) return;
+  throw new TypeError(
+    `nsbox: writeFile's content must be a string, a Uint8Array (a Buffer), a Readable or an async iterable of bytes, got ${describe(content)}`,
+  );
+}
+
 function isAsyncIterable(value: unknown): value is AsyncIterable<Uint8Array> {
   return value !== null && typeof value === 'object' && Symbol.asyncIterator in (value as object);
 }
@@ -703,8 +747,23 @@ function execBody(command: string, options: ExecOptions): Record<string, unknown
   if (typeof command !== 'string') throw new TypeError(`nsbox: exec's command must be a string, got ${describe(command)}`);
   const body: Record<string, unknown> = { command };
   if (options.cwd !== undefined) body.cwd = options.cwd;
-  if (options.env !== undefined) body.env = options.env;
-  if (options.timeoutMs !== undefined) body.timeoutMs = options.timeoutMs;
+  if (options.env !== undefined) {
+    if (options.env === null || typeof options.env !== 'object' || Array.isArray(options.env)) {
+      throw new TypeError(`nsbox: exec's env must be an object, got ${describe(options.env)}`);
+    }
+    // A variable set to undefined is left out of the command's environment, as Node's
+    // child_process leaves it out: null unsets it over the sandbox's base (JSON drops undefined).
+    const env: Record<string, string | null> = {};
+    for (const [name, value] of Object.entries(options.env)) env[name] = value === undefined ? null : value;
+    body.env = env;
+  }
+  if (options.timeoutMs !== undefined) {
+    const t = options.timeoutMs;
+    if (typeof t !== 'number' || !Number.isInteger(t) || t < 0) {
+      throw new RangeError(`nsbox: exec's timeoutMs must be a whole number of milliseconds >= 0 (0: none), got ${describe(t)}`);
+    }
+    body.timeoutMs = t;
+  }
   if (options.stdin !== undefined) body.stdin = options.stdin;
   if (options.encoding !== undefined) body.encoding = options.encoding;
   if (options.detach !== undefined) body.detach = options.detach;

@@ -1,3 +1,5 @@
+import { constants } from 'node:os';
+
 /** An error answered by nsboxd, or a failure to reach it. */
 export class NsboxError extends Error {
   /**
@@ -9,10 +11,12 @@ export class NsboxError extends Error {
   readonly code: string;
   /** HTTP status of the answer (0 when there was no answer). */
   readonly status: number;
-  /** The path the error is about, for file-system errors. */
-  readonly path?: string;
+  /** The path the error is about, for file-system errors (absent otherwise, as on Node's errors). */
+  declare readonly path?: string;
   /** The system call that failed, for file-system errors. */
-  readonly syscall?: string;
+  declare readonly syscall?: string;
+  /** For an errno `code`, Node's negative number of it (`-2` for `ENOENT`), as on Node's errors. */
+  declare readonly errno?: number;
 
   constructor(
     code: string,
@@ -25,6 +29,8 @@ export class NsboxError extends Error {
     this.status = init.status ?? 0;
     if (init.path !== undefined) this.path = init.path;
     if (init.syscall !== undefined) this.syscall = init.syscall;
+    const errno = (constants.errno as Record<string, number | undefined>)[code];
+    if (errno !== undefined) this.errno = -errno;
   }
 }
 

@@ -1,4 +1,4 @@
-import { sandboxFromDriver, type FileStat, type Sandbox, type SandboxDriver, type SandboxFactory, type ShellResult } from '@flue/runtime';
+import { SandboxDiedError, sandboxFromDriver, type FileStat, type Sandbox, type SandboxDriver, type SandboxFactory, type ShellResult } from '@flue/runtime';
 import { NsboxClient, type NetworkPolicy, type NsboxClientOptions, type SandboxCreateOptions, type SandboxLimits } from './client.js';
 
 /** Options of {@link nsbox}: where the daemon is, and how new sandboxes are made. */
@@ -77,7 +77,7 @@ export function nsboxDriver(client: NsboxClient, id: string): SandboxDriver {
         isDirectory: s.isDirectory,
         isSymbolicLink: s.isSymbolicLink,
         size: s.size,
-        mtime: new Date(s.mtimeMs),
+        mtime: new Date(Math.round(s.mtimeMs)),  // as Node's Stats rounds it
       };
     },
     async readdir(path: string): Promise<string[]> {
@@ -102,7 +102,15 @@ export function nsboxDriver(client: NsboxClient, id: string): SandboxDriver {
       const execOptions: Parameters<NsboxClient['exec']>[2] = {};
       if (options?.cwd !== undefined) execOptions.cwd = options.cwd;
       if (options?.env !== undefined) execOptions.env = options.env;
-      if (options?.timeoutMs !== undefined) execOptions.timeoutMs = Math.max(1, Math.ceil(options.timeoutMs));
+      if (options?.timeoutMs !== undefined) {
+        const t = options.timeoutMs;
+        // As Node's child_process checks it (local()), but a fraction is rounded up, as the
+        // contract allows; 0 is no deadline there and here (it was raised to 1 ms: a kill at once).
+        if (typeof t !== 'number' || Number.isNaN(t) || t < 0 || !Number.isFinite(t)) {
+          throw new RangeError(`The value of "timeoutMs" is out of range. It must be a finite number >= 0. Received ${String(t)}`);
+        }
+        if (t > 0) execOptions.timeoutMs = Math.ceil(t);
+      }
       if (options?.signal !== undefined) execOptions.signal = options.signal;
       const r = await client.exec(id, command, execOptions);
       if (r.reason === 'timeout' && options?.signal !== undefined) {
@@ -112,10 +120,23 @@ export function nsboxDriver(client: NsboxClient, id: string): SandboxDriver {
         // its signal aborted, as local() makes it see: its exec ends on the same signal.
         await new Promise((resolve) => setTimeout(resolve, 0));
       }
+      // The sandbox was stopped or deleted under the command: an infrastructure failure, which
+      // the contract asks an adapter to report as SandboxDiedError, not as an exit code 137.
+      if (r.reason === 'stopped') throw new SandboxDiedError({ operation: 'exec', reason: 'stopped' });
+      let stderr = r.stderr ?? '';
       // local() reports a signal death it did not cause as the generic exit code 1 (nsboxd says
       // 128+N and names the signal); keep local()'s value so swapping the two changes nothing.
-      const exitCode = r.reason === 'signaled' ? 1 : r.exitCode;
-      return { stdout: r.stdout, stderr: r.stderr, exitCode };
+      // The memory limit's kill and another client's cancel are such deaths too; a line on stderr
+      // says which, since nothing else would tell the model.
+      if (r.reason === 'oom' || r.reason === 'cancelled') {
+        if (stderr !== '' && !stderr.endsWith('\n')) stderr += '\n';
+        stderr +=
+          r.reason === 'oom'
+            ? "nsbox: the command was killed: the sandbox's memory limit was reached\n"
+            : 'nsbox: the command was cancelled (DELETE .../execs/{execId})\n';
+      }
+      const exitCode = r.reason === 'signaled' || r.reason === 'oom' || r.reason === 'cancelled' ? 1 : r.exitCode;
+      return { stdout: r.stdout ?? '', stderr, exitCode };
     },
   };
 }

@@ -51,6 +51,62 @@ test('exec: timeoutMs forwarded (124), signal aborts with AbortError and kills',
   assert.equal((await s.exec('kill -0 $(cat /tmp/p) 2>/dev/null && echo alive || echo gone')).stdout, 'gone\n');
 });
 
+test('exec: a sandbox stopped under the command is SandboxDiedError, not an exit code', async () => {
+  const client = new NsboxClient({ socketPath: d.socketPath });
+  const s = await nsbox({ client }).createSandbox({ id: 'died' });
+  const p = s.exec('sleep 30').then(() => null, (e) => e);
+  await new Promise((res) => setTimeout(res, 400));
+  await client.stopSandbox('died');
+  const err = await p;
+  assert.equal(err?.name, 'SandboxDiedError', String(err));
+  assert.equal(err.type, 'sandbox_died');
+  // The next call starts the sandbox again.
+  assert.equal((await s.exec('echo back')).stdout, 'back\n');
+  client.close();
+});
+
+test('exec: cancelled by another client or killed for memory is exit 1 with a line saying why', async () => {
+  const client = new NsboxClient({ socketPath: d.socketPath });
+  const s = await nsbox({ client }).createSandbox({ id: 'why' });
+  const p = s.exec('echo before; sleep 30');
+  let running = [];
+  for (let i = 0; i < 50 && running.length === 0; ++i) {
+    await new Promise((res) => setTimeout(res, 50));
+    running = await client.listExecs('why');
+  }
+  assert.equal(running.length, 1);
+  await client.cancelExec('why', running[0].execId);
+  const r = await p;
+  assert.equal(r.exitCode, 1);
+  assert.equal(r.stdout, 'before\n');
+  assert.match(r.stderr, /^nsbox: the command was cancelled/m);
+
+  const small = await nsbox({ client, limits: { memoryBytes: 64 * 1024 * 1024 } }).createSandbox({ id: 'oom' });
+  const bomb = await small.exec("python3 -c \"b = bytearray(b'x') * (512 << 20)\"");
+  assert.equal(bomb.exitCode, 1, JSON.stringify(bomb));
+  assert.match(bomb.stderr, /memory limit was reached\n$/);
+  assert.equal((await small.exec('echo alive')).stdout, 'alive\n');
+  client.close();
+});
+
+test('exec: timeoutMs 0 is no deadline, a fraction rounds up, nonsense is a RangeError', async () => {
+  const s = await nsbox({ socketPath: d.socketPath }).createSandbox({ id: 'deadlines' });
+  assert.deepEqual(await s.exec('sleep 0.3; echo done', { timeoutMs: 0 }), { stdout: 'done\n', stderr: '', exitCode: 0 });
+  assert.equal((await s.exec('echo ok', { timeoutMs: 5000.5 })).exitCode, 0);
+  for (const t of [NaN, -5, Infinity]) {
+    await assert.rejects(s.exec('true', { timeoutMs: t }), (e) => e instanceof RangeError, String(t));
+  }
+});
+
+test('readFileBuffer: exactly the file, nothing else of the process behind it', async () => {
+  const s = await nsbox({ socketPath: d.socketPath }).createSandbox({ id: 'bytes' });
+  await s.writeFile('img.bin', new Uint8Array([1, 2, 3]));
+  await s.exec('true', { env: { API_KEY: 'sk-live-SECRET123' } });
+  const u = await s.readFileBuffer('img.bin');
+  assert.deepEqual([...u], [1, 2, 3]);
+  assert.equal(u.buffer.byteLength, 3);
+});
+
 test('exists never throws for a path, but throws when the daemon is unreachable', async () => {
   const s = await nsbox({ socketPath: d.socketPath }).createSandbox({ id: 'conv-3' });
   assert.equal(await s.exists('no/such/thing'), false);

@@ -2,6 +2,9 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Readable } from 'node:stream';
+import { createServer } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { NsboxClient, NsboxError, defaultSocketPath } from '../dist/index.js';
 import { startDaemon } from './daemon.mjs';
 
@@ -382,7 +385,68 @@ test('invalid options: TypeError naming the option', () => {
   assert.throws(() => new NsboxClient({ url: 'ftp://x' }), (e) => e instanceof TypeError && /url/.test(e.message));
   assert.throws(() => new NsboxClient({ socketPath: '/a', url: 'http://x' }), TypeError);
   assert.throws(() => new NsboxClient({ socketPath: '/a', token: 't' }), (e) => e instanceof TypeError && /token/.test(e.message));
+  assert.throws(() => new NsboxClient({ socket: '/a' }), (e) => e instanceof TypeError && /unknown option `socket`/.test(e.message));
+  assert.throws(() => new NsboxClient({ url: 'http://u:pw@127.0.0.1:1' }), (e) => e instanceof TypeError && /credentials/.test(e.message));
+  assert.throws(() => new NsboxClient({ url: 'http://127.0.0.1:1/?x=1' }), (e) => e instanceof TypeError && /query/.test(e.message));
   assert.equal(typeof defaultSocketPath(), 'string');
+});
+
+test('readFile: a buffer of its own, never a window into a pool that holds other bytes', async () => {
+  await c.writeFile(ID, 'small.bin', new Uint8Array([1, 2, 3]));
+  await c.exec(ID, 'true', { env: { API_KEY: 'sk-live-SECRET123' } });
+  const buf = await c.readFile(ID, 'small.bin');
+  assert.deepEqual([...buf], [1, 2, 3]);
+  assert.equal(buf.byteOffset, 0);
+  assert.equal(buf.buffer.byteLength, 3, 'the ArrayBuffer behind it is exactly the file');
+});
+
+test('writeFile of content that is not bytes: a TypeError before any request', async () => {
+  for (const bad of [123, null, {}, new ArrayBuffer(4)]) {
+    await assert.rejects(c.writeFile(ID, 'never.txt', bad), (e) => e instanceof TypeError && /writeFile's content/.test(e.message), String(bad));
+  }
+  assert.equal(await c.exists(ID, 'never.txt'), false);
+});
+
+test('exec options: env undefined unsets, a bad timeoutMs is a RangeError', async () => {
+  const r = await c.exec(ID, 'echo ${HOME-unset} ${KEEP}', { env: { HOME: undefined, KEEP: 'k' } });
+  assert.equal(r.stdout, 'unset k\n');
+  for (const t of [NaN, -1, 1.5, Infinity, '100']) {
+    await assert.rejects(c.exec(ID, 'true', { timeoutMs: t }), (e) => e instanceof RangeError && /timeoutMs/.test(e.message), String(t));
+  }
+  assert.equal((await c.exec(ID, 'echo no deadline', { timeoutMs: 0 })).stdout, 'no deadline\n');
+});
+
+test('errors: errno as Node numbers it, no path or syscall where there is none', async () => {
+  const e = await rejects(c.readFile(ID, 'no/such/file'), 'ENOENT');
+  assert.equal(e.errno, -2);
+  assert.equal(e.syscall, 'open');
+  const api = await rejects(c.getSandbox('no-such-sandbox'), 'sandbox_not_found');
+  assert.equal(Object.hasOwn(api, 'path'), false);
+  assert.equal(Object.hasOwn(api, 'syscall'), false);
+  assert.equal(Object.hasOwn(api, 'errno'), false);
+});
+
+test('a URL with a path: every request goes under it (nsboxd behind a reverse proxy)', async () => {
+  const t = new NsboxClient({ url: `${d.url}/behind/proxy/`, token: d.token });
+  assert.equal(t.endpoint, `${d.url}/behind/proxy`);
+  // nsboxd itself has no such prefix: its 404 shows the path went out with it.
+  await rejects(t.health(), 'not_found');
+  t.close();
+});
+
+test('an answer that is not JSON: an NsboxError saying so, not a SyntaxError', async () => {
+  const socketPath = join(tmpdir(), `nsbox-not-json-${process.pid}.sock`);
+  const server = createServer((req, res) => res.end('<html>hello</html>'));
+  await new Promise((resolve) => server.listen(socketPath, resolve));
+  try {
+    const other = new NsboxClient({ socketPath });
+    const e = await rejects(other.health(), 'invalid_answer');
+    assert.match(e.message, /not JSON/);
+    assert.match(e.message, /<html>hello/);
+    other.close();
+  } finally {
+    await new Promise((resolve) => server.close(resolve));
+  }
 });
 
 test('deleteSandbox: 204 then sandbox_not_found', async () => {
