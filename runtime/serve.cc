@@ -33,6 +33,7 @@
 #include <boost/beast/websocket.hpp>
 #include <boost/json.hpp>
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -480,7 +481,15 @@ ApiOutcome<uint16_t> TtyDimension(const json::object& o, const char* key, std::s
   boost::system::error_code ec;
   const uint64_t n = v->is_number() ? v->to_number<uint64_t>(ec) : 0;
   if (!v->is_number() || ec || n < 1 || n > fs::proto::kMaxTtyDimension) {
-    std::string shown = json::serialize(*v);
+    std::string shown;
+    if (v->is_double()) {
+      // Boost.JSON writes a double as 5.5E0; the shortest form that reads back is 5.5.
+      char text[32];
+      const auto end = std::to_chars(text, text + sizeof text, v->get_double()).ptr;
+      shown.assign(text, end);
+    } else {
+      shown = json::serialize(*v);
+    }
     if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
     return ApiError::Invalid(std::string(where) + "\"" + key +
                              "\" must be a whole number from 1 to 4096, not " + shown);
@@ -555,6 +564,8 @@ ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry&
     if (tty->is_bool()) {
       if (tty->get_bool()) spec.tty = fs::proto::TtySize{24, 80};
     } else if (tty->is_object()) {
+      static constexpr std::string_view kTtyKeys[] = {"rows", "cols"};
+      if (auto unknown = UnknownKey(tty->get_object(), kTtyKeys, "\"tty\"")) return *unknown;
       auto size = TtySizeOf(tty->get_object(), "\"tty\": ");
       if (!size.ok()) return size.error();
       spec.tty = size.value();
@@ -792,18 +803,14 @@ bool MethodIn(std::string_view allow, std::string_view method) {
 }
 
 // "replace=1" (or true, or a bare "replace") in a query string; anything else is false.
-bool QueryFlag(std::string_view query, std::string_view name) {
-  auto v = QueryValue(query, name);
-  return v.has_value() && (*v == "1" || *v == "true" || v->empty());
-}
-
 // A 0/1 query parameter ("true"/"false" too; a bare name is 1; absent is 0); another value is a
 // 400 naming the parameter.
 ApiOutcome<bool> QueryBool(std::string_view query, std::string_view name) {
   auto v = QueryValue(query, name);
   if (!v || *v == "0" || *v == "false") return false;
   if (*v == "1" || *v == "true" || v->empty()) return true;
-  return ApiError::Invalid("\"" + std::string(name) + "\" must be 1 or 0");
+  return ApiError::Invalid("\"" + std::string(name) + "\" must be 1 or 0 (true or false), not \"" +
+                           utf8::DecodeLossy(v->substr(0, 40)) + "\"");
 }
 
 // `mode` of an upload (PUT .../files?path=P&mode=755): permission bits in octal, at most 7777;
@@ -1605,7 +1612,12 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   if (segs[3] == "execs" && n == 4) {
     json::array list;
     // api.md: the commands running now; with all=1 also the ended ones kept for re-attach.
-    const bool all = QueryFlag(query, "all");
+    auto all_flag = QueryBool(query, "all");
+    if (!all_flag.ok()) {
+      const ApiError reply_error = all_flag.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    const bool all = all_flag.value();
     for (const auto& s : entry->Sessions()) {
       if (!s->dropped() && (all || !s->ended())) list.push_back(ExecJson(*s));
     }
@@ -2944,6 +2956,18 @@ std::optional<ApiError> InputRefusal(const ExecSession& s) {
   return std::nullopt;
 }
 
+// A write into a command's stdin that found its pipe closed (EPIPE) may have met a command that
+// exited, whose end the session has not heard of yet: gives the end a moment to arrive, so that
+// the answer says exec_ended rather than that the command closed its stdin.
+asio::awaitable<void> AwaitEndAfterEpipe(const ExecSession& s, const fs::FsError& error) {
+  if (error.err != EPIPE) co_return;
+  const auto give_up = Clock::now() + std::chrono::milliseconds(200);
+  while (!s.ended() && !s.dropped() && Clock::now() < give_up) {
+    asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(5));
+    (void)co_await t.async_wait(kTuple);
+  }
+}
+
 ApiError InputError(const ExecSession& s, const fs::FsError& error) {
   if (error.err == EPIPE || error.err == ESRCH) {
     if (s.ended() || error.err == ESRCH) {
@@ -3002,6 +3026,7 @@ asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> en
     auto written = co_await SendInput(box, std::move(input));
     if (!written.ok()) {
       c.must_close = !c.parser.is_done();
+      co_await AwaitEndAfterEpipe(*s, written.error());
       const ApiError reply_error = InputError(*s, written.error());
       co_return co_await ReplyError(c, reply_error);
     }
@@ -3019,6 +3044,7 @@ asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> en
     s->stdin_closed = true;
     auto written = co_await SendInput(box, std::move(input));
     if (!written.ok()) {
+      co_await AwaitEndAfterEpipe(*s, written.error());
       const ApiError reply_error = InputError(*s, written.error());
       co_return co_await ReplyError(c, reply_error);
     }
@@ -3064,6 +3090,11 @@ asio::awaitable<bool> Daemon::ExecResize(Ctx& c, std::shared_ptr<SandboxEntry> e
   std::shared_ptr<ExecSession> s = entry->FindSession(exec_id);
   if (s == nullptr || s->dropped()) {
     const ApiError reply_error = ExecNotFound(exec_id, entry->config().id);
+    co_return co_await ReplyError(c, reply_error);
+  }
+  static constexpr std::string_view kResizeKeys[] = {"rows", "cols"};
+  if (auto unknown = UnknownKey(body.value(), kResizeKeys, "a resize")) {
+    const ApiError reply_error = *unknown;
     co_return co_await ReplyError(c, reply_error);
   }
   auto size = TtySizeOf(body.value(), "");
@@ -3535,8 +3566,14 @@ asio::awaitable<bool> Daemon::Images(Ctx& c, const std::vector<std::string>& seg
     const ApiError reply_error = ApiError::Invalid(*reason);
     co_return co_await ReplyError(c, reply_error);
   }
-  if (method == http::verb::post)
-    co_return co_await ImportImage(c, name, QueryFlag(query, "replace"));
+  if (method == http::verb::post) {
+    auto replace = QueryBool(query, "replace");
+    if (!replace.ok()) {
+      const ApiError reply_error = replace.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    co_return co_await ImportImage(c, name, replace.value());
+  }
   if (method == http::verb::delete_) {
     auto work = [this, name] { return registry_.RemoveImage(name); };
     auto removed = co_await Blocking(std::move(work));

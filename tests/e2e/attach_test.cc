@@ -577,6 +577,17 @@ TEST_F(AttachTest, StdinClosedAndNotStreamed) {
   p->Close();
 }
 
+// A write into stdin that is held up by a full pipe when the command exits is told the exec
+// ended, not that the command closed its stdin (it never did).
+TEST_F(AttachTest, InputThatOutlivesTheCommandIsToldTheExecEnded) {
+  std::string exec_id;
+  auto s = Start(json::object{{"command", "sleep 1"}, {"stdinStream", true}}, &exec_id);
+  Response r = client().Request("POST", ExecPath(exec_id, "/stdin"), std::string(10 << 20, 'x'));
+  EXPECT_EQ(r.status, 409) << r.Describe();
+  EXPECT_EQ(r.ErrorCode(), "exec_ended") << r.Describe();
+  s->Close();
+}
+
 TEST_F(AttachTest, TerminalExecSizeAndResize) {
   std::string exec_id;
   auto s = Start(json::object{{"command", "stty size; read x; stty size; echo \"got $x\""},
@@ -648,6 +659,25 @@ TEST_F(AttachTest, BadInputForEveryNewParameter) {
          "close=2");
   expect(client().PostJson(ExecPath(exec_id, "/resize"), json::object{{"rows", "x"}, {"cols", 1}}),
          400, "invalid_request", "resize rows x");
+  // A fraction is shown as written, not as Boost.JSON's 5.5E0.
+  Response fraction =
+      client().PostJson(ExecPath(exec_id, "/resize"), json::object{{"rows", 5.5}, {"cols", 10}});
+  expect(fraction, 400, "invalid_request", "resize rows 5.5");
+  EXPECT_NE(fraction.ErrorMessage().find("not 5.5"), std::string::npos) << fraction.Describe();
+  // Keys a body does not take are refused, as everywhere (daemon.md).
+  Response extra = client().PostJson(ExecPath(exec_id, "/resize"),
+                                     json::object{{"rows", 5}, {"cols", 10}, {"x", 1}});
+  expect(extra, 400, "invalid_request", "resize with x");
+  EXPECT_NE(extra.ErrorMessage().find("\"x\""), std::string::npos) << extra.Describe();
+  Response tty_extra = client().PostJson(
+      SbPath(id_, "/exec"),
+      json::object{{"command", "true"}, {"tty", json::object{{"rows", 5}, {"cols", 5}, {"z", 1}}}});
+  expect(tty_extra, 400, "invalid_request", "tty with z");
+  // Flags are 1/0 (true/false) everywhere; anything else is refused, not taken for 0.
+  for (const char* q : {"?all=yes", "?all=2"}) {
+    expect(client().Get(SbPath(id_, std::string("/execs") + q)), 400, "invalid_request", q);
+  }
+  EXPECT_EQ(client().Get(SbPath(id_, "/execs?all=true")).status, 200);
   expect(client().Request("POST", ExecPath(exec_id, "/resize"), "not json"), 400, "invalid_request",
          "resize not json");
   // The WebSocket routes without Upgrade.
