@@ -127,19 +127,41 @@ std::string Firewall::Rules(int slot, uint32_t address, const NetworkPolicy& pol
   for (const char* proto : {"tcp", "udp"}) {
     c += rule("ip daddr " + Ipv4Text(config_.gateway) + " " + proto + " dport 53 accept");
   }
-  // The CIDR entries first: listed, they are reachable even where the protections below refuse.
-  for (const AllowEntry& e : policy.allow) {
-    if (e.kind != AllowEntry::Kind::kCidr) continue;
-    const std::string match = "ip daddr " + Cidr(e.address, e.prefix);
-    if (!e.port) {
-      c += rule(match + " " + allowed);
-      continue;
+  // The CIDR entries, in two rounds around the refusal of the other sandboxes. Another sandbox
+  // is reachable only when an entry names its one address, on purpose; a range that merely
+  // covers the sandboxes' range (10.0.0.0/8, 0.0.0.0/0) does not open it to every sandbox, since
+  // nothing new may enter a sandbox's link unasked. The gateway is the host's address on the
+  // link: a range may cover it, as any host address. Listed, an entry is reachable even where
+  // the protections below (the host, the special addresses) refuse.
+  const uint32_t range_mask =
+      config_.range_prefix == 0 ? 0 : ~uint32_t{0} << (32 - config_.range_prefix);
+  auto one_sandbox = [&](const AllowEntry& e) {
+    return e.prefix == 32 && (e.address & range_mask) == (config_.range & range_mask);
+  };
+  auto entries = [&](bool of_a_sandbox) {
+    std::string out;
+    for (const AllowEntry& e : policy.allow) {
+      if (e.kind != AllowEntry::Kind::kCidr || one_sandbox(e) != of_a_sandbox) continue;
+      const std::string match = "ip daddr " + Cidr(e.address, e.prefix);
+      if (!e.port) {
+        out += rule(match + " " + allowed);
+        continue;
+      }
+      for (const char* proto : {"tcp", "udp"}) {
+        out += rule(match + " " + proto + " dport " + std::to_string(*e.port) + " " + allowed);
+      }
     }
-    for (const char* proto : {"tcp", "udp"}) {
-      c += rule(match + " " + proto + " dport " + std::to_string(*e.port) + " " + allowed);
-    }
-  }
+    return out;
+  };
+  c += entries(true);
+  c += refuse("ip daddr != " + Ipv4Text(config_.gateway) + " ip daddr " +
+                  Cidr(config_.range, config_.range_prefix),
+              "sandbox");
+  c += entries(false);
   c += refuse("fib daddr type local", "host");
+  // A directed broadcast (192.0.2.255 on the host's 192.0.2.0/24) is delivered to the host's own
+  // sockets as well, but is not of type local.
+  c += refuse("fib daddr type broadcast", "host");
   c += refuse("ip daddr @special", "special");
   c += refuse("ip daddr " + Cidr(config_.range, config_.range_prefix), "sandbox");
   if (policy.mode == NetworkPolicy::Mode::kOpen) {

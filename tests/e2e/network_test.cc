@@ -6,7 +6,10 @@
 // logged; a policy replaced on a running sandbox applies to new connections at once; DELETE
 // leaves no interface and no nftables chain behind.
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -364,6 +367,38 @@ TEST_F(NetworkTest, OpenReachesTheInternetButNotTheHostNorMetadata) {
   ExpectRefused(id, Url(inet().host_address(), inet().host_port()));
 }
 
+// A directed broadcast of a host link (the test internet's /29: its last address) is delivered
+// to the host's own sockets, yet is not an address of type local: an open sandbox sent
+// datagrams to a host service on 0.0.0.0 that way.
+TEST_F(NetworkTest, OpenDoesNotReachTheHostThroughABroadcastAddress) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << strerror(errno);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  timeval wait{2, 0};
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait), 0);
+  const std::string host = inet().host_address();
+  const std::string broadcast = host.substr(0, host.rfind('.') + 1) +
+                                std::to_string(std::stoi(host.substr(host.rfind('.') + 1)) + 6);
+  const std::string id = NewId();
+  CreateNet(id, "open");
+  ExecResult sent =
+      Exec(id,
+           "python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+           "s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1); "
+           "[s.sendto(b\"from-the-sandbox\", (\"" +
+               broadcast + "\", " + std::to_string(port) + ")) for _ in range(3)]'");
+  char buf[64];
+  const ssize_t got = ::recv(fd, buf, sizeof buf, 0);
+  ::close(fd);
+  EXPECT_LT(got, 0) << "the host received " << std::string(buf, got > 0 ? got : 0) << " sent to "
+                    << broadcast << ": " << sent.Describe();
+}
+
 TEST_F(NetworkTest, OpenWithAllowReachesTheMetadataAddress) {
   const std::string id = NewId();
   const json::object sb =
@@ -458,11 +493,27 @@ TEST_F(NetworkTest, TwoSandboxesHaveTheirOwnAddressesAndCannotReachEachOther) {
   EXPECT_NE(other.rc, 0) << other.Describe();
   EXPECT_EQ(other.out.find("peer-a"), std::string::npos) << other.Describe();
   ExpectRefused(b, Url(addr_a, 8000, "/index.html"));
-  // Listed in an open policy, the other sandbox is reachable (the entry wins).
-  Response r =
-      SetPolicy(b, json::object{{"open", true}, {"allow", json::array{json::value(addr_a)}}});
-  ASSERT_EQ(r.status, 200) << r.Describe();
-  ExpectReaches(b, Url(addr_a, 8000, "/index.html"), "peer-a");
+  // A range that covers the sandboxes' range does not open them all: 0.0.0.0/0, the /8, the
+  // daemon's range itself (each reached every sandbox, through the entry's accept).
+  const std::string slash8 = addr_a.substr(0, addr_a.find('.')) + ".0.0.0/8";
+  for (const std::string& wide : {std::string("0.0.0.0/0"), slash8, Range()}) {
+    for (bool open : {false, true}) {
+      json::object policy{{"allow", json::array{json::value(wide)}}};
+      if (open) policy["open"] = true;
+      Response r = SetPolicy(b, policy);
+      ASSERT_EQ(r.status, 200) << r.Describe();
+      ExpectRefused(b, Url(addr_a, 8000, "/index.html"));
+    }
+  }
+  // Named by its one address, the other sandbox is reachable (the entry wins), also in an
+  // allowlist.
+  for (bool open : {false, true}) {
+    json::object policy{{"allow", json::array{json::value(addr_a)}}};
+    if (open) policy["open"] = true;
+    Response r = SetPolicy(b, policy);
+    ASSERT_EQ(r.status, 200) << r.Describe();
+    ExpectReaches(b, Url(addr_a, 8000, "/index.html"), "peer-a");
+  }
 }
 
 // nsbox-net dies (SIGKILL): the filter it left stays in the kernel meanwhile, and the next use
