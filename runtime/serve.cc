@@ -49,6 +49,9 @@
 #include <thread>
 #include <vector>
 
+#include <nettle/hmac.h>
+#include <nettle/sha2.h>
+
 #include "base/base64.h"
 #include "base/files.h"
 #include "base/log.h"
@@ -731,6 +734,47 @@ CookieSplit SplitCookies(const Fields& fields) {
     });
   }
   return out;
+}
+
+// The proxy cookie's value for one prefix (.../ports/{port}/http/): an HMAC-SHA256 of the
+// prefix keyed with the token, in hex. It authenticates under that prefix only (network.md), and
+// the token itself is never in a cookie.
+std::string ProxyCookieValue(std::string_view token, std::string_view prefix) {
+  struct hmac_sha256_ctx ctx;
+  hmac_sha256_set_key(&ctx, token.size(), reinterpret_cast<const uint8_t*>(token.data()));
+  static constexpr std::string_view kPurpose = "nsbox proxy cookie for ";
+  hmac_sha256_update(&ctx, kPurpose.size(), reinterpret_cast<const uint8_t*>(kPurpose.data()));
+  hmac_sha256_update(&ctx, prefix.size(), reinterpret_cast<const uint8_t*>(prefix.data()));
+  uint8_t digest[SHA256_DIGEST_SIZE];
+  hmac_sha256_digest(&ctx, sizeof digest, digest);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : digest) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+// Whether `name` is listed in a Connection field of `fields`: hop-by-hop too (RFC 9110 7.6.1).
+template <typename Fields>
+bool NamedByConnection(const Fields& fields, std::string_view name) {
+  for (const auto& f : fields) {
+    if (f.name() != http::field::connection) continue;
+    if (AnyListItem(f.value(), ',',
+                    [name](std::string_view item) { return beast::iequals(item, name); })) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A Set-Cookie of the upstream's that would plant the token cookie: the sandbox's pages share
+// the daemon's origin, and may not.
+bool PlantsTokenCookie(http::field f, std::string_view value) {
+  return f == http::field::set_cookie &&
+         beast::iequals(TrimBlanks(value).substr(0, kTokenCookie.size() + 1),
+                        std::string(kTokenCookie) + "=");
 }
 
 // Hop-by-hop fields (RFC 9110 7.6.1) and the framing the proxy sets itself: never copied across.
@@ -1421,8 +1465,9 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
         res.set(http::field::server, std::string("nsboxd/") + kVersion);
         res.set(http::field::location,
                 std::string(path) + (rest.empty() ? std::string() : "?" + rest));
-        res.set(http::field::set_cookie, std::string(kTokenCookie) + "=" + PercentEncode(token_) +
-                                             "; Path=" + prefix + "; HttpOnly; SameSite=Strict");
+        res.set(http::field::set_cookie, std::string(kTokenCookie) + "=" +
+                                             ProxyCookieValue(token_, prefix) + "; Path=" + prefix +
+                                             "; HttpOnly; SameSite=Strict");
         res.set(http::field::cache_control, "no-store");
         res.keep_alive(false);
         res.prepare_payload();
@@ -1432,7 +1477,7 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
         co_return false;
       }
       const CookieSplit cookies = SplitCookies(req);
-      ok = cookies.token && TokenMatches(*cookies.token, token_);
+      ok = cookies.token && TokenMatches(*cookies.token, ProxyCookieValue(token_, prefix));
     }
     if (ok && c.auth != nullptr) c.auth->Passed();
     if (!ok) {
@@ -1702,7 +1747,11 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
   const std::string prefix = ProxyPrefix(path);  // with its trailing '/'
   std::string upstream_target =
       prefix.empty() ? std::string("/") : std::string(path.substr(prefix.size() - 1));
-  if (q != std::string_view::npos) upstream_target += target.substr(q);
+  if (q != std::string_view::npos) {
+    // The token, given in the query beside a bearer header, is the daemon's: never the sandbox's.
+    const std::string rest = QueryWithout(target.substr(q + 1), kTokenCookie);
+    if (!rest.empty()) upstream_target += "?" + rest;
+  }
 
   auto connected = co_await ports_.ConnectInside(entry, port);
   if (!connected.ok()) {
@@ -1718,7 +1767,10 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
   ureq.target(upstream_target);
   ureq.version(11);
   for (const auto& f : req) {
-    if (HopByHop(f.name(), f.name_string()) || f.name() == http::field::authorization ||
+    // Expect is answered here (SendContinue, below), not by the upstream: its interim 100
+    // would otherwise be taken for its answer and the body never sent.
+    if (HopByHop(f.name(), f.name_string()) || NamedByConnection(req, f.name_string()) ||
+        f.name() == http::field::expect || f.name() == http::field::authorization ||
         f.name() == http::field::cookie || f.name() == http::field::host ||
         beast::iequals(f.name_string(), "x-forwarded-for") ||
         beast::iequals(f.name_string(), "x-forwarded-prefix") ||
@@ -1773,6 +1825,7 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
     (void)n;
     upstream_failed = static_cast<bool>(ec);
   }
+  if (!upstream_failed && has_body && !co_await SendContinue(c)) co_return false;
   while (!upstream_failed && has_body && !c.parser.is_done()) {
     std::string hangup;
     auto got = co_await ReadBodyPiece(c, buf, &hangup);
@@ -1803,12 +1856,14 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
 
   // The answer, streamed back.
   beast::flat_buffer ubuf;
-  http::response_parser<http::buffer_body> p;
-  p.header_limit(kHeaderLimit);
-  p.body_limit(boost::none);
-  if (req.method() == http::verb::head) p.skip(true);
-  {
-    auto [ec, n] = co_await http::async_read_header(*up, ubuf, p, kTuple);
+  // Interim answers (100 Continue, 103 Early Hints) are skipped: the next one is the answer.
+  std::optional<http::response_parser<http::buffer_body>> parser;
+  for (int interim = 0;; ++interim) {
+    parser.emplace();
+    parser->header_limit(kHeaderLimit);
+    parser->body_limit(boost::none);
+    if (req.method() == http::verb::head) parser->skip(true);
+    auto [ec, n] = co_await http::async_read_header(*up, ubuf, *parser, kTuple);
     (void)n;
     if (ec) {
       const ApiError reply_error =
@@ -1817,12 +1872,17 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
                            " inside sent no valid HTTP answer: " + ec.message());
       co_return co_await ReplyError(c, reply_error);
     }
+    const unsigned code = parser->get().result_int();
+    if (code >= 200 || code == 101 || code < 100 || interim == 16) break;
   }
+  http::response_parser<http::buffer_body>& p = *parser;
   const auto& ures = p.get();
   c.status = static_cast<int>(ures.result_int());
   if (upgrade && ures.result() == http::status::switching_protocols) {
     http::response<http::empty_body> res{http::status::switching_protocols, 11};
-    for (const auto& f : ures) res.insert(f.name_string(), f.value());
+    for (const auto& f : ures) {
+      if (!PlantsTokenCookie(f.name(), f.value())) res.insert(f.name_string(), f.value());
+    }
     auto [ec, n] = co_await http::async_write(c.socket, res, kTuple);
     (void)n;
     if (ec) co_return false;
@@ -1850,11 +1910,8 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
   res.result(ures.result_int());
   res.version(11);
   for (const auto& f : ures) {
-    if (HopByHop(f.name(), f.name_string())) continue;
-    // The sandbox's pages share the daemon's origin: they may not plant the token cookie.
-    if (f.name() == http::field::set_cookie &&
-        beast::iequals(f.value().substr(0, kTokenCookie.size() + 1),
-                       std::string(kTokenCookie) + "=")) {
+    if (HopByHop(f.name(), f.name_string()) || NamedByConnection(ures, f.name_string()) ||
+        PlantsTokenCookie(f.name(), f.value())) {
       continue;
     }
     res.insert(f.name_string(), f.value());

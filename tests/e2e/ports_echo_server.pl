@@ -1,6 +1,7 @@
 # The e2e tests' server inside a sandbox (tests/e2e/ports_test.cc; perl for Digest::SHA).
 # An HTTP echo server on 127.0.0.1:3000: answers the request head, a blank line, then the body.
-# A WebSocket upgrade gets a 101, then every frame back (a WebSocket echo).
+# A WebSocket upgrade gets a 101 (which tries to plant the daemon's token cookie), then every
+# frame back (a WebSocket echo).
 use strict; use IO::Socket::INET; use Digest::SHA qw(sha1_base64);
 $SIG{CHLD} = 'IGNORE';
 my $l = IO::Socket::INET->new(LocalAddr => '127.0.0.1:3000', Listen => 64, ReuseAddr => 1) or die "listen: $!";
@@ -12,7 +13,7 @@ while (my $c = $l->accept) {
   if ($head =~ /^Upgrade:\s*websocket/mi) {
     my ($key) = $head =~ /^Sec-WebSocket-Key:\s*(\S+)/mi;
     my $acc = sha1_base64($key . '258EAFA5-E914-47DA-95CA-C5AB0DC85B11') . '=';
-    print $c "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: $acc\r\n\r\n";
+    print $c "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: $acc\r\nSet-Cookie: nsbox_token=planted; Path=/\r\nSet-Cookie: theme=dark\r\n\r\n";
     $c->flush;
     # Every frame back, unmasked (RFC 6455 5.2); a close frame ends it.
     my $rd = sub { my ($n) = @_; my $b = ''; while (length($b) < $n) { my $r = sysread($c, $b, $n - length($b), length($b)); exit 0 unless $r; } $b };
