@@ -587,6 +587,8 @@ struct Runner::Impl {
     uint64_t limit = 0;
     uint64_t delivered = 0;
     bool truncated = false;
+    // The cap was reached after the main process had exited: the rest dropped, nothing killed.
+    bool capped_after_exit = false;
     // stderr as delivered ends a line (or is empty): nsbox's own stderr lines start on a new one.
     bool stderr_at_line_start = true;
     std::optional<EndReason> kill_reason;  // the first kill wins
@@ -1000,7 +1002,15 @@ void Runner::Impl::Deliver(const CommandPtr& cmd, int stream, size_t n) {
   }
   if (n > room) {
     cmd->truncated = true;
-    BeginKill(cmd, EndReason::kOutputLimit);
+    // Once the main process has exited, what is left (the rest of its output, what its
+    // background processes print) is read and dropped, never a reason to kill what it left
+    // running (api.md): a `server &` that logged much in the drain window was killed with it.
+    // The answer still says output_limit, since output was lost.
+    if (cmd->main_exited) {
+      cmd->capped_after_exit = true;
+    } else {
+      BeginKill(cmd, EndReason::kOutputLimit);
+    }
   }
 }
 
@@ -1231,7 +1241,14 @@ CommandResult Runner::Impl::ComputeResult(const Command& cmd) const {
   r.truncated = cmd.truncated;
   // A kill that came in the drain window (the main process had exited on its own) still
   // reaches the background processes, but the answer is how the command ended. The output cap
-  // is the exception: the answer has lost output, and says so.
+  // is the exception: the answer has lost output, and says so; also when the cap was reached in
+  // the drain window, where it kills nothing (Deliver).
+  if (cmd.capped_after_exit && !cmd.kill_reason.has_value()) {
+    r.reason = EndReason::kOutputLimit;
+    r.exit_code = 1;
+    r.signal = 0;
+    return r;
+  }
   if (cmd.kill_reason.has_value() &&
       (cmd.killed_running || *cmd.kill_reason == EndReason::kOutputLimit)) {
     r.reason = *cmd.kill_reason;
@@ -1303,7 +1320,9 @@ void Runner::Impl::Finish(const CommandPtr& cmd) {
       say("nsbox: command timed out after " + std::to_string(cmd->timeout.count()) + " ms\n");
     }
     if (cmd->truncated) {
-      say("nsbox: output exceeded " + std::to_string(cmd->limit) + " bytes; process tree killed\n");
+      say("nsbox: output exceeded " + std::to_string(cmd->limit) + " bytes; " +
+          (cmd->capped_after_exit ? "the rest was dropped (the command had exited)\n"
+                                  : "process tree killed\n"));
     }
   }
   if (events.on_exit) events.on_exit(result);

@@ -452,6 +452,29 @@ TEST_F(InitExecTest, BackgroundProcessesDoNotHoldTheAnswer) {
   EXPECT_EQ(Sh("cat /workspace/bg"), "bg-finished\n");
 }
 
+// Over the cap in the drain window (the main process had exited, a background process went on
+// printing): the rest is dropped and the answer says output_limit, but what the command left
+// running is not killed (api.md: its later output is read and discarded). A `server &` that
+// logged much at once was killed with the tree.
+TEST_F(InitExecTest, TheCapReachedAfterTheMainProcessExitedKillsNothing) {
+  auto req = Request(
+      "(while kill -0 $$ 2>/dev/null; do :; done; head -c 5000 /dev/zero; "
+      "echo still-here > /workspace/capped; exec sleep 100) & echo main");
+  req.output_limit = 1000;
+  ExecRun run = Run(req);
+  ASSERT_TRUE(run.ok) << run.Describe();
+  EXPECT_TRUE(run.exit.truncated) << run.Describe();
+  EXPECT_EQ(run.exit.reason, Reason(EndReason::kOutputLimit)) << run.Describe();
+  EXPECT_EQ(run.exit.exit_code, 1) << run.Describe();
+  EXPECT_EQ(run.out.substr(0, 5), "main\n");
+  EXPECT_LE(run.out.size(), 1000u);
+  EXPECT_EQ(run.err,
+            "nsbox: output exceeded 1000 bytes; the rest was dropped (the command had exited)\n");
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(Sh("cat /workspace/capped"), "still-here\n");
+  EXPECT_NE(JailPids("sleep"), "") << "the background process was killed";
+}
+
 TEST_F(InitExecTest, DurationIsReported) {
   ExecRun run = Run("sleep 0.3");
   ASSERT_TRUE(run.ok) << run.Describe();
