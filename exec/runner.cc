@@ -582,7 +582,8 @@ struct Runner::Impl {
     bool stdin_stream = false;     // Input is accepted
     bool input_closed = false;     // no more Input: a close was queued, or stdin is gone
     std::string input_closed_why;
-    UniqueFd tty;  // terminal execs: a dup of the master, for TIOCSWINSZ and VEOF
+    UniqueFd tty;                // terminal execs: a dup of the master, for TIOCSWINSZ and VEOF
+    bool tty_line_open = false;  // the input written to the terminal ends inside a line
     OpId write_op = 0, poll_op = 0, timeout_op = 0, grace_op = 0, drain_op = 0, check_op = 0;
     uint64_t limit = 0;
     uint64_t delivered = 0;
@@ -1122,7 +1123,7 @@ void Runner::Impl::Input(uint64_t id, std::string data, bool close, InputDone do
     return;
   }
   if (cmd->input.size() >= kMaxPendingInputs ||
-      cmd->input_pending + data.size() + (close ? 1 : 0) > kMaxPendingInput) {
+      cmd->input_pending + data.size() + (close ? 2 : 0) > kMaxPendingInput) {
     done(EAGAIN, "too much input waiting to be written (" + std::to_string(cmd->input.size()) +
                      " inputs, " + std::to_string(cmd->input_pending) + " bytes; at most " +
                      std::to_string(kMaxPendingInputs) + " and " +
@@ -1130,7 +1131,21 @@ void Runner::Impl::Input(uint64_t id, std::string data, bool close, InputDone do
                      "): send the next input after the answer to the previous one");
     return;
   }
-  if (close && cmd->tty.valid()) data.push_back(EofCharacter(cmd->tty.get()));
+  if (cmd->tty.valid()) {
+    // A terminal in canonical mode reads VEOF as the end of the input only at the start of a
+    // line; after "partial" it only hands the partial line over. So a close after an unended
+    // line sends it twice: the line, then the end (a close=1 with "partial" never ended the
+    // command's read before).
+    const char eof = EofCharacter(cmd->tty.get());
+    if (!data.empty()) {
+      const char last = data.back();
+      cmd->tty_line_open = last != '\n' && last != '\r' && last != eof;
+    }
+    if (close) {
+      if (cmd->tty_line_open) data.push_back(eof);
+      data.push_back(eof);
+    }
+  }
   cmd->input_pending += data.size();
   cmd->input.push_back({std::move(data), 0, close, std::move(done)});
   if (close) {

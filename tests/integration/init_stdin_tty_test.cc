@@ -330,6 +330,14 @@ TEST_F(InitStdinTtyTest, CloseSendsEofToATerminal) {
   ASSERT_TRUE(Succeeds(Input(b->tag, "line\n", true)));
   ASSERT_TRUE(b->WaitDone());
   EXPECT_EQ(WithoutCr(b->Result().out), "line\nline\nafter-eof\n") << b->Result().Describe();
+  // A close after an unended line: VEOF there only hands the line over, so the close sends a
+  // second one, the end (a read waited for ever before).
+  auto c = Start(Terminal("read x; read y; echo \"y=$y.\"; echo after-eof"));
+  ASSERT_TRUE(Succeeds(Input(c->tag, "hello\n")));
+  ASSERT_TRUE(Succeeds(Input(c->tag, "partial", true)));
+  ASSERT_TRUE(c->WaitDone()) << Out(*c);
+  EXPECT_NE(WithoutCr(c->Result().out).find("y=partial.\nafter-eof\n"), std::string::npos)
+      << c->Result().Describe();
 }
 
 TEST_F(InitStdinTtyTest, TerminalIsTheControllingTerminal) {
