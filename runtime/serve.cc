@@ -1854,7 +1854,20 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
     co_return co_await ReplyError(c, reply_error);
   }
 
-  // The answer, streamed back.
+  // The answer, streamed back. A client that hangs up while the upstream has not answered ends
+  // the wait (an upstream that never answers held two of the daemon's fds per abandoned request
+  // until the sandbox was deleted).
+  auto watch = std::make_shared<HangupWatch>();
+  WatchHangup(c, watch, [watch, up] {
+    watch->hung_up = true;
+    boost::system::error_code ignored;
+    up->close(ignored);
+  });
+  auto end_watch = [&c, watch] {
+    watch->finished = true;
+    boost::system::error_code ignored;
+    c.socket.cancel(ignored);
+  };
   beast::flat_buffer ubuf;
   // Interim answers (100 Continue, 103 Early Hints) are skipped: the next one is the answer.
   std::optional<http::response_parser<http::buffer_body>> parser;
@@ -1865,7 +1878,9 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
     if (req.method() == http::verb::head) parser->skip(true);
     auto [ec, n] = co_await http::async_read_header(*up, ubuf, *parser, kTuple);
     (void)n;
+    if (watch->hung_up) co_return false;
     if (ec) {
+      end_watch();
       const ApiError reply_error =
           ApiError::Of(502, "upstream_unreachable",
                        "the server on port " + std::to_string(port) +
@@ -1875,6 +1890,7 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
     const unsigned code = parser->get().result_int();
     if (code >= 200 || code == 101 || code < 100 || interim == 16) break;
   }
+  end_watch();
   http::response_parser<http::buffer_body>& p = *parser;
   const auto& ures = p.get();
   c.status = static_cast<int>(ures.result_int());

@@ -416,6 +416,36 @@ TEST_F(HttpPathTest, ExpectContinueIsAnsweredHereAndConnectionNamedFieldsStay) {
   EXPECT_TRUE(answer.substr(split + 4) == data) << "the body that came back differs";
 }
 
+// A client that gives up on an upstream that accepted and never answers: the daemon lets go
+// of both connections at once. It waited for the answer, holding two fds per abandoned request
+// until the sandbox was deleted.
+TEST_F(HttpPathTest, AClientThatHangsUpOnASilentUpstreamFreesItsConnections) {
+  Sh(id_, "busybox nc -ll -p 3002 -e sleep 1000 </dev/null >/dev/null 2>&1 &");
+  std::this_thread::sleep_for(milliseconds(300));
+  const int before = daemon().CountFds();
+  ASSERT_GT(before, 0);
+  const std::string request = "GET " + Http("/slow", 3002) + " HTTP/1.1\r\nHost: nsboxd\r\n\r\n";
+  for (int i = 0; i < 20; ++i) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", daemon().socket_path().c_str());
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+    std::this_thread::sleep_for(milliseconds(50));
+    ::close(fd);
+  }
+  int after = 0;
+  const auto t0 = Clock::now();
+  do {
+    std::this_thread::sleep_for(milliseconds(100));
+    after = daemon().CountFds();
+  } while (after > before + 2 && Clock::now() - t0 < std::chrono::seconds(5));
+  EXPECT_LE(after, before + 2) << "fds before " << before << ", after " << after;
+  EXPECT_EQ(client().Get(Http("/")).status, 200) << "the proxy still serves";
+}
+
 TEST_F(HttpPathTest, NothingListeningIs502NamingThePort) {
   Response r = client().Get(Http("/", 3999));
   EXPECT_EQ(r.status, 502) << r.Describe();
