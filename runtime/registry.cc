@@ -62,7 +62,14 @@ std::optional<std::string> InvalidIdReason(std::string_view id) {
     // C0 controls and DEL; C1 controls (U+0080..U+009F) are C2 80..C2 9F in UTF-8.
     bool c1 = c == 0xC2 && i + 1 < id.size() && static_cast<unsigned char>(id[i + 1]) <= 0x9F;
     if (c < 0x20 || c == 0x7F || c1) {
-      return "a sandbox id must not contain control characters (byte " + std::to_string(i) + ")";
+      char code[16];
+      if (c1) {
+        std::snprintf(code, sizeof code, "U+%04X", static_cast<unsigned char>(id[i + 1]));
+      } else {
+        std::snprintf(code, sizeof code, "0x%02X", c);
+      }
+      return "a sandbox id must not contain control characters (" + std::string(code) +
+             " at byte " + std::to_string(i) + ")";
     }
   }
   return std::nullopt;

@@ -2374,7 +2374,12 @@ asio::awaitable<ApiOutcome<json::object>> Daemon::ReadJson(Ctx& c, bool optional
   }
   boost::system::error_code ec;
   json::value v = json::parse(body, ec);
-  if (ec) co_return ApiError::Invalid("the body is not valid JSON: " + ec.message());
+  if (ec) {
+    // JSON is UTF-8 (RFC 8259 8.1): say so rather than Boost's "syntax error" at such a byte.
+    if (!utf8::IsValid(body))
+      co_return ApiError::Invalid("the body is not valid JSON: it is not UTF-8");
+    co_return ApiError::Invalid("the body is not valid JSON: " + ec.message());
+  }
   if (!v.is_object()) co_return ApiError::Invalid("the body must be a JSON object");
   co_return std::move(v.as_object());
 }

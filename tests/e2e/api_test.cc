@@ -190,6 +190,13 @@ TEST_F(ApiTest, InvalidIdsAre400AndCreateNothing) {
                 "invalid_request", "exec");
     ExpectError(client().Delete(SbPath(id)), 400, "invalid_request", "DELETE");
   }
+  // The message names the character and where it is.
+  for (const auto& [id, shown] : std::vector<std::pair<std::string, std::string>>{
+           {std::string("a\x01") + "z", "(0x01 at byte 1)"},
+           {"c1\xc2\x85", "(U+0085 at byte 2)"}}) {
+    Response r = client().Request("PUT", SbPath(id));
+    EXPECT_NE(r.ErrorMessage().find(shown), std::string::npos) << r.Describe();
+  }
   // The empty id.
   ExpectError(client().Request("PUT", "/v1/sandboxes/"), 400, "invalid_request", "PUT empty id");
   EXPECT_TRUE(daemon().SandboxDirs().empty());
@@ -427,6 +434,9 @@ TEST_F(ApiTest, MalformedJsonIs400) {
     ExpectError(client().Request("POST", SbPath(id, "/exec"), body, json_type), 400,
                 "invalid_request", "exec body " + body);
   }
+  Response not_utf8 =
+      client().Request("POST", SbPath(id, "/exec"), "{\"command\": \"\xff\"}", json_type);
+  EXPECT_NE(not_utf8.ErrorMessage().find("not UTF-8"), std::string::npos) << not_utf8.Describe();
   for (const char* verb : {"stat", "readdir", "exists", "mkdir", "rm"}) {
     for (const std::string body : {"{", "{}", "{\"path\": 5}", "[\"/workspace\"]"}) {
       ExpectError(client().Request("POST", SbPath(id, std::string("/fs/") + verb), body, json_type),
