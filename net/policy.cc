@@ -120,7 +120,9 @@ Result<AllowEntry> ParseAllowEntry(std::string_view text) {
   if (text.empty()) return EntryError(text, "empty entry");
   if (text.size() > 300) return EntryError(text, "longer than 300 bytes");
   if (std::count(text.begin(), text.end(), ':') > 1 || text.front() == '[') {
-    return EntryError(text, "IPv6 entries are not supported, sandboxes have IPv4 only");
+    return EntryError(text,
+                      "more than one ':' (an entry takes one :PORT; IPv6 entries are not "
+                      "supported, sandboxes have IPv4 only)");
   }
   AllowEntry e;
   std::string_view host = text;
@@ -209,9 +211,12 @@ Result<NetworkPolicy> ParsePolicy(const json::value& value) {
   }
   p.mode = open ? NetworkPolicy::Mode::kOpen : NetworkPolicy::Mode::kAllow;
   if (allow != nullptr) {
-    if (allow->size() > kMaxAllowEntries) {
+    // Duplicates are dropped before the entries are counted; the list as sent is bounded too,
+    // so that a huge one is not parsed.
+    if (allow->size() > 4 * kMaxAllowEntries) {
       return Error::Msg("network.allow has " + std::to_string(allow->size()) +
-                        " entries; at most " + std::to_string(kMaxAllowEntries) + " are allowed");
+                        " entries; at most " + std::to_string(kMaxAllowEntries) +
+                        " different ones are allowed");
     }
     for (const json::value& item : *allow) {
       if (!item.is_string()) return Error::Msg("network.allow entries must be strings");
@@ -220,6 +225,11 @@ Result<NetworkPolicy> ParsePolicy(const json::value& value) {
       if (std::find(p.allow.begin(), p.allow.end(), e.value()) == p.allow.end()) {
         p.allow.push_back(std::move(e).value());
       }
+    }
+    if (p.allow.size() > kMaxAllowEntries) {
+      return Error::Msg("network.allow has " + std::to_string(p.allow.size()) +
+                        " different entries; at most " + std::to_string(kMaxAllowEntries) +
+                        " are allowed");
     }
   }
   return p;

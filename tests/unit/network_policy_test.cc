@@ -109,7 +109,21 @@ TEST(NetworkPolicy, BadJsonIsRefused) {
   for (size_t i = 0; i <= kMaxAllowEntries; ++i) many.emplace_back("h" + std::to_string(i) + ".t");
   json::object o;
   o["allow"] = many;
-  EXPECT_FALSE(ParsePolicy(o).ok());
+  auto too_many = ParsePolicy(o);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.error().message().find("1025 different entries"), std::string::npos)
+      << too_many.error().message();
+  // Duplicates are dropped before the count: 1,500 entries, 1,000 of them different.
+  json::array repeated;
+  for (size_t i = 0; i < 1500; ++i) repeated.emplace_back("h" + std::to_string(i % 1000) + ".t");
+  o["allow"] = repeated;
+  auto deduped = ParsePolicy(o);
+  ASSERT_TRUE(deduped.ok()) << deduped.error().message();
+  EXPECT_EQ(deduped->allow.size(), 1000u);
+  // Two ports is not IPv6.
+  auto two = Parse(R"({"allow":["a.test:80:90"]})");
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.error().message().find("one :PORT"), std::string::npos) << two.error().message();
 }
 
 TEST(NetworkPolicy, NamesMatchExactlyOrBelowAWildcard) {
