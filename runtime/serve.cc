@@ -846,7 +846,6 @@ bool MethodIn(std::string_view allow, std::string_view method) {
          AnyListItem(allow, ',', [method](std::string_view name) { return name == method; });
 }
 
-// "replace=1" (or true, or a bare "replace") in a query string; anything else is false.
 // A 0/1 query parameter ("true"/"false" too; a bare name is 1; absent is 0); another value is a
 // 400 naming the parameter.
 ApiOutcome<bool> QueryBool(std::string_view query, std::string_view name) {

@@ -80,6 +80,22 @@ TEST_F(LockFileTest, AChildThatStillHasTheFdOpenDoesNotHoldTheLock) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
 }
 
+// The other way round: a child that closes its copy (a jail's execve closes it, O_CLOEXEC)
+// does not release the lock its parent holds.
+TEST_F(LockFileTest, AChildClosingItsCopyLeavesTheParentsLock) {
+  Result<UniqueFd> mine = LockFileExclusive(path_);
+  ASSERT_TRUE(mine.ok()) << mine.error().message();
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    mine->reset();
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_EQ(TryInAnotherProcess(::getpid()), 1);
+}
+
 TEST_F(LockFileTest, AMissingDirectoryIsAnErrorNamingThePath) {
   const std::string missing = dir_ + "/no/such/owner.lock";
   Result<UniqueFd> lock = LockFileExclusive(missing);
