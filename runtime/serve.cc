@@ -668,8 +668,13 @@ std::string ProxyPrefix(std::string_view path) {
       break;
     }
   }
-  if (slash7 == std::string_view::npos || segs.size() != 6 || segs[0] != "v1" ||
-      segs[1] != "sandboxes" || segs[3] != "ports" || segs[5] != "http") {
+  // Compared decoded, as the router compares them: "%68ttp" routes to the proxy, and its prefix
+  // must be found too (the upstream got "/" for ".../%68ttp/zzz").
+  auto is = [&segs](size_t i, std::string_view want) {
+    return segs[i] == want || PercentDecode(segs[i], false) == want;
+  };
+  if (slash7 == std::string_view::npos || segs.size() != 6 || !is(0, "v1") || !is(1, "sandboxes") ||
+      !is(3, "ports") || !is(5, "http")) {
     return "";
   }
   return std::string(path.substr(0, slash7 + 1));
@@ -1958,16 +1963,19 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
     auto [ec, n] = co_await http::async_read(*up, ubuf, p, kTuple);
     (void)n;
     if (ec == http::error::need_buffer) ec = {};
-    if (ec) co_return false;  // cut short: the client sees the answer end early
+    // What came before an upstream cut its answer short still goes to the client (it was
+    // dropped), which then sees the answer end early.
     const size_t got = buf.size() - p.get().body().size;
-    if (got == 0) continue;
-    res.body().data = buf.data();
-    res.body().size = got;
-    res.body().more = true;
-    metrics_.BytesOut(got);
-    auto [wec, w] = co_await http::async_write(c.socket, sr, kTuple);
-    (void)w;
-    if (wec && wec != http::error::need_buffer) co_return false;
+    if (got > 0) {
+      res.body().data = buf.data();
+      res.body().size = got;
+      res.body().more = true;
+      metrics_.BytesOut(got);
+      auto [wec, w] = co_await http::async_write(c.socket, sr, kTuple);
+      (void)w;
+      if (wec && wec != http::error::need_buffer) co_return false;
+    }
+    if (ec) co_return false;
   }
   if (!bodyless) {
     res.body().data = nullptr;

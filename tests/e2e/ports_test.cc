@@ -446,6 +446,36 @@ TEST_F(HttpPathTest, AClientThatHangsUpOnASilentUpstreamFreesItsConnections) {
   EXPECT_EQ(client().Get(Http("/")).status, 200) << "the proxy still serves";
 }
 
+// The router decodes a path's segments, so ".../%68ttp/..." is the proxy too: its prefix is
+// found the same way, and the rest of the path goes upstream (it got "/").
+TEST_F(HttpPathTest, AnEncodedHttpSegmentKeepsTheRestOfThePath) {
+  Response r = client().Get(SbPath(id_, "/ports/3000/%68ttp/zzz?q=1"));
+  ASSERT_EQ(r.status, 200) << r.Describe();
+  EXPECT_EQ(r.body.rfind("GET /zzz?q=1 HTTP/1.1\r\n", 0), 0u) << r.body.substr(0, 300);
+}
+
+// An upstream that closes in the middle of its body: what it sent reaches the client, which
+// then sees the answer end early (curl: exit 18, a partial file). The bytes were dropped.
+TEST_F(HttpPathTest, AnAnswerCutShortStillPassesOnWhatCame) {
+  Sh(id_,
+     "perl -MIO::Socket::INET -e '$l = IO::Socket::INET->new(LocalAddr => \"127.0.0.1:3003\", "
+     "Listen => 5, ReuseAddr => 1) or die; while ($c = $l->accept) { while (<$c>) { last if $_ "
+     "eq \"\\r\\n\" } print $c \"HTTP/1.1 200 OK\\r\\nContent-Length: 100\\r\\n\\r\\nseven..\"; "
+     "close $c }' </dev/null >/dev/null 2>&1 &");
+  const std::string answer = daemon().dir() + "/cut-short";
+  std::string out;
+  int rc = 0;
+  const auto t0 = Clock::now();
+  do {
+    std::this_thread::sleep_for(milliseconds(100));
+    rc = RunProgram({"curl", "-sS", "--unix-socket", daemon().socket_path(), "-o", answer,
+                     "http://nsboxd" + Http("/x", 3003)},
+                    daemon().dir() + "/curl.log", &out);
+  } while (rc == 0 && Clock::now() - t0 < std::chrono::seconds(10));  // 502 until it listens
+  EXPECT_EQ(rc, 18) << out;                                           // CURLE_PARTIAL_FILE
+  EXPECT_EQ(ReadHostFile(answer), "seven..") << out;
+}
+
 TEST_F(HttpPathTest, NothingListeningIs502NamingThePort) {
   Response r = client().Get(Http("/", 3999));
   EXPECT_EQ(r.status, 502) << r.Describe();
