@@ -131,8 +131,10 @@ std::string Firewall::Rules(int slot, uint32_t address, const NetworkPolicy& pol
   // is reachable only when an entry names its one address, on purpose; a range that merely
   // covers the sandboxes' range (10.0.0.0/8, 0.0.0.0/0) does not open it to every sandbox, since
   // nothing new may enter a sandbox's link unasked. The gateway is the host's address on the
-  // link: a range may cover it, as any host address. Listed, an entry is reachable even where
-  // the protections below (the host, the special addresses) refuse.
+  // link: a range may cover it, as any host address, and without one it is refused below as the
+  // host (it is local), so the range needs no refusal of its own after the entries. Listed, an
+  // entry is reachable even where the protections below (the host, the special addresses)
+  // refuse.
   const uint32_t range_mask =
       config_.range_prefix == 0 ? 0 : ~uint32_t{0} << (32 - config_.range_prefix);
   auto one_sandbox = [&](const AllowEntry& e) {
@@ -163,7 +165,6 @@ std::string Firewall::Rules(int slot, uint32_t address, const NetworkPolicy& pol
   // sockets as well, but is not of type local.
   c += refuse("fib daddr type broadcast", "host");
   c += refuse("ip daddr @special", "special");
-  c += refuse("ip daddr " + Cidr(config_.range, config_.range_prefix), "sandbox");
   if (policy.mode == NetworkPolicy::Mode::kOpen) {
     c += rule(allowed);
   } else {

@@ -761,17 +761,24 @@ std::string ProxyCookieValue(std::string_view token, std::string_view prefix) {
   return out;
 }
 
-// Whether `name` is listed in a Connection field of `fields`: hop-by-hop too (RFC 9110 7.6.1).
+// The field names that the Connection fields of `fields` list: hop-by-hop too (RFC 9110 7.6.1).
+// Gathered once per message; they view into `fields`.
 template <typename Fields>
-bool NamedByConnection(const Fields& fields, std::string_view name) {
+std::vector<std::string_view> ConnectionNamed(const Fields& fields) {
+  std::vector<std::string_view> names;
   for (const auto& f : fields) {
     if (f.name() != http::field::connection) continue;
-    if (AnyListItem(f.value(), ',',
-                    [name](std::string_view item) { return beast::iequals(item, name); })) {
-      return true;
-    }
+    AnyListItem(f.value(), ',', [&names](std::string_view item) {
+      names.push_back(item);
+      return false;  // every item
+    });
   }
-  return false;
+  return names;
+}
+
+bool Listed(const std::vector<std::string_view>& names, std::string_view name) {
+  return std::any_of(names.begin(), names.end(),
+                     [name](std::string_view n) { return beast::iequals(n, name); });
 }
 
 // A Set-Cookie of the upstream's that would plant the token cookie: the sandbox's pages share
@@ -1770,10 +1777,11 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
   ureq.method_string(req.method_string());
   ureq.target(upstream_target);
   ureq.version(11);
+  const std::vector<std::string_view> hop_names = ConnectionNamed(req);
   for (const auto& f : req) {
     // Expect is answered here (SendContinue, below), not by the upstream: its interim 100
     // would otherwise be taken for its answer and the body never sent.
-    if (HopByHop(f.name(), f.name_string()) || NamedByConnection(req, f.name_string()) ||
+    if (HopByHop(f.name(), f.name_string()) || Listed(hop_names, f.name_string()) ||
         f.name() == http::field::expect || f.name() == http::field::authorization ||
         f.name() == http::field::cookie || f.name() == http::field::host ||
         beast::iequals(f.name_string(), "x-forwarded-for") ||
@@ -1929,8 +1937,9 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
   http::response<http::buffer_body> res;
   res.result(ures.result_int());
   res.version(11);
+  const std::vector<std::string_view> upstream_hop_names = ConnectionNamed(ures);
   for (const auto& f : ures) {
-    if (HopByHop(f.name(), f.name_string()) || NamedByConnection(ures, f.name_string()) ||
+    if (HopByHop(f.name(), f.name_string()) || Listed(upstream_hop_names, f.name_string()) ||
         PlantsTokenCookie(f.name(), f.value())) {
       continue;
     }
@@ -3044,13 +3053,16 @@ std::optional<ApiError> InputRefusal(const ExecSession& s) {
 // A write into a command's stdin that found its pipe closed (EPIPE) may have met a command that
 // exited, whose end the session has not heard of yet: gives the end a moment to arrive, so that
 // the answer says exec_ended rather than that the command closed its stdin.
-asio::awaitable<void> AwaitEndAfterEpipe(const ExecSession& s, const fs::FsError& error) {
+asio::awaitable<void> AwaitEndAfterEpipe(std::shared_ptr<ExecSession> s, const fs::FsError& error) {
   if (error.err != EPIPE) co_return;
+  // The session's own wake-ups (its end among them), and one more at the limit.
   const auto give_up = Clock::now() + std::chrono::milliseconds(200);
-  while (!s.ended() && !s.dropped() && Clock::now() < give_up) {
-    asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(5));
-    (void)co_await t.async_wait(kTuple);
-  }
+  asio::steady_timer limit(co_await asio::this_coro::executor, give_up);
+  limit.async_wait([s](boost::system::error_code ec) {
+    if (!ec) s->Poke();
+  });
+  while (!s->ended() && !s->dropped() && Clock::now() < give_up) co_await s->WaitChange();
+  limit.cancel();
 }
 
 ApiError InputError(const ExecSession& s, const fs::FsError& error) {
@@ -3111,7 +3123,7 @@ asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> en
     auto written = co_await SendInput(box, std::move(input));
     if (!written.ok()) {
       c.must_close = !c.parser.is_done();
-      co_await AwaitEndAfterEpipe(*s, written.error());
+      co_await AwaitEndAfterEpipe(s, written.error());
       const ApiError reply_error = InputError(*s, written.error());
       co_return co_await ReplyError(c, reply_error);
     }
@@ -3129,7 +3141,7 @@ asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> en
     s->stdin_closed = true;
     auto written = co_await SendInput(box, std::move(input));
     if (!written.ok()) {
-      co_await AwaitEndAfterEpipe(*s, written.error());
+      co_await AwaitEndAfterEpipe(s, written.error());
       const ApiError reply_error = InputError(*s, written.error());
       co_return co_await ReplyError(c, reply_error);
     }
