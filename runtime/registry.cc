@@ -389,14 +389,48 @@ Status Registry::Load() {
     std::string name = e->d_name;
     if (name != "." && name != "..") names.push_back(name);
   }
-  for (const std::string& name : names) {
-    const std::string path = sandboxes_dir_ + "/" + name;
+  bool renamed = false;
+  for (std::string name : names) {
+    std::string path = sandboxes_dir_ + "/" + name;
     if (name.rfind(kSparePrefix, 0) == 0) {
-      // Made ahead by the previous daemon and never used (or used by a PUT that did not
-      // finish): workspace/ and home/, empty, and config.json's slot (spaces, or the config
-      // of a PUT that never answered).
-      if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
-      continue;
+      // Made ahead by the previous daemon: workspace/ and home/, and config.json's slot. None
+      // or spaces: never used. Not JSON: a PUT that never answered, its write cut short. A
+      // config: a creation whose config was made durable and whose rename into place the disk
+      // had not yet committed when the host went down (Create does not wait for that commit);
+      // it may have answered 201, so it is the sandbox, put in place now.
+      auto text = ReadFile(path + "/config.json");
+      const bool unused = !text.ok() || text->find_first_not_of(" \n") == std::string::npos;
+      auto config = unused ? Result<SandboxConfig>(Error(EINVAL, "unused")) : DecodeConfig(*text);
+      if (!config.ok()) {
+        boost::system::error_code not_json;
+        if (!unused) (void)json::parse(*text, not_json);
+        if (!unused && !not_json) {
+          // JSON that is not a config this daemon reads (one of a later version?): never
+          // deleted, it may be someone's sandbox.
+          log::error("skipping {}: {}", path, config.error().message());
+          continue;
+        }
+        if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
+        continue;
+      }
+      const std::string hash = IdHash(config->id);
+      const std::string in_place = sandboxes_dir_ + "/" + hash;
+      if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, in_place.c_str(), RENAME_NOREPLACE) != 0) {
+        // EEXIST: a directory of the id is there too (a DELETE of the id and its next PUT, both
+        // lost). That one is loaded; this one is kept, never deleted: it may hold files.
+        const Error e = Error::Sys("rename", path + " to " + in_place, errno);
+        log::error(
+            "skipping {} (a creation of sandbox '{}' whose rename did not reach the disk): {}",
+            path, config->id, e.message());
+        continue;
+      }
+      log::warn(
+          "sandbox={} put in place: {} was renamed to {} before the host went down, and "
+          "the disk had not committed the rename",
+          config->id, path, in_place);
+      renamed = true;
+      name = hash;
+      path = in_place;
     }
     if (name.rfind(".trash-", 0) == 0) {
       // A DELETE the previous daemon did not finish: the sandbox was already gone.
@@ -425,6 +459,7 @@ Status Registry::Load() {
     std::string id = config->id;
     by_id_[id] = std::make_shared<SandboxEntry>(std::move(config).value(), name, path);
   }
+  if (renamed) NSBOX_TRY(FsyncPath(sandboxes_dir_));
   log::info("state directory {}: {} sandboxes", state_dir_, by_id_.size());
   return Ok();
 }
@@ -471,9 +506,10 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   } unmark{*this, lock, config.id};
   lock.unlock();
   bool made_dir = false;
+  bool from_spare = false;
   std::string spare = image ? std::string() : TakeSpareDir();
   // A host-image sandbox adopts a pooled jail while its config.json is made durable, on a thread
-  // of its own: the PUT's two fsyncs are most of its time, and the adoption (≈ 0.8 ms, most of it
+  // of its own: the PUT's fdatasync is most of its time, and the adoption (≈ 0.8 ms, most of it
   // nsbox-init's work) would otherwise be on its first command's path. The thread holds the
   // entry's lifecycle lock from before the entry is published until the jail is its box (or has
   // failed), so a request that needs the sandbox meanwhile waits for it in Running, and a stop or
@@ -537,7 +573,10 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     if (!spare.empty()) {
       // A skeleton made ahead (MakeSpareDir: workspace/ and home/, and config.json's slot,
       // durable): config.json is written over its slot and made durable, then the skeleton is
-      // renamed into place, never over anything.
+      // renamed into place, never over anything. The rename is not waited for (no fsync of
+      // sandboxes/, a journal commit of 0.3-1 ms here): what the sandbox is, is durable in its
+      // config, and a start that finds it still under its .spare- name after a crash puts it
+      // in place (Load).
       NSBOX_TRY(FillSlotDurable(spare, "config.json", EncodeConfig(config)));
       if (::renameat2(AT_FDCWD, spare.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
         int err = errno;
@@ -546,6 +585,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
       }
       spare.clear();
       made_dir = true;
+      from_spare = true;
       return Ok();
     }
     // config.json last: a directory without it is a creation that did not finish. A directory
@@ -604,8 +644,11 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     if (!image) AskForSpareDir();
     return ApiError::Internal("create sandbox '" + config.id + "': " + made.error().message());
   }
-  if (auto st = FsyncPath(sandboxes_dir_); !st.ok()) {
-    log::warn("sandbox={} fsync {}: {}", config.id, sandboxes_dir_, st.error().message());
+  if (!from_spare) {
+    // The new directory's name is all there is of it in sandboxes/: made durable.
+    if (auto st = FsyncPath(sandboxes_dir_); !st.ok()) {
+      log::warn("sandbox={} fsync {}: {}", config.id, sandboxes_dir_, st.error().message());
+    }
   }
   // The next skeleton, once the fsyncs above are done and a little later: made during them, its
   // own mkdirs and fsyncs would join this creation's journal commits and make them wait; made
