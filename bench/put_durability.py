@@ -12,10 +12,11 @@ parent. The ways, interleaved run by run:
 - new file: a new config.json written and fsynced, renameat2, fsync of the parent (nsboxd
   before 2026-12-02, fifth);
 - slot: 4,096 bytes written over a file of spaces made and fsynced ahead, fdatasync, the same
-  rename and fsync (nsboxd now, docs/daemon.md "State on disk");
+  rename and fsync (nsboxd from 2026-12-02, fifth, to 2026-12-04);
 - rename first: a new file written, renamed first, then the file's and the parent's fsync;
 - slot, rename unsynced: the slot written and fdatasynced, the rename left to the journal's own
-  commit (no fsync of the parent).
+  commit (no fsync of the parent; nsboxd now, docs/daemon.md "State on disk": a start puts a
+  directory whose rename was lost in place).
 
 Prints the median, p10 and p90 of each, in µs. Python's own cost per call (a microsecond or two)
 is nothing beside an fsync. Run nothing else on the disk meanwhile.
