@@ -11,9 +11,9 @@
 #include <string>
 #include <string_view>
 
+#include "base/utf8.h"
 #include "runtime/api_client.h"
 #include "runtime/registry.h"
-#include "runtime/utf8.h"
 
 namespace {
 
@@ -35,12 +35,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     Check(rt::EncodeConfig(*again) == once);
   }
 
-  const std::string lossy = rt::utf8::DecodeLossy(in);
-  Check(rt::utf8::IsValid(lossy));
-  Check(!rt::utf8::IsValid(in) || lossy == in);
+  namespace utf8 = nsbox::utf8;
+  const std::string lossy = utf8::DecodeLossy(in);
+  Check(utf8::IsValid(lossy));
+  Check(!utf8::IsValid(in) || lossy == in);
   const size_t step = size == 0 ? 1 : static_cast<size_t>(bytes[0] % 7) + 1;
-  rt::utf8::StreamDecoder decoder;
-  rt::utf8::StreamSplitter splitter;
+  utf8::StreamDecoder decoder;
+  utf8::StreamSplitter splitter;
   std::string streamed;
   std::string split;
   for (size_t off = 0; off < size; off += step) {
@@ -51,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   split += splitter.Finish();
   Check(streamed == lossy);
   Check(split == in);
-  Check(rt::utf8::IncompleteTailLength(in) <= 3);
+  Check(utf8::IncompleteTailLength(in) <= 3);
 
   (void)rt::InvalidIdReason(in);
   (void)rt::HostnameFor(in, rt::IdHash(in));

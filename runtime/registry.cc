@@ -29,7 +29,7 @@
 #include "isolate/idmap.h"
 #include "net/net_client.h"
 #include "runtime/exec_session.h"
-#include "runtime/utf8.h"
+#include "base/utf8.h"
 
 namespace nsbox::runtime {
 

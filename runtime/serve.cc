@@ -72,7 +72,7 @@
 #include "runtime/ports.h"
 #include "runtime/registry.h"
 #include "runtime/serve.h"
-#include "runtime/utf8.h"
+#include "base/utf8.h"
 #include "runtime/version.h"
 
 namespace nsbox::runtime {

@@ -1,4 +1,4 @@
-#include "runtime/utf8.h"
+#include "base/utf8.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace nsbox::runtime::utf8 {
+namespace nsbox::utf8 {
 namespace {
 
 const std::string R = "\xEF\xBF\xBD";  // U+FFFD
@@ -305,4 +305,4 @@ TEST(Utf8, FinishFlushesAndResets) {
 }
 
 }  // namespace
-}  // namespace nsbox::runtime::utf8
+}  // namespace nsbox::utf8

@@ -1,9 +1,9 @@
-#include "runtime/utf8.h"
+#include "base/utf8.h"
 
 #include <cstdint>
 #include <utility>
 
-namespace nsbox::runtime::utf8 {
+namespace nsbox::utf8 {
 namespace {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
@@ -130,4 +130,4 @@ std::string StreamSplitter::Finish() {
   return out;
 }
 
-}  // namespace nsbox::runtime::utf8
+}  // namespace nsbox::utf8

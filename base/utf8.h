@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace nsbox::runtime::utf8 {
+namespace nsbox::utf8 {
 
 // Node's Buffer.toString('utf8'): every maximal subpart of an ill-formed sequence becomes one
 // U+FFFD; surrogates (ED A0..BF), overlongs (C0, C1, E0 80..9F, F0 80..8F) and code points above
@@ -51,4 +51,4 @@ class StreamSplitter {
   std::string pending_;
 };
 
-}  // namespace nsbox::runtime::utf8
+}  // namespace nsbox::utf8
