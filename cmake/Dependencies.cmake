@@ -44,9 +44,12 @@ target_link_libraries(nsbox_http_deps INTERFACE nsbox_boost_headers nsbox_beast)
 
 # Image import: libarchive reads every tar flavour (only the tar format and the gzip, zstd, xz and
 # bzip2 filters are referenced, so a static link pulls neither libxml2 nor the other formats),
-# nettle computes the SHA-256 of every blob. Debian's libarchive-dev and nettle-dev.
+# nettle computes the SHA-256 of every blob, and zlib checks a gzip stream's trailer, which
+# libarchive does not (images/import.cc, GzipCheck). Debian's libarchive-dev, nettle-dev and
+# zlib1g-dev.
 pkg_check_modules(ARCHIVE REQUIRED IMPORTED_TARGET libarchive)
 pkg_check_modules(NETTLE REQUIRED IMPORTED_TARGET nettle)
+pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)
 add_library(nsbox_archive_deps INTERFACE)
 if(NSBOX_STATIC)
   find_library(NSBOX_ARCHIVE_A libarchive.a REQUIRED)
@@ -56,5 +59,6 @@ if(NSBOX_STATIC)
   endforeach()
   target_link_libraries(nsbox_archive_deps INTERFACE ${NSBOX_ARCHIVE_A} ${NSBOX_ARCHIVE_STATIC_LIBS})
 else()
-  target_link_libraries(nsbox_archive_deps INTERFACE PkgConfig::ARCHIVE PkgConfig::NETTLE)
+  target_link_libraries(nsbox_archive_deps INTERFACE PkgConfig::ARCHIVE PkgConfig::NETTLE
+                                                      PkgConfig::ZLIB)
 endif()

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -100,7 +101,8 @@ bool IsHex(std::string_view s) {
 
 class Progress {
  public:
-  explicit Progress(const ProgressFn& fn) : fn_(fn) {}
+  Progress(const ProgressFn& fn, const std::atomic<bool>* cancel) : fn_(fn), cancel_(cancel) {}
+  bool cancelled() const { return cancel_ != nullptr && cancel_->load(); }
   void SetTotal(uint64_t total) { state_.bytes_total = total; }
   // A new phase or layer: reported at once. bytes_read starts from 0 in each phase.
   void Start(std::string_view phase, uint64_t layer, uint64_t layers) {
@@ -129,6 +131,7 @@ class Progress {
     if (fn_) fn_(state_);
   }
   const ProgressFn& fn_;
+  const std::atomic<bool>* cancel_;
   ImportProgress state_;
   uint64_t reported_ = 0;
 };
@@ -152,6 +155,110 @@ class Sha256 {
   struct sha256_ctx ctx_;
 };
 
+// ---- a gzip stream's own check ----
+
+// Inflates a gzip stream as it is read and discards what it gives, for the checks libarchive
+// leaves out: its gzip filter reads each member's trailer but compares neither the CRC-32 nor
+// the length, so a flipped bit that still inflates passes as data. zlib checks both at each
+// member's end. Used where no digest covers the bytes: a root file system tarball (ScanTar, which
+// reads every source before anything is unpacked). Members follow each other (`cat a.gz b.gz`);
+// bytes after the last one that are not a gzip member are ignored, as libarchive and gzip do.
+class GzipCheck {
+ public:
+  GzipCheck() = default;
+  ~GzipCheck() {
+    if (started_) inflateEnd(&z_);
+  }
+  GzipCheck(const GzipCheck&) = delete;
+  GzipCheck& operator=(const GzipCheck&) = delete;
+
+  // Whether `head`, a stream's first bytes, starts a gzip member (RFC 1952: 1f 8b, deflate).
+  static bool IsGzip(std::string_view head) {
+    return head.size() >= 3 && head[0] == '\x1f' && head[1] == '\x8b' && head[2] == '\x08';
+  }
+
+  Status Feed(const unsigned char* data, size_t size) {
+    while (size > 0 && !done_) {
+      if (between_members_) {
+        // A member ended: its next one, or the end of what is checked.
+        const size_t take = std::min(size, 3 - head_.size());
+        head_.append(reinterpret_cast<const char*>(data), take);
+        data += take;
+        size -= take;
+        if (head_.size() < 3) return Ok();
+        if (!IsGzip(head_)) {
+          done_ = true;
+          return Ok();
+        }
+        between_members_ = false;
+        NSBOX_TRY(Start());
+        const std::string head = std::move(head_);
+        head_.clear();
+        NSBOX_TRY(Inflate(reinterpret_cast<const unsigned char*>(head.data()), head.size()));
+        continue;
+      }
+      if (!started_) NSBOX_TRY(Start());
+      NSBOX_TRY(Inflate(data, size));
+      data += consumed_;
+      size -= consumed_;
+    }
+    return Ok();
+  }
+  // At the end of the stream: a member cut short is an error.
+  Status Finish() {
+    if (started_ && !between_members_ && !done_) {
+      return Error(EINVAL, "the gzip stream is truncated (it ends inside a member)");
+    }
+    return Ok();
+  }
+
+ private:
+  Status Start() {
+    if (!started_) {
+      z_ = z_stream{};
+      // 15 + 16: a gzip wrapper, whose trailer zlib checks.
+      if (inflateInit2(&z_, 15 + 16) != Z_OK) return Error(ENOMEM, "inflateInit2: out of memory");
+      started_ = true;
+    } else if (inflateReset(&z_) != Z_OK) {
+      return Error(EINVAL, "inflateReset failed");
+    }
+    return Ok();
+  }
+  // Inflates from `data` until the member ends or the input is used up; consumed_ says how much
+  // of it was taken.
+  Status Inflate(const unsigned char* data, size_t size) {
+    z_.next_in = const_cast<unsigned char*>(data);  // zlib's API is not const
+    z_.avail_in = static_cast<uInt>(std::min<size_t>(size, UINT32_MAX));
+    const uInt given = z_.avail_in;
+    for (;;) {
+      z_.next_out = out_;
+      z_.avail_out = sizeof(out_);
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      if (rc == Z_STREAM_END) {
+        between_members_ = true;
+        break;
+      }
+      if (rc == Z_BUF_ERROR && z_.avail_in == 0) break;  // it needs more input
+      if (rc != Z_OK) {
+        return Error(EINVAL, std::string("corrupt gzip data (") +
+                                 (z_.msg != nullptr ? z_.msg : "inflate " + std::to_string(rc)) +
+                                 ")");
+      }
+      if (z_.avail_in == 0 && z_.avail_out != 0) break;
+    }
+    consumed_ = given - z_.avail_in;
+    return Ok();
+  }
+
+  z_stream z_{};
+  bool started_ = false;
+  bool between_members_ = false;
+  bool done_ = false;
+  std::string head_;  // the first bytes after a member, until there are 3
+  size_t consumed_ = 0;
+  unsigned char out_[64 * 1024];
+};
+
 // ---- reading a byte range through libarchive ----
 
 // The bytes [offset, offset + size) of a file, fed to libarchive's read callback and hashed on
@@ -169,11 +276,16 @@ class RangeReader {
   // Lets libarchive skip bytes unread (the header scan of an uncompressed tar). Skipped bytes are
   // not hashed, so this is only for readers whose digest nobody checks.
   void AllowSkip() { skip_ok_ = true; }
+  // Checks a gzip stream's CRC-32 and length as it is read (GzipCheck), when the range starts
+  // with one; FinishCheck, after Drain, says whether it ended whole.
+  void CheckGzip() { check_gzip_ = true; }
+  Status FinishCheck() { return gzip_ ? gzip_->Finish() : Ok(); }
   const std::optional<Error>& error() const { return error_; }
   uint64_t consumed() const { return pos_; }
 
   // The next chunk: 0 bytes at the end of the range.
   Result<size_t> Read(const void** data) {
+    if (progress_ != nullptr && progress_->cancelled()) return Cancelled();
     if (pos_ >= size_) return size_t{0};
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - pos_));
     ssize_t n;
@@ -186,6 +298,11 @@ class RangeReader {
                       " bytes early");
     }
     const auto got = static_cast<size_t>(n);
+    if (check_gzip_ && pos_ == 0 &&
+        GzipCheck::IsGzip(std::string_view(reinterpret_cast<const char*>(buf_.data()), got))) {
+      gzip_ = std::make_unique<GzipCheck>();
+    }
+    if (gzip_) NSBOX_TRY(gzip_->Feed(buf_.data(), got));
     hash_.Update(buf_.data(), got);
     pos_ += got;
     if (progress_ != nullptr) progress_->Add(got);
@@ -217,7 +334,8 @@ class RangeReader {
   }
   static la_int64_t SkipCallback(struct archive*, void* self, la_int64_t request) {
     auto* r = static_cast<RangeReader*>(self);
-    if (!r->skip_ok_ || request <= 0) return 0;  // 0: libarchive reads through instead
+    // 0: libarchive reads through instead.
+    if (!r->skip_ok_ || r->gzip_ || request <= 0) return 0;
     const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(request), r->size_ - r->pos_);
     r->pos_ += n;
     if (r->progress_ != nullptr) r->progress_->Add(n);
@@ -233,6 +351,8 @@ class RangeReader {
   Progress* progress_;
   Sha256 hash_;
   bool skip_ok_ = false;
+  bool check_gzip_ = false;
+  std::unique_ptr<GzipCheck> gzip_;
   std::vector<unsigned char> buf_;
   std::optional<Error> error_;
 };
@@ -327,6 +447,8 @@ struct ScannedTar {
 Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Progress& progress) {
   RangeReader reader(fd, 0, size, source, &progress);
   reader.AllowSkip();
+  // A root file system tarball has no digest: a gzip one is checked by its own CRC-32.
+  reader.CheckGzip();
   NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kTar, source));
   ScannedTar scan;
   uint64_t entries = 0;
@@ -367,6 +489,9 @@ Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Pro
                     ": not a tar archive (or an unsupported compression): it holds no entries");
   }
   scan.compressed = archive_filter_code(a.get(), 0) != ARCHIVE_FILTER_NONE;
+  // The gzip trailer comes after the tar's end, which libarchive stops at.
+  NSBOX_TRY_CTX(reader.Drain(), source + ": corrupt tar archive");
+  NSBOX_TRY_CTX(reader.FinishCheck(), source + ": corrupt tar archive");
   return scan;
 }
 
@@ -1498,12 +1623,15 @@ std::string HexOf(const unsigned char* bytes, size_t size) {
   return out;
 }
 
+Error Cancelled() { return Error(ECANCELED, "the import was cancelled: the daemon is stopping"); }
+
 Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int rootfs_fd,
-                                  const isolate::IdMapping& ids, const ProgressFn& progress_fn) {
+                                  const isolate::IdMapping& ids, const ProgressFn& progress_fn,
+                                  const std::atomic<bool>* cancel) {
   NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(AT_FDCWD, source, O_RDONLY | O_NOCTTY));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return Error::Sys("fstat", source, errno);
-  Progress progress(progress_fn);
+  Progress progress(progress_fn, cancel);
 
   // 1. What the source is.
   std::unique_ptr<Source> src;
@@ -1557,7 +1685,11 @@ Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int ro
     return BadInput(source + " is neither a regular file nor a directory");
   }
 
-  // 2. The layers, in order.
+  // 2. The layers, in order. Their progress counts against their own bytes: a compressed outer
+  // tar's layers are read from its decompressed copy, larger than the source.
+  uint64_t layer_bytes = 0;
+  for (const LayerPlan& layer : plan.layers) layer_bytes += layer.blob.size;
+  progress.SetTotal(layer_bytes);
   Unpacker unpacker(rootfs_fd, ids);
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     NSBOX_TRY(ApplyLayer(unpacker, plan.layers[i], i, plan.layers.size(), progress));

@@ -13,6 +13,7 @@
 //      digest is computed, every entry written relative to the rootfs's directory fd;
 //   4. set the directories' mtimes last (creating entries inside a directory changes its mtime).
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -44,9 +45,16 @@ struct UnpackedImage {
 // Progress: "reading" while the source is scanned (bytes_read climbs to bytes_total, the
 // source's size; 0 for a directory; from 0 once more while a compressed OCI or docker tarball is
 // decompressed), then "layer" at the start of each layer and every 4 MiB of
-// layer blobs read (bytes_read counts the layer bytes read so far, from 0 again).
+// layer blobs read (bytes_read counts the layer bytes read so far, from 0 again, and bytes_total
+// is then the layers' total size).
+//
+// `cancel`, when given and set, ends the unpacking at its next read of the source with
+// ECANCELED (ImageStore::CancelImports).
 Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int rootfs_fd,
-                                  const isolate::IdMapping& ids, const ProgressFn& progress);
+                                  const isolate::IdMapping& ids, const ProgressFn& progress,
+                                  const std::atomic<bool>* cancel = nullptr);
+// The error of a cancelled import.
+Error Cancelled();
 
 // Removes `name` in the directory `dir_fd` and, when it is a directory, everything below it,
 // never following a symlink (each level is opened with O_NOFOLLOW relative to its parent's fd).

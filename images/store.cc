@@ -20,6 +20,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "base/strings.h"
+#include "base/utf8.h"
 #include "images/image.h"
 #include "images/import.h"
 
@@ -507,8 +508,8 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
                                      bool replace, const ProgressFn& progress) {
   const std::string name(name_view);
   if (auto why = InvalidImageNameReason(name)) return Error(EINVAL, *why);
-  const Error taken(
-      EEXIST, "an image named '" + name + "' already exists (import with replace to replace it)");
+  const Error taken(EEXIST,
+                    "an image named '" + name + "' exists already (replace it with ?replace=1)");
   if (!replace && Find(name).has_value()) return taken;  // before the work; checked again below
 
   NSBOX_ASSIGN_OR_RETURN(UniqueFd dir_fd, OpenAt(AT_FDCWD, dir_, O_RDONLY | O_DIRECTORY));
@@ -546,7 +547,8 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
   // 2. Unpack and verify, without the lock: imports run side by side.
   NSBOX_ASSIGN_OR_RETURN(
       internal::UnpackedImage unpacked,
-      internal::UnpackImage(source, work_fd.get(), rootfs_fd.get(), ids_, progress));
+      internal::UnpackImage(source, work_fd.get(), rootfs_fd.get(), ids_, progress, &cancel_));
+  if (cancel_.load()) return internal::Cancelled();
   ImageInfo info;
   info.name = name;
   // A fresh id: never one that is on disk (content that a sandbox still uses keeps its id).
@@ -563,7 +565,9 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
   info.gid_base = ids_.gid.outside;
   info.shell = ShellIn(rootfs_fd.get());
   info.config = std::move(unpacked.config);
-  info.warnings = std::move(unpacked.warnings);
+  // They quote names of the archive, which need not be UTF-8; image.json and the API's JSON
+  // must be (api.md "Paths": invalid bytes replaced by U+FFFD).
+  for (const std::string& w : unpacked.warnings) info.warnings.push_back(utf8::DecodeLossy(w));
 
   // 3. Durable before visible: image.json, then every byte of the tree (syncfs: one call for
   // the thousands of files an image has), then the renames that publish it.
@@ -575,6 +579,7 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
   }
   NSBOX_TRY(WriteFileAtomic(work_path, "image.json", EncodeImageInfo(info)));
   if (::syncfs(work_fd.get()) != 0) return Error::Sys("syncfs", work_path, errno);
+  if (cancel_.load()) return internal::Cancelled();
   // 0700: the root holds setuid files owned by the sandboxes' uids; no host user may reach them
   // (case SetuidFilesOfSandboxesAreOutOfHostUsersReach). The overlay reads it as root.
   if (::fchmod(work_fd.get(), 0700) != 0) return Error::Sys("fchmod", work_path, errno);

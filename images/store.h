@@ -14,6 +14,7 @@
 // one keep it (their upper layers were built on it) until the last of them is deleted, then it
 // is collected. Thread-safe; every method may block (the daemon calls them on its worker pool).
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -115,8 +116,13 @@ class ImageStore {
 
   const std::string& dir() const { return dir_; }
 
+  // Imports under way, and any started later, end with ECANCELED before they publish anything
+  // (the daemon is stopping: an import of gigabytes would hold up its exit for minutes).
+  void CancelImports() { cancel_.store(true); }
+
  private:
   ImageStore() = default;
+  std::atomic<bool> cancel_{false};
   std::string dir_;
   isolate::IdMapping ids_;
   mutable std::mutex mu_;

@@ -23,13 +23,13 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "base/strings.h"
+#include "base/utf8.h"
 #include "exec/runner.h"
 #include "images/image.h"
 #include "isolate/cgroup.h"
 #include "isolate/idmap.h"
 #include "net/net_client.h"
 #include "runtime/exec_session.h"
-#include "base/utf8.h"
 
 namespace nsbox::runtime {
 
@@ -1344,6 +1344,14 @@ ApiError ImageError(const Error& e) {
     case ENOENT:
       return ApiError::Of(404, "image_not_found", e.message());
     case EINVAL:
+    // What an archive's names and links make the unpacking meet: a name or path too long, a
+    // path through a file, too many links to one file, a file larger than the file system takes.
+    case ENAMETOOLONG:
+    case ELOOP:
+    case ENOTDIR:
+    case EISDIR:
+    case EMLINK:
+    case EFBIG:
       return ApiError::Of(400, "invalid_image", e.message());
     case ENOSPC:
     case EDQUOT:

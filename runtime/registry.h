@@ -181,6 +181,8 @@ class Registry {
   ApiOutcome<bool> Delete(std::string_view id);
   // At shutdown: stops every sandbox.
   void StopAll();
+  // Image imports under way end unpublished (images::ImageStore::CancelImports).
+  void CancelImports() { images_->CancelImports(); }
 
   // Replaces the network policy of a sandbox, running or not: written to its config.json, and
   // on a running sandbox applied at once to new connections (its interface added or removed when

@@ -55,6 +55,7 @@
 #include "base/base64.h"
 #include "base/files.h"
 #include "base/log.h"
+#include "base/utf8.h"
 #include "exec/runner.h"
 #include "fs/fs_error.h"
 #include "fs/path.h"
@@ -72,7 +73,6 @@
 #include "runtime/ports.h"
 #include "runtime/registry.h"
 #include "runtime/serve.h"
-#include "base/utf8.h"
 #include "runtime/version.h"
 
 namespace nsbox::runtime {
@@ -239,7 +239,7 @@ json::object SandboxJson(const SandboxEntry& e) {
 std::string ErrorBody(const ApiError& error) {
   json::object e;
   e["code"] = error.code;
-  e["message"] = error.message;
+  e["message"] = utf8::DecodeLossy(error.message);
   if (!error.path.empty()) e["path"] = utf8::DecodeLossy(error.path);
   if (!error.syscall.empty()) e["syscall"] = error.syscall;
   json::object o;
@@ -346,7 +346,9 @@ json::object ImageJson(const images::ImageInfo& info, const std::vector<std::str
   config["architecture"] = info.config.architecture;
   config["os"] = info.config.os;
   o["config"] = std::move(config);
-  o["warnings"] = json::array(info.warnings.begin(), info.warnings.end());
+  json::array warnings;
+  for (const std::string& w : info.warnings) warnings.emplace_back(utf8::DecodeLossy(w));
+  o["warnings"] = std::move(warnings);
   o["usedBy"] = json::array(used_by.begin(), used_by.end());
   return o;
 }
@@ -1251,7 +1253,8 @@ class Daemon {
   asio::thread_pool pool_{kWorkerThreads};
   asio::thread_pool spill_pool_{1};
   Metrics metrics_;
-  std::atomic<int> running_execs_{0};  // requests and sockets that started an exec, still on
+  std::atomic<int> running_execs_{0};    // requests and sockets that started an exec, still on
+  std::atomic<int> running_imports_{0};  // image imports not yet answered
   const ExecLogLimits log_limits_;
   const std::chrono::seconds retention_;
   const std::chrono::seconds auth_timeout_;  // for TCP connections to show the token
@@ -1351,6 +1354,9 @@ void Daemon::Shutdown(std::vector<Acceptor*> acceptors) {
   if (shutting_down_) return;
   shutting_down_ = true;
   log::info("stopping: no new connections; ending every sandbox's processes");
+  // An import under way ends now, unpublished, and its client is told so below: unpacking
+  // gigabytes would hold up the exit for minutes.
+  registry_.CancelImports();
   for (Acceptor* a : acceptors) {
     boost::system::error_code ec;
     a->close(ec);
@@ -1367,7 +1373,8 @@ void Daemon::Shutdown(std::vector<Acceptor*> acceptors) {
         // The answers of the execs that were running ("stopped") go out before
         // the loop ends.
         auto deadline = Clock::now() + std::chrono::seconds(3);
-        while (running_execs_.load() > 0 && Clock::now() < deadline) {
+        while ((running_execs_.load() > 0 || running_imports_.load() > 0) &&
+               Clock::now() < deadline) {
           asio::steady_timer t(io_, std::chrono::milliseconds(20));
           (void)co_await t.async_wait(kTuple);
         }
@@ -3212,7 +3219,7 @@ asio::awaitable<bool> Daemon::ExecResize(Ctx& c, std::shared_ptr<SandboxEntry> e
 std::string ControlError(const ApiError& error) {
   json::object e;
   e["code"] = error.code;
-  e["message"] = error.message;
+  e["message"] = utf8::DecodeLossy(error.message);
   json::object o;
   o["type"] = "error";
   o["error"] = std::move(e);
@@ -3733,9 +3740,9 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   }
   if (copied.write_error != 0) {
     const int err = copied.write_error;
-    const ApiError reply_error = ApiError::Of(
-        StatusForErrno(err), ErrnoName(err),
-        "spool the image upload to " + spool + ": " + ErrnoName(err) + ": " + ErrnoText(err));
+    const ApiError reply_error =
+        ApiError::Of(StatusForErrno(err), ErrnoName(err),
+                     Error::Sys("write", spool, err).Context("spool the image upload").message());
     co_return co_await ReplyError(c, reply_error);
   }
   const uint64_t total = copied.bytes;
@@ -3745,6 +3752,11 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
     co_return co_await ReplyError(c, reply_error);
   }
   log::info("image={} received {} bytes; importing", name, total);
+  ++running_imports_;
+  struct Answered {
+    std::atomic<int>& n;
+    ~Answered() { --n; }
+  } answered{running_imports_};
 
   const bool stream = WantsNdjson(c.parser.get()[http::field::accept]);
   struct ImportEvent {
@@ -3814,7 +3826,7 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
         o["type"] = "error";
         json::object e;
         e["code"] = error.code;
-        e["message"] = error.message;
+        e["message"] = utf8::DecodeLossy(error.message);
         o["error"] = std::move(e);
         o["status"] = error.status;
       }

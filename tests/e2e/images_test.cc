@@ -250,6 +250,10 @@ TEST_F(Images, BadInputIsRefusedClearlyAndLeavesNothing) {
   ImageFiles broken = BuildOciLayout(TwoLayerSpec());
   broken.Find(broken.layer_paths[0])[100] ^= 0x5a;
   const std::string whole = PackTar(BuildOciLayout(TwoLayerSpec()));
+  // A gzip root file system tarball whose trailer's CRC-32 is wrong: its deflate data is whole,
+  // which libarchive alone takes for good.
+  std::string bad_crc = MakeTar(BusyboxRootfs(), Compression::kGzip);
+  bad_crc[bad_crc.size() - 8] ^= 0x5a;
   const std::string canary = daemon().dir() + "/canary";
   ASSERT_EQ(::mkdir(canary.c_str(), 0755), 0);
   const std::vector<Case> cases = {
@@ -259,6 +263,12 @@ TEST_F(Images, BadInputIsRefusedClearlyAndLeavesNothing) {
       {"a layer whose digest does not match", PackTar(corrupt), "digest"},
       {"a corrupt compressed layer", PackTar(broken), broken.layer_digests[0]},
       {"a .. entry", MakeTar({Dir("bin"), File("../evil", "x")}), ".."},
+      // A message quoting a name that is not UTF-8 is still JSON (the harness's parser
+      // refuses invalid UTF-8), the bytes replaced by U+FFFD.
+      {"a .. entry in a name that is not UTF-8", MakeTar({File("bad\xff/../x", "x")}),
+       "bad\xEF\xBF\xBD/../x"},
+      {"a gzip tarball with a wrong CRC-32", bad_crc, "incorrect data check"},
+      {"a name longer than 255 bytes", MakeTar({File(std::string(300, 'a'), "x")}), "ENAMETOOLONG"},
       {"a write through a symlink", MakeTar({Symlink("escape", canary), File("escape/owned", "x")}),
        "escape"},
   };
@@ -305,6 +315,57 @@ TEST_F(Images, ProgressStreamsAsNdjson) {
   EXPECT_EQ(Str(events.back().at("image").as_object(), "name"), "streamed");
 }
 
+// A gzipped docker save or OCI tarball is decompressed before its layers are read: the layers'
+// progress counts against their own total, never past it (it counted decompressed bytes against
+// the upload's compressed size). The last layer event of a phase reaches its total.
+TEST_F(Images, ProgressOfACompressedTarballStaysWithinItsTotal) {
+  ImageSpec spec = TwoLayerSpec();
+  spec.layer_compression = Compression::kNone;
+  NdjsonStream stream(daemon().endpoint(), "POST", "/v1/images/zipped",
+                      PackTar(BuildOciLayout(spec), Compression::kGzip), milliseconds(60000));
+  ASSERT_EQ(stream.status(), 200) << stream.error();
+  auto events = stream.ReadAll(milliseconds(60000));
+  ASSERT_FALSE(events.empty());
+  int layer_events = 0;
+  for (const auto& e : events) {
+    if (Str(e, "type") != "progress") continue;
+    EXPECT_LE(Field(e, "bytesRead").as_int64(), Field(e, "bytesTotal").as_int64())
+        << json::serialize(e);
+    if (Str(e, "phase") == "layer") ++layer_events;
+  }
+  EXPECT_GE(layer_events, 2);
+  ASSERT_EQ(Str(events.back(), "type"), "image") << json::serialize(events.back());
+}
+
+// Warnings quote the archive's names, which need not be UTF-8: the image's JSON stays JSON (the
+// bytes replaced by U+FFFD), in the answer, in the list, and after a restart.
+TEST_F(Images, AWarningAboutANameThatIsNotUtf8KeepsTheImageUsable) {
+  std::vector<TarEntry> root = BusyboxRootfs();
+  root.push_back(CharDevice("dev/null\xff", 1, 3));
+  Response r = Import("oddname", MakeTar(root));
+  ASSERT_EQ(r.status, 201) << r.Describe();
+  const std::string want = "(first: /dev/null\xEF\xBF\xBD)";
+  auto has_warning = [&](const json::object& image) {
+    for (const auto& w : image.at("warnings").as_array()) {
+      if (std::string(w.as_string()).find(want) != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has_warning(r.Json().as_object())) << r.Describe();
+  Response list = client().Get("/v1/images");
+  ASSERT_EQ(list.status, 200) << list.Describe();
+  EXPECT_FALSE(list.Json().as_object().empty()) << list.Describe();
+  const std::string id = NewId();
+  EXPECT_EQ(client().Request("PUT", SbPath(id), R"({"image": "oddname"})").status, 201);
+  daemon().Kill();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  Client fresh(daemon().endpoint());
+  Response again = fresh.Get("/v1/images/oddname");
+  ASSERT_EQ(again.status, 200) << again.Describe();
+  EXPECT_TRUE(has_warning(again.Json().as_object())) << again.Describe();
+  EXPECT_EQ(Sh(id, "echo ok"), "ok\n");
+}
+
 TEST_F(Images, AnImportCutShortByADaemonCrashLeavesNothing) {
   // A layer big enough that the daemon is still unpacking when it is killed.
   std::string big(32u << 20, '\0');
@@ -326,6 +387,37 @@ TEST_F(Images, AnImportCutShortByADaemonCrashLeavesNothing) {
   ASSERT_TRUE(daemon().Restart()) << daemon().error();
   client().Disconnect();
   EXPECT_EQ(client().Get("/v1/images/crashed").status, 404);
+  EXPECT_EQ(Leftovers(), std::vector<std::string>{});
+  EXPECT_TRUE(BecomesEmpty(ImagesDir() + "/content", milliseconds(30000)));
+}
+
+// SIGTERM while an import unpacks: the import ends unpublished and its client is answered,
+// instead of the daemon finishing the import (minutes for gigabytes) and publishing an image
+// whose client saw its connection drop.
+TEST_F(Images, SigtermCancelsAnImportAndAnswersItsClient) {
+  std::string big(64u << 20, '\0');
+  for (size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>(i >> 12);
+  std::vector<TarEntry> root = BusyboxRootfs();
+  for (int i = 0; i < 4; ++i) root.push_back(File("big" + std::to_string(i), big));
+  const std::string tarball = MakeTar(root);
+  Response answer;
+  std::thread upload([&] {
+    Client c = NewClient();
+    answer = c.Request("POST", "/v1/images/stopped", tarball, {}, milliseconds(60000));
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (daemon().Log().find("image=stopped received") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_TRUE(daemon().Stop(milliseconds(10000))) << daemon().error();
+  upload.join();
+  EXPECT_EQ(answer.status, 500) << answer.Describe();
+  EXPECT_NE(answer.ErrorMessage().find("cancelled: the daemon is stopping"), std::string::npos)
+      << answer.Describe();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+  EXPECT_EQ(client().Get("/v1/images/stopped").status, 404);
   EXPECT_EQ(Leftovers(), std::vector<std::string>{});
   EXPECT_TRUE(BecomesEmpty(ImagesDir() + "/content", milliseconds(30000)));
 }
