@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <system_error>
@@ -381,6 +382,42 @@ Status Registry::RemoveStaleCgroups() {
   return stale.Destroy();
 }
 
+namespace {
+
+// Whether `path` holds nothing but what a creation makes before its config.json is written or
+// filled: the empty directories workspace/ and home/ (upper/ and work/ for an imported image),
+// and config.json or its temp file. Only such a directory is removed as a creation that did not
+// finish; anything else may be someone's files.
+bool IsBareSkeleton(const std::string& path) {
+  auto empty_dir = [](const std::string& dir) {
+    std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+    if (!d) return false;
+    while (struct dirent* e = ::readdir(d.get())) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) return false;
+    }
+    return true;
+  };
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(path.c_str()), ::closedir);
+  if (!dir) return false;
+  while (struct dirent* e = ::readdir(dir.get())) {
+    const std::string_view name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string child = path + "/" + std::string(name);
+    struct stat st {};
+    if (::lstat(child.c_str(), &st) != 0) return false;
+    if (name == "workspace" || name == "home" || name == "upper" || name == "work") {
+      if (!S_ISDIR(st.st_mode) || !empty_dir(child)) return false;
+    } else if (name == "config.json" || name == ".config.json.tmp") {
+      if (!S_ISREG(st.st_mode)) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 Status Registry::Load() {
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(sandboxes_dir_.c_str()), ::closedir);
   if (!dir) return Error::Sys("opendir", sandboxes_dir_, errno);
@@ -404,10 +441,12 @@ Status Registry::Load() {
       if (!config.ok()) {
         boost::system::error_code not_json;
         if (!unused) (void)json::parse(*text, not_json);
-        if (!unused && !not_json) {
-          // JSON that is not a config this daemon reads (one of a later version?): never
-          // deleted, it may be someone's sandbox.
-          log::error("skipping {}: {}", path, config.error().message());
+        if ((!unused && !not_json) || !IsBareSkeleton(path)) {
+          // JSON that is not a config this daemon reads (one of a later version?), or files
+          // beside the empty directories: never deleted, it may be someone's sandbox.
+          log::error("skipping {}: {}", path,
+                     unused || not_json ? std::string("it holds files, yet no config")
+                                        : config.error().message());
           continue;
         }
         if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
@@ -439,13 +478,23 @@ Status Registry::Load() {
       continue;
     }
     auto text = ReadFile(path + "/config.json");
-    if (!text.ok() && text.error().code() == ENOENT) {
-      // A PUT the previous daemon did not finish: config.json is written last.
+    if (!text.ok() && text.error().code() == ENOENT && IsBareSkeleton(path)) {
+      // A PUT the previous daemon did not finish: config.json is written last, after the empty
+      // directories.
       log::info("removing the half-created sandbox directory {}", path);
       if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
       continue;
     }
-    if (!text.ok()) return std::move(text).error().Context("load sandbox " + path);
+    if (!text.ok()) {
+      // Not a sandbox directory, or one whose config is gone or unreadable: kept, never deleted
+      // (it may hold someone's files), and no reason to keep every other sandbox down.
+      log::error("skipping {}: {}", path,
+                 text.error().code() == ENOENT
+                     ? "it has no config.json, and holds more than the empty directories of a "
+                       "creation that did not finish"
+                     : text.error().message());
+      continue;
+    }
     auto config = DecodeConfig(*text);
     if (!config.ok() || IdHash(config->id) != name) {
       // Never delete what we cannot read: it may be someone's workspace.

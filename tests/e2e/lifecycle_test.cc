@@ -481,6 +481,53 @@ TEST_F(LifecycleTest, ASandboxWhoseRenameTheDiskLostIsPutInPlaceAtTheNextStart) 
   EXPECT_EQ(Sh(other, "ls /workspace"), "mine.txt\n");
 }
 
+// A start removes a directory without config.json only when it holds nothing but the empty
+// directories of a creation that did not finish. A sandbox whose config.json was lost (fsck, a
+// partial restore), a directory someone put there, a stray file or a config.json that is a
+// directory: each is kept with its files, logged, and the other sandboxes start as usual (such
+// an entry deleted the workspace, or kept the daemon from starting at all).
+TEST_F(LifecycleTest, AStartDeletesOnlyWhatAnUnfinishedCreationLeft) {
+  const std::string lost = "config-lost";
+  const std::string odd = "config-is-a-dir";
+  const std::string fine = "still-fine";
+  for (const std::string& id : {lost, odd, fine}) Create(id);
+  EXPECT_EQ(Sh(lost, "echo precious > /workspace/p && echo ok"), "ok\n");
+  EXPECT_EQ(Sh(fine, "echo fine > /workspace/f && echo ok"), "ok\n");
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  const std::string sandboxes = daemon().state_dir() + "/sandboxes";
+  const std::string lost_dir = daemon().SandboxDir(lost);
+  const std::string odd_dir = daemon().SandboxDir(odd);
+  ASSERT_FALSE(lost_dir.empty());
+  ASSERT_FALSE(odd_dir.empty());
+  ASSERT_EQ(::unlink((lost_dir + "/config.json").c_str()), 0);
+  ASSERT_EQ(::unlink((odd_dir + "/config.json").c_str()), 0);
+  ASSERT_EQ(::mkdir((odd_dir + "/config.json").c_str(), 0700), 0);
+  std::filesystem::create_directories(sandboxes + "/mybackup");
+  std::ofstream(sandboxes + "/mybackup/notes.txt") << "important";
+  std::ofstream(sandboxes + "/README.txt") << "hello";
+  // What a creation that did not finish leaves: removed.
+  const std::string half = sandboxes + "/0123456789abcdef0123456789abcdef";
+  std::filesystem::create_directories(half + "/workspace");
+  std::filesystem::create_directories(half + "/home");
+  std::ofstream(half + "/.config.json.tmp") << "{\"version\":1,";
+  const size_t log_from = daemon().LogSize();
+
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  EXPECT_EQ(Sh(fine, "cat /workspace/f"), "fine\n");
+  EXPECT_EQ(ReadHostFile(lost_dir + "/workspace/p"), "precious\n");
+  EXPECT_TRUE(std::filesystem::is_directory(odd_dir + "/config.json"));
+  EXPECT_EQ(ReadHostFile(sandboxes + "/mybackup/notes.txt"), "important");
+  EXPECT_EQ(ReadHostFile(sandboxes + "/README.txt"), "hello");
+  EXPECT_FALSE(std::filesystem::exists(half));
+  const std::string log = daemon().Log(log_from);
+  for (const std::string& kept :
+       {lost_dir, odd_dir, sandboxes + "/mybackup", sandboxes + "/README.txt"}) {
+    EXPECT_NE(log.find("skipping " + kept), std::string::npos) << kept << "\n" << log;
+  }
+  EXPECT_NE(log.find("removing the half-created sandbox directory " + half), std::string::npos)
+      << log;
+}
+
 // The daemon's own nsbox-init processes: the pooled jails and the sandboxes' (docs/daemon.md
 // "The pool").
 std::vector<pid_t> PooledJails(pid_t daemon) {
