@@ -1528,6 +1528,39 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
       ->force_callback();
 }
 
+namespace {
+constexpr char kWordMark = '\x01';
+}  // namespace
+
+std::vector<std::string> ProtectWords(int argc, char** argv) {
+  std::vector<std::string> out;
+  out.reserve(static_cast<size_t>(argc));
+  for (int i = 0; i < argc; ++i) {
+    std::string word = argv[i];
+    size_t at = 0;  // where a value begins: the word, or after "--name="
+    if (word.starts_with("--")) {
+      const size_t eq = word.find('=');
+      at = eq == std::string::npos ? word.size() : eq + 1;
+    }
+    if (i > 0 && at < word.size() && (word[at] == '[' || word[at] == kWordMark)) {
+      word.insert(at, 1, kWordMark);
+    }
+    out.push_back(std::move(word));
+  }
+  return out;
+}
+
+void UnmarkValues(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options()) {
+    opt->transform(
+        [](const std::string& value) -> std::string {
+          return value.starts_with(kWordMark) ? value.substr(1) : value;
+        },
+        "", "unmark");
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) UnmarkValues(*sub);
+}
+
 ClientCommands::~ClientCommands() = default;
 
 std::string ClientCommands::GlobalSocket() const { return options_->socket; }

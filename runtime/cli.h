@@ -35,6 +35,16 @@ class ClientCommands {
   std::unique_ptr<Options> options_;
 };
 
+// CLI11 reads a word "[a,b]" given to an option or positional that takes several values as the
+// list "a", "b" (its syntax for vector values): `nsbox rm '[x,y]'` removed the sandboxes x and y,
+// and `nsbox exec ID -- '[ -d /x ]'` ran "-d /x". Every word is taken whole instead:
+// ProtectWords marks the words that would be read so (those starting with '[', and a
+// `--name=[...]` value), before the parse; UnmarkValues, called on the app once every option is
+// added, gives each option a transform that takes the mark off again, so that the values are the
+// words as typed. A word that starts with the mark byte (0x01) gets another, so none is changed.
+std::vector<std::string> ProtectWords(int argc, char** argv);
+void UnmarkValues(CLI::App& app);
+
 // The shell command string for exec's COMMAND arguments: one argument is used as it is (it is a
 // shell command already); several are each quoted for a POSIX shell and joined with spaces, so
 // the shell sees exactly those arguments.

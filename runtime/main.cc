@@ -100,8 +100,11 @@ int main(int argc, char** argv) {
   // create, ls, exec, cp, stop, rm: clients of nsboxd, and --socket / --url / --token.
   nsbox::runtime::ClientCommands client_commands(app);
 
+  // Every word whole, "[a,b]" included (runtime/cli.h, ProtectWords).
+  nsbox::runtime::UnmarkValues(app);
+  std::vector<std::string> words = nsbox::runtime::ProtectWords(argc, argv);
   try {
-    app.parse(argc, argv);
+    app.parse(std::vector<std::string>(words.rbegin(), words.rend() - 1));
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     std::fprintf(stderr, "nsbox: %s\n", e.what());

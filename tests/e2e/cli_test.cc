@@ -1062,6 +1062,32 @@ TEST_F(CliTest, RmThenLs) {
   EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
 }
 
+// A word "[a,b]" is that word, never the list "a", "b" (CLI11's syntax for several values):
+// `rm '[a,b]'` removed the sandboxes a and b and kept "[a,b]", and exec's arguments lost their
+// brackets and were split at their commas.
+TEST_F(CliTest, AWordInBracketsIsTakenWhole) {
+  const std::string a = NewBox("a");
+  const std::string b = NewBox("b");
+  const std::string listed = "[" + a + "," + b + "]";
+  CliResult r = Nsbox({"create", listed});
+  ASSERT_EQ(r.code, 0) << r.Describe();
+  r = Nsbox({"rm", listed});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, listed + "\n");
+  EXPECT_TRUE(SandboxJson(listed).empty());
+  EXPECT_FALSE(SandboxJson(a).empty()) << a << " must survive";
+  EXPECT_FALSE(SandboxJson(b).empty()) << b << " must survive";
+
+  r = Nsbox({"exec", a, "--", "[ -d /nonexistent ]"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  r = Nsbox({"exec", a, "--", "printf", "<%s>\\n", "[1,2]", "[x]", "\x01[y]", "\x01"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "<[1,2]>\n<[x]>\n<\x01[y]>\n<\x01>\n");
+  r = Nsbox({"exec", "--env=[V=1,W=2]", a, "--", "printenv '[V'"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "1,W=2]\n");
+}
+
 // ---- errors ----
 
 // Usage errors say what to do, exit 125.
