@@ -2163,7 +2163,15 @@ asio::awaitable<bool> Daemon::ReplyJson(Ctx& c, unsigned status, const json::val
   }
 }
 
-asio::awaitable<bool> Daemon::ReplyError(Ctx& c, const ApiError& error, std::string_view allow) {
+asio::awaitable<bool> Daemon::ReplyError(Ctx& c, const ApiError& given, std::string_view allow) {
+  ApiError error = given;
+  if (error.code == "sandbox_unavailable" && !c.sandbox_id.empty() &&
+      registry_.Find(c.sandbox_id) == nullptr) {
+    // Its nsbox-init went away under the request because a DELETE removed the sandbox meanwhile:
+    // that is what the client is told, not that a server is not answering.
+    error = ApiError::SandboxNotFound(c.sandbox_id);
+    error.message += " (it was deleted while this request ran)";
+  }
   metrics_.Error(error.code);
   if (error.status >= 500) {
     log::error("{}{}: {}", c.sandbox_id.empty() ? "" : "sandbox=" + c.sandbox_id + " ", error.code,
@@ -2658,9 +2666,21 @@ asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
     const ApiError reply_error = deleted.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  // Its exec sessions and their spill files go with it (the pumps see the execs end, "stopped").
+  // Its exec sessions and their spill files go with it. Their pumps see the execs end,
+  // "stopped", once the loop has taken the closed channels: waited for (a second at most), then
+  // one turn of the loop, so that the requests waiting on those ends answer from the sessions'
+  // logs before they are dropped.
   if (entry != nullptr) {
-    for (const auto& s : entry->TakeSessions()) DropSession(*s);
+    std::vector<std::shared_ptr<ExecSession>> sessions = entry->TakeSessions();
+    const auto give_up = Clock::now() + std::chrono::seconds(1);
+    for (const auto& s : sessions) {
+      while (!s->ended() && Clock::now() < give_up) {
+        asio::steady_timer t(io_, std::chrono::milliseconds(5));
+        (void)co_await t.async_wait(kTuple);
+      }
+    }
+    co_await asio::post(io_, asio::use_awaitable);
+    for (const auto& s : sessions) DropSession(*s);
   }
   co_return co_await ReplyNoContent(c);
 }
@@ -2826,7 +2846,9 @@ asio::awaitable<Daemon::LogSent> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSes
     lines += '\n';
   };
   for (;;) {
-    if (s->dropped() || watch->hung_up) co_return LogSent{};
+    // A dropped session (its sandbox deleted) still ends, "stopped", and that end is sent: its
+    // log reads empty from then on.
+    if (watch->hung_up) co_return LogSent{};
     if (!start_sent && s->started()) {
       json::object o;
       o["type"] = "start";
@@ -2926,11 +2948,14 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
       AppendToBlocks((*output)[from == 2 ? 1 : 0], data);
     };
     for (;;) {
-      if (s->dropped() || watch->hung_up) break;
+      // The end first: a DELETE drops the sessions of its sandbox once they have ended, which may
+      // come before this turn (the answer was lost: the connection closed without one). A
+      // session dropped before its end still ends, "stopped".
       if (s->ended()) {
         answered = true;
         break;
       }
+      if (watch->hung_up) break;
       co_await s->WaitChange();
     }
     s->tap = nullptr;
