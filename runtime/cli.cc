@@ -1110,6 +1110,37 @@ Status GetFile(ApiClient& client, const std::string& id, const std::string& path
   return ensure_open();
 }
 
+// GetFile into `name` in the host directory `dirfd`, replacing what is there only once the whole
+// file has arrived: it is written to a temp file beside it (".nsbox-cp-<random>"), which is
+// renamed over `name` at the end and removed on any failure. A copy cut short (the daemon gone,
+// a full disk, Ctrl-C) leaves the old file whole; it truncated it at the first byte. An existing
+// file's permission bits stay, as cp keeps them; a new one gets `mode`.
+Status GetFileReplacing(ApiClient& client, const std::string& id, const std::string& path,
+                        std::optional<uint64_t> size, CopyProgress& progress, int dirfd,
+                        const std::string& name, const std::string& shown, mode_t mode) {
+  struct stat old {};
+  if (::fstatat(dirfd, name.c_str(), &old, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(old.st_mode)) {
+    mode = old.st_mode & 0777;
+  }
+  const std::string temp = ".nsbox-cp-" + RandomHex(16);
+  bool made = false;
+  Status got = GetFile(client, id, path, size, progress, [&]() -> Result<UniqueFd> {
+    NSBOX_ASSIGN_OR_RETURN(UniqueFd fd,
+                           OpenAt(dirfd, temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode));
+    made = true;
+    // Exactly `mode`, whatever the umask took off (cp gives an existing file's bits back too).
+    if (S_ISREG(old.st_mode) && ::fchmod(fd.get(), mode) != 0) {
+      return Error::Sys("fchmod", shown, errno);
+    }
+    return fd;
+  });
+  if (got.ok() && ::renameat(dirfd, temp.c_str(), dirfd, name.c_str()) != 0) {
+    got = Error::Sys("rename", shown, errno);
+  }
+  if (!got.ok() && made) (void)::unlinkat(dirfd, temp.c_str(), 0);
+  return got;
+}
+
 struct Skipped {
   std::vector<std::string> items;
   void Add(std::string what) { items.push_back(std::move(what)); }
@@ -1207,12 +1238,8 @@ Status DownloadTree(ApiClient& client, const std::string& id, const std::string&
     } else if (e.type == "file") {
       // Its mode (and size, for the progress line): readdir has only the type.
       NSBOX_ASSIGN_OR_RETURN(RemoteStat st, StatRemote(client, id, child_remote));
-      NSBOX_TRY_CTX(GetFile(client, id, child_remote, st.size, progress,
-                            [&]() {
-                              return OpenAt(dirfd, e.name,
-                                            O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW,
-                                            HostFileMode(st.mode));
-                            }),
+      NSBOX_TRY_CTX(GetFileReplacing(client, id, child_remote, st.size, progress, dirfd, e.name,
+                                     child_shown, HostFileMode(st.mode)),
                     id + ":" + child_remote);
     } else if (e.type == "symlink") {
       skipped.Add(id + ":" + child_remote + " (a symlink; symlinks are not copied)");
@@ -1286,9 +1313,21 @@ Status CopyFromSandbox(ApiClient& client, const CpSide& src, const std::string& 
   } else if (EndsWithSlash(dst)) {
     return Error(ENOENT, dst + ": no such directory");
   }
-  return GetFile(client, src.id, src.path, source.size, progress, [&] {
-    return OpenAt(AT_FDCWD, local, O_WRONLY | O_CREAT | O_TRUNC, HostFileMode(source.mode));
-  });
+  // A symlink at the destination is written through, as cp does: the file it names is replaced.
+  struct stat link {};
+  if (::lstat(local.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    char* real = ::realpath(local.c_str(), nullptr);
+    if (real == nullptr) return Error::Sys("realpath", local, errno);
+    local = real;
+    std::free(real);
+  }
+  const size_t slash = local.rfind('/');
+  const std::string parent = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : local.substr(0, slash);
+  NSBOX_ASSIGN_OR_RETURN(UniqueFd dir, OpenAt(AT_FDCWD, parent, O_RDONLY | O_DIRECTORY));
+  return GetFileReplacing(client, src.id, src.path, source.size, progress, dir.get(),
+                          local.substr(slash + 1), local, HostFileMode(source.mode));
 }
 
 int Copy(const Options& o, ApiClient& client) {

@@ -14,6 +14,7 @@
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -841,6 +843,48 @@ TEST_F(CliTest, CpFileBothWaysBinary) {
   r = Nsbox({"cp", odd + ":odd name ü.bin", "-"});
   EXPECT_EQ(r.code, 0) << r.Describe().substr(0, 300);
   EXPECT_TRUE(r.out == data);
+}
+
+// A copy out of a sandbox that fails halfway leaves the host file it would replace as it was
+// (it was truncated at the first byte), and no temp file: here the host's disk fills up (a
+// 1 MiB tmpfs, a 3 MiB file), into a file and into a directory's existing file.
+TEST_F(CliTest, CpToTheHostThatFailsLeavesTheOldFile) {
+  std::string id = NewBox();
+  WriteHostFile(dir_ + "/" + prefix_ + "big", RandomBytes(3 * 1024 * 1024, 3));
+  ASSERT_EQ(Nsbox({"cp", dir_ + "/" + prefix_ + "big", id + ":d/big"}).code, 0);
+  const std::string small = dir_ + "/" + prefix_ + "small";
+  ASSERT_EQ(::mkdir(small.c_str(), 0755), 0);
+  ASSERT_EQ(::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=1m"), 0) << strerror(errno);
+  ASSERT_EQ(::mkdir((small + "/d").c_str(), 0755), 0);
+  WriteHostFile(small + "/kept", "precious");
+  WriteHostFile(small + "/d/big", "precious too");
+  ASSERT_EQ(::chmod((small + "/kept").c_str(), 0600), 0);
+
+  CliResult r = Nsbox({"cp", id + ":d/big", small + "/kept"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("ENOSPC"), std::string::npos) << r.err;
+  EXPECT_EQ(ReadHostFile(small + "/kept"), "precious");
+  r = Nsbox({"cp", id + ":d", small});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(ReadHostFile(small + "/d/big"), "precious too");
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(small)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"big", "d", "kept"}));
+
+  // A copy that succeeds replaces the file, keeping its mode as cp does.
+  WriteHostFile(dir_ + "/" + prefix_ + "mine", "old");
+  ASSERT_EQ(::chmod((dir_ + "/" + prefix_ + "mine").c_str(), 0600), 0);
+  ASSERT_EQ(Sh(id, "echo new > /workspace/new && echo ok"), "ok\n");
+  r = Nsbox({"cp", id + ":new", dir_ + "/" + prefix_ + "mine"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(ReadHostFile(dir_ + "/" + prefix_ + "mine"), "new\n");
+  struct stat st {};
+  ASSERT_EQ(::stat((dir_ + "/" + prefix_ + "mine").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ::umount2(small.c_str(), MNT_DETACH);
 }
 
 TEST_F(CliTest, CpDirectoryTreeBothWays) {
