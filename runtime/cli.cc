@@ -788,6 +788,25 @@ void CatchInterrupts() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
 }
 
+// The command's output to our stdout or stderr, given up when a signal of CatchInterrupts came
+// (its write returns EINTR: no SA_RESTART): a reader that stopped reading (`| less` left open)
+// must not keep Ctrl-C, SIGTERM or SIGHUP from ending nsbox, as WriteAll's retry did.
+// The flag is also looked at before each write: a signal that came while nsbox was not in one
+// (its stream's read) leaves none to interrupt. One that comes between the look and the write
+// is caught by the next signal (a second Ctrl-C).
+Status WriteOutput(int fd, std::string_view data, std::string_view what) {
+  while (!data.empty()) {
+    if (g_interrupted != 0) return Error::Sys("write", what, EINTR);
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR && g_interrupted == 0) continue;
+      return Error::Sys("write", what, errno);
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return Ok();
+}
+
 // The exec body of api.md from the options both `exec` and `shell` take.
 Result<json::object> ExecBody(const Options& o, std::string command) {
   json::object body;
@@ -888,7 +907,7 @@ int Exec(const Options& o, ApiClient& client) {
         data = std::string(text->get_string());
       }
       int fd = type == "stdout" ? STDOUT_FILENO : STDERR_FILENO;
-      return WriteAll(fd, data, type);
+      return WriteOutput(fd, data, type);
     }
     if (type == "exit") {
       exited = true;
