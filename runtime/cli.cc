@@ -357,7 +357,7 @@ int Create(const Options& o, ApiClient& client) {
     limits["pids"] = *pids;
   }
   if (o.cpus) {
-    auto cpus = ParseDecimal("--cpus", *o.cpus, 0.01, 1024);
+    auto cpus = ParseDecimal("--cpus", *o.cpus, 0.01, 4096);  // the API's range
     if (!cpus.ok()) return Fail("create", cpus.error().message(), kExitUsage);
     limits["cpus"] = *cpus;
   }

@@ -691,7 +691,11 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     if (!spare.empty()) (void)RemoveTree(spare);  // not used, or its config.json half-written
     if (made_dir) (void)RemoveTree(dir);
     if (!image) AskForSpareDir();
-    return ApiError::Internal("create sandbox '" + config.id + "': " + made.error().message());
+    const std::string message = "create sandbox '" + config.id + "': " + made.error().message();
+    if (made.error().code() == ENOSPC || made.error().code() == EDQUOT) {
+      return ApiError::Of(507, ErrnoName(made.error().code()), message);  // api.md's full disk
+    }
+    return ApiError::Internal(message);
   }
   if (!from_spare) {
     // The new directory's name is all there is of it in sandboxes/: made durable.

@@ -2565,8 +2565,8 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     if (const json::value* disk = l.if_contains("diskBytes"); disk != nullptr && !disk->is_null()) {
       {
         const ApiError reply_error = ApiError::Unsupported(
-            "\"diskBytes\" cannot be enforced on the host image's "
-            "workspace directories yet; leave it out");
+            "\"diskBytes\" cannot be enforced yet: nsbox has no disk quotas for a sandbox's "
+            "files (its workspace, home and image root); leave it out");
         co_return co_await ReplyError(c, reply_error);
       }
     }
