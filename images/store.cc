@@ -549,6 +549,19 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
       internal::UnpackedImage unpacked,
       internal::UnpackImage(source, work_fd.get(), rootfs_fd.get(), ids_, progress, &cancel_));
   if (cancel_.load()) return internal::Cancelled();
+  // Where a sandbox mounts its own /dev, /proc and /tmp, the image must have directories (or
+  // nothing): a symlink or a file there would make every start of its sandboxes fail (mkdir
+  // /dev: ENOTDIR), found only at their first command.
+  for (const char* mount_point : {"dev", "proc", "tmp"}) {
+    struct stat mp {};
+    if (::fstatat(rootfs_fd.get(), mount_point, &mp, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISDIR(mp.st_mode)) {
+      return Error(EINVAL, std::string("the image's /") + mount_point + " is " +
+                               (S_ISLNK(mp.st_mode) ? "a symlink" : "not a directory") +
+                               ": a sandbox mounts its own /" + mount_point +
+                               " there, so the image must have a directory there, or nothing");
+    }
+  }
   ImageInfo info;
   info.name = name;
   // A fresh id: never one that is on disk (content that a sandbox still uses keeps its id).
