@@ -336,6 +336,7 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
     break;
   }
   r->janitor_spare_ = true;  // the first creation's directories, made ahead
+  r->janitor_work_ = !r->janitor_trash_.empty();
   r->janitor_ = std::thread([registry = r.get()] { registry->JanitorLoop(); });
   if (options.pool_size > 0) {
     r->pool_thread_ = std::thread([registry = r.get()] { registry->PoolLoop(); });
@@ -472,9 +473,9 @@ Status Registry::Load() {
       path = in_place;
     }
     if (name.rfind(".trash-", 0) == 0) {
-      // A DELETE the previous daemon did not finish: the sandbox was already gone.
-      log::info("finishing the removal of {}", path);
-      if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
+      // A DELETE the previous daemon did not finish: the sandbox was already gone. Removed by
+      // the janitor, once the daemon serves.
+      janitor_trash_.push_back(path);
       continue;
     }
     auto text = ReadFile(path + "/config.json");
@@ -1355,7 +1356,13 @@ void Registry::JanitorLoop() {
     const bool spare = janitor_spare_ && spares_.size() < kSpares;
     janitor_work_ = false;
     janitor_spare_ = false;
+    std::vector<std::string> trash = std::move(janitor_trash_);
+    janitor_trash_.clear();
     lock.unlock();
+    for (const std::string& path : trash) {
+      log::info("finishing the removal of {}", path);
+      if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
+    }
     if (purge) {
       if (auto st = images_->PurgeTrash(); !st.ok()) {
         log::error("remove unused image content: {}", st.error().message());

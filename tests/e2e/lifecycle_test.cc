@@ -510,6 +510,10 @@ TEST_F(LifecycleTest, AStartDeletesOnlyWhatAnUnfinishedCreationLeft) {
   std::filesystem::create_directories(half + "/workspace");
   std::filesystem::create_directories(half + "/home");
   std::ofstream(half + "/.config.json.tmp") << "{\"version\":1,";
+  // A DELETE that did not finish: removed, by the janitor once the daemon serves.
+  const std::string trash = sandboxes + "/.trash-0123456789abcdef0123456789abcdef-01234567";
+  std::filesystem::create_directories(trash + "/workspace/deep/er");
+  std::ofstream(trash + "/workspace/deep/er/f") << "gone";
   const size_t log_from = daemon().LogSize();
 
   ASSERT_TRUE(daemon().Restart()) << daemon().error();
@@ -526,6 +530,11 @@ TEST_F(LifecycleTest, AStartDeletesOnlyWhatAnUnfinishedCreationLeft) {
   }
   EXPECT_NE(log.find("removing the half-created sandbox directory " + half), std::string::npos)
       << log;
+  const auto deadline = Clock::now() + milliseconds(5000);
+  while (std::filesystem::exists(trash) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(std::filesystem::exists(trash));
 }
 
 // The daemon's own nsbox-init processes: the pooled jails and the sandboxes' (docs/daemon.md
