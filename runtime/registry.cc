@@ -1383,6 +1383,7 @@ void Registry::JanitorLoop() {
     lock.lock();
     if (!made.empty()) {
       if (spares_.size() < kSpares) {
+        log::debug("sandbox directory made ahead: {}", made);
         spares_.push_back(std::move(made));
       } else {
         (void)RemoveTree(made);

@@ -90,6 +90,15 @@ class Images : public E2eTest {
                             {}, milliseconds(60000));
   }
   std::string ImagesDir() const { return daemon().state_dir() + "/images"; }
+  // A root file system tarball with `files` files of `mib` MiB each besides busybox: long enough
+  // to unpack that a test can act while its import runs.
+  static std::string BigRootfsTarball(size_t mib, int files) {
+    std::string big(mib << 20, '\0');
+    for (size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>(i >> 12);
+    std::vector<TarEntry> root = BusyboxRootfs();
+    for (int i = 0; i < files; ++i) root.push_back(File("big" + std::to_string(i), big));
+    return MakeTar(root);
+  }
   // Directories of state/images that are not content/ or a <name>.json: leftovers.
   std::vector<std::string> Leftovers() const {
     std::vector<std::string> out;
@@ -372,11 +381,7 @@ TEST_F(Images, AWarningAboutANameThatIsNotUtf8KeepsTheImageUsable) {
 
 TEST_F(Images, AnImportCutShortByADaemonCrashLeavesNothing) {
   // A layer big enough that the daemon is still unpacking when it is killed.
-  std::string big(32u << 20, '\0');
-  for (size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>(i >> 12);
-  std::vector<TarEntry> root = BusyboxRootfs();
-  for (int i = 0; i < 3; ++i) root.push_back(File("big" + std::to_string(i), big));
-  const std::string tarball = MakeTar(root);
+  const std::string tarball = BigRootfsTarball(32, 3);
   std::thread upload([&] {
     Client c = NewClient();
     (void)c.Request("POST", "/v1/images/crashed", tarball, {}, milliseconds(60000));
@@ -399,11 +404,7 @@ TEST_F(Images, AnImportCutShortByADaemonCrashLeavesNothing) {
 // instead of the daemon finishing the import (minutes for gigabytes) and publishing an image
 // whose client saw its connection drop.
 TEST_F(Images, SigtermCancelsAnImportAndAnswersItsClient) {
-  std::string big(64u << 20, '\0');
-  for (size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<char>(i >> 12);
-  std::vector<TarEntry> root = BusyboxRootfs();
-  for (int i = 0; i < 4; ++i) root.push_back(File("big" + std::to_string(i), big));
-  const std::string tarball = MakeTar(root);
+  const std::string tarball = BigRootfsTarball(64, 4);
   Response answer;
   std::thread upload([&] {
     Client c = NewClient();

@@ -353,10 +353,20 @@ std::vector<std::string> SpareDirs(const std::string& state) {
 // A creation takes a directory made ahead (its workspace and home as a creation makes them),
 // the daemon makes the next ones, and a start removes those a previous daemon left, used or not.
 TEST_F(LifecycleTest, ACreationTakesTheDirectoryMadeAhead) {
+  // Two on disk, both ready: the daemon logs each once it can hand it out (its fsyncs done),
+  // which is after it appears on disk.
   auto wait_two_spares = [&] {
     const auto deadline = Clock::now() + milliseconds(5000);
+    auto ready = [&](const std::vector<std::string>& spares) {
+      if (spares.size() != 2) return false;
+      const std::string log = daemon().Log(0, 1u << 20);
+      for (const std::string& spare : spares) {
+        if (log.find("sandbox directory made ahead: " + spare) == std::string::npos) return false;
+      }
+      return true;
+    };
     std::vector<std::string> spares;
-    while ((spares = SpareDirs(daemon().state_dir())).size() != 2 && Clock::now() < deadline) {
+    while (!ready(spares = SpareDirs(daemon().state_dir())) && Clock::now() < deadline) {
       std::this_thread::sleep_for(milliseconds(10));
     }
     return spares;
