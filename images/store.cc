@@ -20,6 +20,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "base/strings.h"
+#include "base/syscalls.h"
 #include "base/utf8.h"
 #include "images/image.h"
 #include "images/import.h"
@@ -578,6 +579,33 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
   info.gid_base = ids_.gid.outside;
   info.shell = ShellIn(rootfs_fd.get());
   info.config = std::move(unpacked.config);
+  // What of the config a sandbox will not use, or that will fail its commands, said now rather
+  // than found at a command: nsboxd takes an absolute WorkingDir as the sandboxes' cwd and
+  // NAME=VALUE entries of Env (runtime/serve.cc, PutSandbox).
+  const std::string& workdir = info.config.working_dir;
+  if (!workdir.empty() && workdir[0] != '/') {
+    unpacked.warnings.push_back("the config's WorkingDir '" + workdir +
+                                "' is not absolute: ignored, sandboxes start in /workspace");
+  } else if (!workdir.empty()) {
+    struct open_how how {};
+    how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
+    how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;  // the image's symlinks, inside it
+    // SAFETY: `how` is a fully initialised open_how of the size passed; the path is a
+    // NUL-terminated string that outlives the call.
+    const int fd = sys::Openat2(rootfs_fd.get(), workdir.c_str(), &how, sizeof how);
+    if (fd >= 0) {
+      ::close(fd);
+    } else if (errno == ENOENT || errno == ENOTDIR) {
+      unpacked.warnings.push_back("the config's WorkingDir " + workdir +
+                                  " is not a directory of the image: a command of its sandboxes "
+                                  "fails unless it is given another cwd");
+    }
+  }
+  for (const std::string& kv : info.config.env) {
+    if (kv.empty() || kv[0] == '=' || kv.find('=') == std::string::npos) {
+      unpacked.warnings.push_back("the config's Env entry '" + kv + "' is not NAME=VALUE: ignored");
+    }
+  }
   // They quote names of the archive, which need not be UTF-8; image.json and the API's JSON
   // must be (api.md "Paths": invalid bytes replaced by U+FFFD).
   for (const std::string& w : unpacked.warnings) info.warnings.push_back(utf8::DecodeLossy(w));

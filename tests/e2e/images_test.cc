@@ -114,6 +114,7 @@ TEST_F(Images, OciLayoutRunsWithItsWhiteoutsEnvAndWorkingDir) {
   Response imported = Import("two", PackTar(oci));
   ASSERT_EQ(imported.status, 201) << imported.Describe();
   json::object image = Obj(imported);
+  EXPECT_TRUE(image.at("warnings").as_array().empty()) << imported.Describe();
   EXPECT_EQ(Str(image, "name"), "two");
   EXPECT_EQ(Str(image, "format"), "oci");
   EXPECT_EQ(Str(image, "digest"), oci.digest);
@@ -308,6 +309,34 @@ TEST_F(Images, BadInputIsRefusedClearlyAndLeavesNothing) {
   EXPECT_EQ(unknown.status, 404) << unknown.Describe();
   EXPECT_EQ(unknown.ErrorCode(), "image_not_found");
   EXPECT_EQ(client().Request("PATCH", "/v1/images/x").status, 405);
+}
+
+// What of an image's config its sandboxes will not use, or that will fail their commands, is
+// said at the import: an Env entry that is not NAME=VALUE, a relative WorkingDir (both ignored),
+// a WorkingDir the image does not have (every command would fail to start there).
+TEST_F(Images, ConfigEntriesThatCannotServeAreWarnedAbout) {
+  auto warnings_of = [&](const ImageSpec& spec, const std::string& name) {
+    Response r = Import(name, PackTar(BuildOciLayout(spec)));
+    EXPECT_EQ(r.status, 201) << r.Describe();
+    std::string all;
+    if (r.status != 201) return all;
+    const json::object image = Obj(r);
+    for (const auto& w : image.at("warnings").as_array()) all += std::string(w.as_string()) + "\n";
+    return all;
+  };
+  ImageSpec spec = TwoLayerSpec();
+  spec.env = {"GOOD=1", "BAD", "=v"};
+  spec.working_dir = "/does/not/exist";
+  EXPECT_EQ(warnings_of(spec, "odd-config"),
+            "the config's WorkingDir /does/not/exist is not a directory of the image: a command "
+            "of its sandboxes fails unless it is given another cwd\n"
+            "the config's Env entry 'BAD' is not NAME=VALUE: ignored\n"
+            "the config's Env entry '=v' is not NAME=VALUE: ignored\n");
+  spec.env = {"GOOD=1"};
+  spec.working_dir = "srv";
+  EXPECT_EQ(warnings_of(spec, "relative-workdir"),
+            "the config's WorkingDir 'srv' is not absolute: ignored, sandboxes start in "
+            "/workspace\n");
 }
 
 TEST_F(Images, ProgressStreamsAsNdjson) {
