@@ -32,6 +32,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "exec/runner.h"
 #include "exec/spawn.h"
 #include "fs/client.h"
@@ -218,7 +219,9 @@ class InitTest : public IntegrationTest {
     o.jail.workspace = ws_.path();
     o.jail.hostname = "box";
     o.jail.warn_unwritable_workspace = false;
-    o.cgroup_name = "nsbox-itest-init-" + std::to_string(::getpid());
+    // The pid and a random part: a run killed before its clean-up leaves its cgroups, whose
+    // name a later process of the same pid would otherwise meet (EEXIST).
+    o.cgroup_name = "nsbox-itest-init-" + std::to_string(::getpid()) + "-" + RandomHex(6);
     o.init_binary = NSBOX_INIT_BIN;
     Configure(o);
     auto box = runtime::Sandbox::Start(o);

@@ -63,7 +63,8 @@ class PoolTest : public IntegrationTest {
 
   runtime::SandboxOptions Options(std::string name) const {
     runtime::SandboxOptions o;
-    o.cgroup_name = "nsbox-itest-pool-" + name + "-" + std::to_string(::getpid());
+    o.cgroup_name =
+        "nsbox-itest-pool-" + name + "-" + std::to_string(::getpid()) + "-" + RandomHex(6);
     o.init_binary = NSBOX_INIT_BIN;
     return o;
   }

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/files.h"
 #include "init_fixture.h"
 #include "isolate/cgroup.h"
 
@@ -201,7 +202,7 @@ TEST_F(InitUsageTest, MemoryBombUnderALimitEndsWithReasonOom) {
   o.jail.hostname = "box";
   o.jail.warn_unwritable_workspace = false;
   o.jail.memory = "64M";
-  o.cgroup_name = "nsbox-itest-oom-" + std::to_string(::getpid());
+  o.cgroup_name = "nsbox-itest-oom-" + std::to_string(::getpid()) + "-" + RandomHex(6);
   o.init_binary = NSBOX_INIT_BIN;
   auto box = runtime::Sandbox::Start(o);
   ASSERT_TRUE(box.ok()) << box.error().message();
