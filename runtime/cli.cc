@@ -1257,6 +1257,12 @@ Status DownloadTree(ApiClient& client, const std::string& id, const std::string&
     } else if (e.type == "file") {
       // Its mode (and size, for the progress line): readdir has only the type.
       NSBOX_ASSIGN_OR_RETURN(RemoteStat st, StatRemote(client, id, child_remote));
+      if (st.exists && !st.is_file) {
+        // What readdir saw is not what the path is: the jail's /dev/null and its like are the
+        // host's device nodes bound over placeholder files, which readdir reports as files.
+        skipped.Add(id + ":" + child_remote + " (not a regular file or directory)");
+        continue;
+      }
       NSBOX_TRY_CTX(GetFileReplacing(client, id, child_remote, st.size, progress, dirfd, e.name,
                                      child_shown, HostFileMode(st.mode)),
                     id + ":" + child_remote);

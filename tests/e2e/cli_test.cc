@@ -958,6 +958,21 @@ TEST_F(CliTest, CpDirectoryTreeBothWays) {
   EXPECT_EQ(::lstat((dst + "/a/etc-link").c_str(), &st), -1);
   EXPECT_TRUE(ReadHostFile(dst + "/" + prefix_ + "tree/a/b/deep.bin") == bin);
 
+  // The jail's /dev: its device nodes are the host's, bound over files that readdir reports as
+  // files; each is skipped and named, the rest is copied (the copy stopped at /dev/full).
+  const std::string devs = dir_ + "/" + prefix_ + "dev";
+  r = Nsbox({"cp", id + ":/dev", devs});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  for (const char* node : {"null", "zero", "full", "random", "urandom", "tty"}) {
+    EXPECT_NE(r.err.find("skipped " + id + ":/dev/" + node + " (not a regular file or directory)"),
+              std::string::npos)
+        << node << "\n"
+        << r.err;
+    EXPECT_NE(::lstat((devs + "/" + node).c_str(), &st), 0) << node;
+  }
+  EXPECT_EQ(::stat((devs + "/shm").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+
   // A directory cannot go to stdout.
   r = Nsbox({"cp", id + ":copied", "-"});
   EXPECT_EQ(r.code, 1) << r.Describe();
