@@ -10,6 +10,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/buffers_to_string.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
@@ -124,6 +125,56 @@ class Session {
         Finish();
         return;
       }
+      if (!held_.empty()) {
+        FlushHeld();
+        return;
+      }
+      Read();
+    });
+  }
+
+  // Output to our stdout or stderr. A signal interrupts a write that waits for a reader which
+  // stopped reading (asio's handler has no SA_RESTART); the rest is then held, and written by
+  // FlushHeld once the loop has run the signal's handler: Ctrl-C, SIGTERM and SIGHUP end nsbox
+  // at once, where a write retried after EINTR waited for the reader.
+  // A blocking write ends short only when a signal came after some of it was written, and with
+  // EINTR when before: either way the rest is held.
+  Status WriteOrHold(int fd, std::string_view data, std::string_view what) {
+    if (data.empty()) return Ok();
+    ssize_t n = ::write(fd, data.data(), data.size());
+    if (n < 0 && errno != EINTR) return Error::Sys("write", what, errno);
+    if (n > 0) data.remove_prefix(static_cast<size_t>(n));
+    if (!data.empty()) {
+      held_fd_ = fd;
+      held_what_ = std::string(what);
+      held_.assign(data);
+    }
+    return Ok();
+  }
+
+  // Writes what WriteOrHold held, then reads on; after two turns of the loop's reactor, by a
+  // timer due at once. The reactor's turn that takes the interrupting signal from asio's pipe
+  // may complete this timer before the signal's handler (both are queued in that turn, in no set
+  // order); the handler has always run before the next turn.
+  void FlushHeld(int turns = 2) {
+    held_timer_.expires_after(std::chrono::seconds(0));
+    held_timer_.async_wait([this, turns](const boost::system::error_code& ec) {
+      if (ec || finished_) return;
+      if (turns > 1) {
+        FlushHeld(turns - 1);
+        return;
+      }
+      const std::string data = std::move(held_);
+      held_.clear();
+      if (Status st = WriteOrHold(held_fd_, data, held_what_); !st.ok()) {
+        error_ = std::move(st).error();
+        Finish();
+        return;
+      }
+      if (!held_.empty()) {
+        FlushHeld();
+        return;
+      }
       Read();
     });
   }
@@ -133,8 +184,8 @@ class Session {
       if (message.empty()) return Error::Msg("nsboxd sent an empty binary message");
       const char channel = message[0];
       message.remove_prefix(1);
-      if (channel == kStdout) return WriteAll(options_.out_fd, message, "stdout");
-      if (channel == kStderr) return WriteAll(options_.err_fd, message, "stderr");
+      if (channel == kStdout) return WriteOrHold(options_.out_fd, message, "stdout");
+      if (channel == kStderr) return WriteOrHold(options_.err_fd, message, "stderr");
       return Error::Msg("nsboxd sent output on an unknown channel " +
                         std::to_string(static_cast<unsigned char>(channel)));
     }
@@ -204,6 +255,12 @@ class Session {
   // Reads this process's stdin on its own thread (a regular file or a pipe works the same) and
   // hands the bytes to the event loop, never more than kMaxPendingInput ahead of the socket.
   void InputLoop() {
+    // The signals go to the loop's thread, whose write to a stalled stdout they must interrupt
+    // (WriteOrHold); taken here, they would leave it blocked there.
+    sigset_t mask;
+    sigemptyset(&mask);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGWINCH}) sigaddset(&mask, sig);
+    pthread_sigmask(SIG_BLOCK, &mask, nullptr);
     std::string buf(kInputChunk, '\0');
     for (;;) {
       {
@@ -246,6 +303,7 @@ class Session {
     finished_ = true;
     boost::system::error_code ignored;
     signals_.cancel(ignored);
+    held_timer_.cancel();
     beast::get_lowest_layer(ws_).close(ignored);
     Stop();
     io_.stop();
@@ -264,6 +322,10 @@ class Session {
   Ws& ws_;
   const WsExecOptions& options_;
   asio::signal_set signals_;
+  asio::steady_timer held_timer_{io_};
+  std::string held_;  // output a signal interrupted, still to write (WriteOrHold)
+  int held_fd_ = -1;
+  std::string held_what_;
   beast::flat_buffer buffer_;
   std::deque<Outgoing> queue_;
   bool writing_ = false;
