@@ -62,6 +62,12 @@ Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string
   if (value.find('\0') != std::string::npos) {
     return Error::Msg(std::string(what) + " '" + name + "': the value has a NUL byte");
   }
+  if (arg.size() >= kMaxEnvAssignment) {
+    // execve refuses a longer one (E2BIG), so every command of the sandbox would fail.
+    return Error::Msg(std::string(what) + " '" + name + "': " + name + "=VALUE is " +
+                      std::to_string(arg.size()) + " bytes; Linux passes a command at most " +
+                      std::to_string(kMaxEnvAssignment - 1) + " bytes per variable");
+  }
   return std::make_pair(std::move(name), std::move(value));
 }
 

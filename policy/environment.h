@@ -21,9 +21,13 @@ struct EnvironmentInput {
 // "K=V" strings in a stable order (sorted by name).
 std::vector<std::string> BuildEnvironment(const EnvironmentInput& input);
 
+// The most bytes one "K=V" of an environment may have, with its NUL: Linux's MAX_ARG_STRLEN
+// (32 pages); execve answers E2BIG to a longer one.
+inline constexpr size_t kMaxEnvAssignment = 32 * 4096;
+
 // Parses one `--env K=V` argument. K must be a valid variable name: non-empty, no '=', no NUL,
-// no control characters. Errors name the assignment as `what` gave it: "--env '=x': ..." for the
-// command line, "\"env\" entry '=x': ..." for the API.
+// no control characters; "K=V" shorter than kMaxEnvAssignment. Errors name the assignment as `what`
+// gave it: "--env '=x': ..." for the command line, "\"env\" entry '=x': ..." for the API.
 Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg,
                                                                std::string_view what = "--env");
 

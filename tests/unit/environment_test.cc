@@ -50,6 +50,14 @@ TEST(Environment, ParsesAssignments) {
   EXPECT_FALSE(ParseEnvAssignment("NOEQUALS").ok());
   EXPECT_FALSE(ParseEnvAssignment("=value").ok());
   EXPECT_FALSE(ParseEnvAssignment("A\nB=1").ok());
+  // execve's limit per string (MAX_ARG_STRLEN, the NUL included): the longest that passes, and
+  // one byte more, refused with its name and size, not its value.
+  EXPECT_TRUE(ParseEnvAssignment("BIG=" + std::string(kMaxEnvAssignment - 5, 'x')).ok());
+  auto big = ParseEnvAssignment("BIG=" + std::string(kMaxEnvAssignment - 4, 'x'));
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().message(),
+            "--env 'BIG': BIG=VALUE is 131072 bytes; Linux passes a command at most 131071 bytes "
+            "per variable");
 }
 
 }  // namespace
