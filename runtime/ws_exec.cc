@@ -120,25 +120,27 @@ class Session {
       }
       std::string message = beast::buffers_to_string(buffer_.data());
       buffer_.consume(buffer_.size());
-      if (Status st = Handle(message, ws_.got_binary()); !st.ok()) {
-        error_ = std::move(st).error();
-        Finish();
-        return;
-      }
-      if (!held_.empty()) {
-        FlushHeld();
-        return;
-      }
-      Read();
+      ReadOn(Handle(message, ws_.got_binary()));
     });
   }
 
+  // After a message's output was written (or held): the next message, once nothing is held.
+  void ReadOn(Status written) {
+    if (!written.ok()) {
+      error_ = std::move(written).error();
+      Finish();
+    } else if (!held_.empty()) {
+      FlushHeld();
+    } else {
+      Read();
+    }
+  }
+
   // Output to our stdout or stderr. A signal interrupts a write that waits for a reader which
-  // stopped reading (asio's handler has no SA_RESTART); the rest is then held, and written by
-  // FlushHeld once the loop has run the signal's handler: Ctrl-C, SIGTERM and SIGHUP end nsbox
-  // at once, where a write retried after EINTR waited for the reader.
-  // A blocking write ends short only when a signal came after some of it was written, and with
-  // EINTR when before: either way the rest is held.
+  // stopped reading (asio's handler has no SA_RESTART): the write ends with EINTR, or short when
+  // some of it was written. The rest is then held, and written by FlushHeld once the loop has run
+  // the signal's handler: Ctrl-C, SIGTERM and SIGHUP end nsbox at once, where a write retried
+  // after EINTR waited for the reader.
   Status WriteOrHold(int fd, std::string_view data, std::string_view what) {
     if (data.empty()) return Ok();
     ssize_t n = ::write(fd, data.data(), data.size());
@@ -166,16 +168,7 @@ class Session {
       }
       const std::string data = std::move(held_);
       held_.clear();
-      if (Status st = WriteOrHold(held_fd_, data, held_what_); !st.ok()) {
-        error_ = std::move(st).error();
-        Finish();
-        return;
-      }
-      if (!held_.empty()) {
-        FlushHeld();
-        return;
-      }
-      Read();
+      ReadOn(WriteOrHold(held_fd_, data, held_what_));
     });
   }
 
