@@ -67,6 +67,11 @@ inline int FsMount(int fd, unsigned int flags, unsigned int attr_flags) {
   return static_cast<int>(::syscall(SYS_fsmount, fd, flags, attr_flags));
 }
 
+// A reconfiguration context of the file system mounted at `path` (its superblock's options).
+inline int FsPick(int dirfd, const char* path, unsigned int flags) {
+  return static_cast<int>(::syscall(SYS_fspick, dirfd, path, flags));
+}
+
 inline int Openat2(int dirfd, const char* path, struct open_how* how, size_t size) {
   return static_cast<int>(::syscall(SYS_openat2, dirfd, path, how, size));
 }

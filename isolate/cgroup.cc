@@ -22,6 +22,7 @@
 #include "base/mountinfo.h"
 #include "base/pidfd.h"
 #include "base/strings.h"
+#include "base/syscalls.h"
 
 namespace nsbox::isolate {
 namespace {
@@ -332,6 +333,7 @@ Result<CgroupLayout> ParseCgroupLayout(std::string_view proc_self_cgroup,
     h.mount_point = r.mount->mount_point;
     h.cgroup_path = *v2_path;
     h.dir = std::move(r.dir);
+    h.super_options = r.mount->options;
     layout.v2 = std::move(h);
   }
 
@@ -348,6 +350,7 @@ Result<CgroupLayout> ParseCgroupLayout(std::string_view proc_self_cgroup,
     h.mount_point = r.mount->mount_point;
     h.cgroup_path = path->second;
     h.dir = std::move(r.dir);
+    h.super_options = r.mount->options;
     for (const std::string& opt : r.mount->options) {
       // The controllers of this hierarchy, as /proc/self/cgroup names them ("rw" is not one).
       if (v1_paths.count(opt) != 0) h.controllers.push_back(opt);
@@ -384,6 +387,77 @@ Result<CgroupLayout> LoadCgroupLayout() {
     NSBOX_TRY(LoadCgroupV2State(&*layout.v2));
   }
   return layout;
+}
+
+bool MovesIntoV1(const CgroupLayout& layout) {
+  return layout.memory_v1.has_value() || layout.pids_v1.has_value() || layout.cpu_v1.has_value();
+}
+
+Result<std::vector<std::string>> FavorDynmodsFlags(const std::vector<std::string>& super_options) {
+  // cgroup2's flags (cgroup2_fs_parameters, Linux 6.18), and what mountinfo shows beside them.
+  static constexpr std::string_view kFlags[] = {"nsdelegate",
+                                                "favordynmods",
+                                                "memory_localevents",
+                                                "memory_recursiveprot",
+                                                "memory_hugetlb_accounting",
+                                                "pids_localevents"};
+  static constexpr std::string_view kNotFlags[] = {"rw", "ro", "seclabel"};
+  std::vector<std::string> out;
+  for (const std::string& option : super_options) {
+    if (std::find(std::begin(kNotFlags), std::end(kNotFlags), option) != std::end(kNotFlags)) {
+      continue;
+    }
+    if (std::find(std::begin(kFlags), std::end(kFlags), option) == std::end(kFlags)) {
+      return Error(EINVAL, "the cgroup2 mount has the option \"" + option +
+                               "\", which nsbox does not know: a reconfiguration would drop it");
+    }
+    if (!Contains(out, option)) out.push_back(option);
+  }
+  if (!Contains(out, "favordynmods")) out.emplace_back("favordynmods");
+  return out;
+}
+
+Result<bool> EnableFavorDynmods(const CgroupHierarchy& v2) {
+  if (Contains(v2.super_options, "favordynmods")) return false;
+  NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> flags, FavorDynmodsFlags(v2.super_options));
+  const std::string& at = v2.mount_point;
+  UniqueFd fs(sys::FsPick(AT_FDCWD, at.c_str(), FSPICK_CLOEXEC | FSPICK_NO_AUTOMOUNT));
+  if (!fs.valid()) return Error::Sys("fspick", at, errno);
+  for (const std::string& flag : flags) {
+    if (sys::FsConfig(fs.get(), FSCONFIG_SET_FLAG, flag.c_str(), nullptr, 0) != 0) {
+      int err = errno;
+      Error e = Error::Sys("fsconfig", at + " " + flag, err);
+      return err == EINVAL && flag == "favordynmods"
+                 ? std::move(e).Context("this kernel has no favordynmods (Linux 6.0)")
+                 : e;
+    }
+  }
+  if (sys::FsConfig(fs.get(), FSCONFIG_CMD_RECONFIGURE, nullptr, nullptr, 0) != 0) {
+    return Error::Sys("fsconfig(FSCONFIG_CMD_RECONFIGURE)", at, errno);
+  }
+  // Outside the host's cgroup namespace the kernel takes the reconfiguration and ignores it.
+  NSBOX_ASSIGN_OR_RETURN(CgroupLayout now, LoadCgroupLayout());
+  if (!now.v2.has_value() || !Contains(now.v2->super_options, "favordynmods")) {
+    return Error(EPERM, "the kernel kept favordynmods off on " + at +
+                            " (only the host's cgroup namespace may change it)");
+  }
+  return true;
+}
+
+void FavorMovesIntoV1(const CgroupLayout& layout) {
+  if (!MovesIntoV1(layout) || !layout.v2.has_value()) return;
+  auto turned_on = EnableFavorDynmods(*layout.v2);
+  if (!turned_on.ok()) {
+    log::warn(
+        "cgroup2 favordynmods: {}; every move of a process into a v1 cgroup may then wait for an "
+        "RCU grace period (milliseconds on a quiet host)",
+        turned_on.error().message());
+  } else if (*turned_on) {
+    log::info(
+        "cgroup2 at {} remounted with favordynmods: moving a jail or a command into its v1 "
+        "cgroups no longer waits for an RCU grace period (docs/cgroups.md \"Moves into v1\")",
+        layout.v2->mount_point);
+  }
 }
 
 std::string CgroupDirPlan::path() const { return JoinPath(parent, name); }

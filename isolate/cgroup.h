@@ -39,6 +39,8 @@ struct CgroupHierarchy {
   // real root of the hierarchy, the one cgroup exempt from the "no internal processes" rule.
   std::vector<std::string> subtree_control;
   bool is_root = false;
+  // The mount's super options, as mountinfo lists them: "rw", "nsdelegate", "favordynmods".
+  std::vector<std::string> super_options;
 };
 
 // The hierarchies nsbox can use on this host. A hybrid host has v2 and some v1 ones; a pure v2
@@ -61,6 +63,33 @@ Result<CgroupLayout> ParseCgroupLayout(std::string_view proc_self_cgroup,
 Status LoadCgroupV2State(CgroupHierarchy* v2);
 // ParseCgroupLayout of this process's files, plus LoadCgroupV2State.
 Result<CgroupLayout> LoadCgroupLayout();
+
+// Whether a jail or a command on this host is moved into a cgroup after its clone: true when
+// a v1 hierarchy (memory, pids or cpu) is in use, since v1 has no CLONE_INTO_CGROUP. Each such
+// move writes cgroup.procs, which takes the kernel's cgroup_threadgroup_rwsem for writing: on a
+// quiet host that waits for an RCU grace period (6-11 ms on this project's machine), unless the
+// kernel favours dynamic changes (favordynmods, Linux 6.0). docs/cgroups.md "Moves into v1".
+bool MovesIntoV1(const CgroupLayout& layout);
+
+// Pure: the cgroup2 flags of a reconfiguration that turns favordynmods on and keeps every other
+// option of `super_options` (a reconfiguration sets exactly the flags it is given: one without
+// nsdelegate would turn delegation off). "rw", "ro" and "seclabel" are not cgroup2 flags and are
+// kept by the kernel. An option this code does not know is an error that names it: it would be
+// dropped.
+Result<std::vector<std::string>> FavorDynmodsFlags(const std::vector<std::string>& super_options);
+
+// Turns favordynmods on for the host's cgroup2 hierarchy, mounted at `v2.mount_point`, by a
+// reconfiguration of its superblock (fspick + fsconfig; the mount's own flags are untouched).
+// It is global: cgroup_threadgroup_rwsem is one lock, and on Linux 6.18 the per-threadgroup lock
+// it switches to stays on until reboot. True when this call turned it on, false when it was on.
+// Errors: an option FavorDynmodsFlags refuses, a kernel without favordynmods (EINVAL), and a
+// reconfiguration the kernel ignored (EPERM: not in the host's cgroup namespace).
+Result<bool> EnableFavorDynmods(const CgroupHierarchy& v2);
+
+// What nsboxd and `nsbox run` do at start: on a host that moves processes into v1 cgroups and has
+// a cgroup2 mount, EnableFavorDynmods, logged (info when it was turned on, a warning with the
+// cost when it could not be). Nothing on other hosts.
+void FavorMovesIntoV1(const CgroupLayout& layout);
 
 enum class CgroupVersion { kV1, kV2 };
 

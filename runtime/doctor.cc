@@ -54,18 +54,21 @@ DoctorLayer FromItem(std::string key, std::string name, bool required, const Fea
   return l;
 }
 
+// `l` for a host whose cgroup layout could not be read.
+DoctorLayer NoLayout(const DoctorInput& in, DoctorLayer l) {
+  l.status = "missing";
+  l.detail = "cannot read the cgroup layout: " + in.layout.error().message();
+  l.fix = "mount cgroupfs (cgroup2 at /sys/fs/cgroup, or the v1 hierarchies)";
+  return l;
+}
+
 // Which hierarchy enforces `controller`, found by planning a sandbox with that limit alone: the
 // same decision the daemon will make.
 DoctorLayer CgroupLimitLayer(const DoctorInput& in, const char* controller,
                              const isolate::CgroupLimits& limits) {
   DoctorLayer l =
       Layer(std::string("cgroup_") + controller, std::string("cgroup ") + controller, false);
-  if (!in.layout.ok()) {
-    l.status = "missing";
-    l.detail = "cannot read the cgroup layout: " + in.layout.error().message();
-    l.fix = "mount cgroupfs (cgroup2 at /sys/fs/cgroup, or the v1 hierarchies)";
-    return l;
-  }
+  if (!in.layout.ok()) return NoLayout(in, std::move(l));
   auto plan = isolate::PlanCgroups(*in.layout, limits, "nsbox-doctor");
   if (!plan.ok()) {
     l.status = "missing";
@@ -96,12 +99,7 @@ DoctorLayer CgroupLimitLayer(const DoctorInput& in, const char* controller,
 // usage"): the same order of sources exec/usage.cc reads.
 DoctorLayer UsageLayer(const DoctorInput& in) {
   DoctorLayer l = Layer("exec_usage", "exec usage", false);
-  if (!in.layout.ok()) {
-    l.status = "missing";
-    l.detail = "cannot read the cgroup layout: " + in.layout.error().message();
-    l.fix = "mount cgroupfs (cgroup2 at /sys/fs/cgroup, or the v1 hierarchies)";
-    return l;
-  }
+  if (!in.layout.ok()) return NoLayout(in, std::move(l));
   const isolate::CgroupLayout& layout = *in.layout;
   auto in_v2 = [&layout](const char* c) {
     return layout.v2.has_value() &&
@@ -140,6 +138,32 @@ DoctorLayer UsageLayer(const DoctorInput& in) {
                     (in_v2("pids") || layout.pids_v1.has_value());
   l.status = core ? "ok" : "degraded";
   if (!core) l.fix = "a cgroup v2 mount and the memory and pids controllers (v2 or v1)";
+  return l;
+}
+
+// Whether moving a jail or a command into its v1 cgroups waits for an RCU grace period
+// (docs/cgroups.md "Moves into v1").
+DoctorLayer MovesLayer(const DoctorInput& in) {
+  DoctorLayer l = Layer("cgroup_moves", "cgroup v1 moves", false);
+  if (!in.layout.ok()) return NoLayout(in, std::move(l));
+  const isolate::CgroupLayout& layout = *in.layout;
+  l.status = "ok";
+  if (!isolate::MovesIntoV1(layout)) {
+    l.detail = "none: no v1 hierarchy is used, every process is born in its cgroup";
+    return l;
+  }
+  const auto& options = layout.v2 ? layout.v2->super_options : std::vector<std::string>();
+  if (std::find(options.begin(), options.end(), "favordynmods") != options.end()) {
+    l.detail = "fast: cgroup2 has favordynmods, a move does not wait for an RCU grace period";
+    return l;
+  }
+  l.status = "degraded";
+  l.detail =
+      "each move of a jail or a command into its v1 cgroups may wait for an RCU grace period "
+      "(milliseconds on a quiet host): cgroup2 has no favordynmods";
+  l.fix = layout.v2 ? "nsbox serve and nsbox run turn it on at start (unless "
+                      "--leave-cgroup-mount); or boot with cgroup_favordynmods=true"
+                    : "boot with cgroup_favordynmods=true (Linux 6.6), or mount cgroup2";
   return l;
 }
 
@@ -263,6 +287,7 @@ std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
                 {"cgroup_v1_controllers", f.cgroup_v1_controllers}};
   out.push_back(std::move(kill));
   out.push_back(UsageLayer(in));
+  out.push_back(MovesLayer(in));
 
   DoctorLayer clone = Layer("clone_into_cgroup", "clone3/CLONE_INTO_CGROUP", false);
   if (f.clone3.available && f.clone_into_cgroup.available && f.cgroup_v2.available) {

@@ -20,6 +20,10 @@ namespace {
 
 using nsbox::runtime::kVersion;
 
+constexpr const char* kLeaveCgroupMountHelp =
+    "do not give the host's cgroup2 mount favordynmods (on a host with v1 controllers each move "
+    "of a jail or command into its cgroups may then wait milliseconds; docs/cgroups.md)";
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,6 +56,7 @@ int main(int argc, char** argv) {
                       "the 'nsbox' entry of /etc/subuid, else 1610612736)");
   run_cmd->add_flag("--tty,-t", run.tty, "give the command a terminal inside the jail");
   run_cmd->add_flag("--dry-run", run.dry_run, "print the jail's plan and exit");
+  run_cmd->add_flag("--leave-cgroup-mount", run.leave_cgroup_mount, kLeaveCgroupMountHelp);
   run_cmd->add_option("command", run.command, "the command and its arguments")->required();
   run_cmd->positionals_at_end();
 
@@ -96,6 +101,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--dns-upstream", serve.dns_upstreams,
                         "ADDR[:PORT] the sandboxes' resolver asks (repeatable; default: the "
                         "nameservers of /etc/resolv.conf)");
+  serve_cmd->add_flag("--leave-cgroup-mount", serve.leave_cgroup_mount, kLeaveCgroupMountHelp);
 
   // create, ls, exec, cp, stop, rm: clients of nsboxd, and --socket / --url / --token.
   nsbox::runtime::ClientCommands client_commands(app);

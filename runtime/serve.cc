@@ -61,6 +61,7 @@
 #include "fs/path.h"
 #include "images/image.h"
 #include "images/store.h"
+#include "isolate/cgroup.h"
 #include "net/policy.h"
 #include "policy/environment.h"
 #include "runtime/api_client.h"
@@ -4156,6 +4157,11 @@ int Serve(const ServeOptions& options) {
     auto t = ListenTcp(io, options.listen);
     if (!t.ok()) return fail(t.error().message());
     tcp_acceptor = std::move(t).value();
+  }
+  // Before the registry's pool starts its jails: each is moved into its v1 cgroups (a hybrid
+  // host), as is every command's child.
+  if (!options.leave_cgroup_mount) {
+    if (auto layout = isolate::LoadCgroupLayout(); layout.ok()) isolate::FavorMovesIntoV1(*layout);
   }
   auto registry = Registry::Open(ro);
   if (!registry.ok()) return fail(registry.error().message());

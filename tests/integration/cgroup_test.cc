@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,52 @@ TEST_F(CgroupIntegration, CloneIntoCgroupUsesTheV2Fd) {
   int status = 0;
   ASSERT_EQ(::waitpid(static_cast<pid_t>(pid), &status, 0), pid);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+// The per-mount options (the sixth field of mountinfo) of the cgroup2 mount at `mount_point`.
+std::string MountOptionsOf(const std::string& mount_point) {
+  auto mountinfo = ReadFile("/proc/self/mountinfo");
+  if (!mountinfo.ok()) return "<" + mountinfo.error().message() + ">";
+  std::istringstream lines(*mountinfo);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::vector<std::string> f;
+    for (std::string word; fields >> word;) f.push_back(word);
+    if (f.size() > 5 && f[4] == mount_point && line.find(" - cgroup2 ") != std::string::npos) {
+      return f[5];
+    }
+  }
+  return "<no cgroup2 mount at " + mount_point + ">";
+}
+
+// docs/cgroups.md "Moves into v1": what nsboxd and `nsbox run` do at start on a host with v1
+// hierarchies. The cgroup2 superblock gets favordynmods and keeps every other option, and the
+// mount's own flags stay as they were.
+TEST_F(CgroupIntegration, FavorDynmodsIsTurnedOnAndKeepsEveryOtherOption) {
+  if (!layout_.v2.has_value()) GTEST_SKIP() << "no cgroup2 mount";
+  const std::vector<std::string> before = layout_.v2->super_options;
+  const std::string mount_flags = MountOptionsOf(layout_.v2->mount_point);
+  auto turned_on = EnableFavorDynmods(*layout_.v2);
+  if (!turned_on.ok() && turned_on.error().message().find("no favordynmods") != std::string::npos) {
+    GTEST_SKIP() << turned_on.error().message();
+  }
+  ASSERT_TRUE(turned_on.ok()) << turned_on.error().message();
+  EXPECT_EQ(*turned_on, std::find(before.begin(), before.end(), "favordynmods") == before.end());
+
+  auto now = LoadCgroupLayout();
+  ASSERT_TRUE(now.ok()) << now.error().message();
+  ASSERT_TRUE(now->v2.has_value());
+  const std::vector<std::string>& after = now->v2->super_options;
+  EXPECT_NE(std::find(after.begin(), after.end(), "favordynmods"), after.end());
+  for (const std::string& option : before) {
+    EXPECT_NE(std::find(after.begin(), after.end(), option), after.end()) << option;
+  }
+  EXPECT_EQ(MountOptionsOf(now->v2->mount_point), mount_flags);
+
+  // Once on, there is nothing to do.
+  auto again = EnableFavorDynmods(*now->v2);
+  ASSERT_TRUE(again.ok()) << again.error().message();
+  EXPECT_FALSE(*again);
 }
 
 }  // namespace

@@ -210,6 +210,42 @@ TEST(ParseCgroupLayout, MalformedInputIsAnError) {
   EXPECT_FALSE(ParseCgroupLayout(kHybridCgroup, "1 2 3 / /x rw no-dash-here\n").ok());
 }
 
+TEST(ParseCgroupLayout, KeepsEachMountsSuperOptions) {
+  CgroupLayout hybrid = Parse(kSystemdHybridCgroup, kSystemdHybridMountinfo);
+  EXPECT_EQ(hybrid.v2->super_options, (std::vector<std::string>{"rw", "nsdelegate"}));
+  EXPECT_EQ(hybrid.memory_v1->super_options, (std::vector<std::string>{"rw", "memory"}));
+  EXPECT_TRUE(MovesIntoV1(hybrid));
+  CgroupLayout v2 = Parse(kPureV2Cgroup, kPureV2Mountinfo);
+  EXPECT_EQ(v2.v2->super_options,
+            (std::vector<std::string>{"rw", "nsdelegate", "memory_recursiveprot"}));
+  EXPECT_FALSE(MovesIntoV1(v2));
+}
+
+TEST(FavorDynmodsFlags, KeepsEveryCgroup2FlagAndAddsFavordynmodsOnce) {
+  auto flags = FavorDynmodsFlags({"rw", "nsdelegate", "memory_recursiveprot"});
+  ASSERT_TRUE(flags.ok()) << flags.error().message();
+  EXPECT_EQ(*flags,
+            (std::vector<std::string>{"nsdelegate", "memory_recursiveprot", "favordynmods"}));
+  // This host's: nothing but rw.
+  flags = FavorDynmodsFlags({"rw"});
+  ASSERT_TRUE(flags.ok());
+  EXPECT_EQ(*flags, std::vector<std::string>{"favordynmods"});
+  // SELinux's seclabel is shown beside the options, not one of them; favordynmods not twice.
+  flags = FavorDynmodsFlags({"rw", "seclabel", "favordynmods", "memory_localevents",
+                             "memory_hugetlb_accounting", "pids_localevents"});
+  ASSERT_TRUE(flags.ok());
+  EXPECT_EQ(*flags, (std::vector<std::string>{"favordynmods", "memory_localevents",
+                                              "memory_hugetlb_accounting", "pids_localevents"}));
+}
+
+TEST(FavorDynmodsFlags, AnOptionItDoesNotKnowIsNeverDropped) {
+  auto flags = FavorDynmodsFlags({"rw", "nsdelegate", "memory_newthing"});
+  ASSERT_FALSE(flags.ok());
+  EXPECT_EQ(flags.error().code(), EINVAL);
+  EXPECT_NE(flags.error().message().find("\"memory_newthing\""), std::string::npos)
+      << flags.error().message();
+}
+
 TEST(PlanCgroups, ThisHybridHostUsesV1ForLimitsAndV2ForTheKillScope) {
   auto plan = PlanCgroups(HybridHost(), {.memory_bytes = 512 * kMiB, .pids = 16, .cpus = 1.5},
                           "nsbox-run-42");

@@ -140,9 +140,9 @@ runtime::DoctorInput AllPresent() {
   }
   in.features.max_user_namespaces = 1000;
   isolate::CgroupLayout layout;
-  layout.v2 = isolate::CgroupHierarchy{"/sys/fs/cgroup",          "/",
-                                       "/sys/fs/cgroup",          {"memory", "pids", "cpu"},
-                                       {"memory", "pids", "cpu"}, true};
+  layout.v2 = isolate::CgroupHierarchy{
+      "/sys/fs/cgroup",          "/",  "/sys/fs/cgroup",    {"memory", "pids", "cpu"},
+      {"memory", "pids", "cpu"}, true, {"rw", "nsdelegate"}};
   in.layout = layout;
   in.kernel = "6.1.0";
   in.network_probe = std::string("nftables: ok (a scratch table made and removed)\nveth: ok\n");
@@ -233,11 +233,11 @@ TEST(Doctor, SaysWhereExecUsageComesFrom) {
   // This host's kind: a v2 mount without controllers, v1 memory and pids.
   isolate::CgroupLayout hybrid;
   hybrid.v2 = isolate::CgroupHierarchy{
-      "/sys/fs/cgroup/unified", "/", "/sys/fs/cgroup/unified", {}, {}, true};
+      "/sys/fs/cgroup/unified", "/", "/sys/fs/cgroup/unified", {}, {}, true, {"rw"}};
   hybrid.memory_v1 = isolate::CgroupHierarchy{
-      "/sys/fs/cgroup/memory", "/", "/sys/fs/cgroup/memory", {"memory"}, {}, false};
+      "/sys/fs/cgroup/memory", "/", "/sys/fs/cgroup/memory", {"memory"}, {}, false, {"rw"}};
   hybrid.pids_v1 = isolate::CgroupHierarchy{
-      "/sys/fs/cgroup/pids", "/", "/sys/fs/cgroup/pids", {"pids"}, {}, false};
+      "/sys/fs/cgroup/pids", "/", "/sys/fs/cgroup/pids", {"pids"}, {}, false, {"rw"}};
   in.layout = hybrid;
   layers = runtime::DoctorLayers(in);
   usage = Find(layers, "exec_usage");
@@ -257,6 +257,39 @@ TEST(Doctor, SaysWhereExecUsageComesFrom) {
   EXPECT_NE(usage->detail.find("null: cpuUserMs, cpuSystemMs, pidsPeak"), std::string::npos)
       << usage->detail;
   EXPECT_FALSE(usage->fix.empty());
+}
+
+TEST(Doctor, SaysWhetherAMoveIntoV1WaitsForAGracePeriod) {
+  runtime::DoctorInput in = AllPresent();
+  isolate::CgroupLayout hybrid;
+  hybrid.v2 = isolate::CgroupHierarchy{
+      "/sys/fs/cgroup/unified", "/", "/sys/fs/cgroup/unified", {}, {}, true, {"rw"}};
+  hybrid.memory_v1 = isolate::CgroupHierarchy{
+      "/sys/fs/cgroup/memory", "/", "/sys/fs/cgroup/memory", {"memory"}, {}, false, {"rw"}};
+  in.layout = hybrid;
+  auto layers = runtime::DoctorLayers(in);
+  const auto* moves = Find(layers, "cgroup_moves");
+  ASSERT_NE(moves, nullptr);
+  EXPECT_EQ(moves->status, "degraded");
+  EXPECT_FALSE(moves->required);
+  EXPECT_NE(moves->detail.find("RCU grace period"), std::string::npos) << moves->detail;
+  EXPECT_NE(moves->fix.find("--leave-cgroup-mount"), std::string::npos) << moves->fix;
+
+  hybrid.v2->super_options = {"rw", "favordynmods"};
+  in.layout = hybrid;
+  layers = runtime::DoctorLayers(in);
+  moves = Find(layers, "cgroup_moves");
+  EXPECT_EQ(moves->status, "ok");
+  EXPECT_NE(moves->detail.find("favordynmods"), std::string::npos) << moves->detail;
+
+  // No v1 hierarchy: every process is born in its cgroup, nothing to wait for.
+  hybrid.memory_v1.reset();
+  hybrid.v2->super_options = {"rw"};
+  in.layout = hybrid;
+  layers = runtime::DoctorLayers(in);
+  moves = Find(layers, "cgroup_moves");
+  EXPECT_EQ(moves->status, "ok");
+  EXPECT_NE(moves->detail.find("none"), std::string::npos) << moves->detail;
 }
 
 TEST(Doctor, MissingOpcodesDegradeIoUring) {
