@@ -417,10 +417,8 @@ Result<std::vector<std::string>> FavorDynmodsFlags(const std::vector<std::string
   return out;
 }
 
-Result<bool> EnableFavorDynmods(const CgroupHierarchy& v2) {
-  if (Contains(v2.super_options, "favordynmods")) return false;
-  NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> flags, FavorDynmodsFlags(v2.super_options));
-  const std::string& at = v2.mount_point;
+Status SetCgroup2Flags(const std::string& mount_point, const std::vector<std::string>& flags) {
+  const std::string& at = mount_point;
   UniqueFd fs(sys::FsPick(AT_FDCWD, at.c_str(), FSPICK_CLOEXEC | FSPICK_NO_AUTOMOUNT));
   if (!fs.valid()) return Error::Sys("fspick", at, errno);
   for (const std::string& flag : flags) {
@@ -435,6 +433,14 @@ Result<bool> EnableFavorDynmods(const CgroupHierarchy& v2) {
   if (sys::FsConfig(fs.get(), FSCONFIG_CMD_RECONFIGURE, nullptr, nullptr, 0) != 0) {
     return Error::Sys("fsconfig(FSCONFIG_CMD_RECONFIGURE)", at, errno);
   }
+  return Ok();
+}
+
+Result<bool> EnableFavorDynmods(const CgroupHierarchy& v2) {
+  if (Contains(v2.super_options, "favordynmods")) return false;
+  NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> flags, FavorDynmodsFlags(v2.super_options));
+  const std::string& at = v2.mount_point;
+  NSBOX_TRY(SetCgroup2Flags(at, flags));
   // Outside the host's cgroup namespace the kernel takes the reconfiguration and ignores it.
   NSBOX_ASSIGN_OR_RETURN(CgroupLayout now, LoadCgroupLayout());
   if (!now.v2.has_value() || !Contains(now.v2->super_options, "favordynmods")) {

@@ -85,6 +85,10 @@ Result<std::vector<std::string>> FavorDynmodsFlags(const std::vector<std::string
 // Errors: an option FavorDynmodsFlags refuses, a kernel without favordynmods (EINVAL), and a
 // reconfiguration the kernel ignored (EPERM: not in the host's cgroup namespace).
 Result<bool> EnableFavorDynmods(const CgroupHierarchy& v2);
+// Reconfigures the cgroup2 superblock mounted at `mount_point` with exactly `flags` (cgroup2
+// flags, as FavorDynmodsFlags gives them): what EnableFavorDynmods does, and what a test does to
+// turn favordynmods off again.
+Status SetCgroup2Flags(const std::string& mount_point, const std::vector<std::string>& flags);
 
 // What nsboxd and `nsbox run` do at start: on a host that moves processes into v1 cgroups and has
 // a cgroup2 mount, EnableFavorDynmods, logged (info when it was turned on, a warning with the

@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "isolate/cgroup.h"
 #include "tests/e2e/daemon_harness.h"
 
 namespace nsbox::e2e {
@@ -810,6 +811,52 @@ TEST_F(LifecycleTest, SigkillDuringA100MBUploadLeavesOldOrNew) {
   ASSERT_EQ(PutFile(id, "/workspace/big.bin", "new").status, 204);
   EXPECT_EQ(GetFile(id, "/workspace/big.bin").body, "new");
   EXPECT_EQ(Sh(id, "echo ok"), "ok\n");
+}
+
+// docs/cgroups.md "Moves into v1": on a host with v1 hierarchies, nsboxd gives cgroup2
+// favordynmods at start (and says so in its log) unless --leave-cgroup-mount; with it, the
+// mount is left as it was and nsbox doctor says what that costs.
+TEST(CgroupMount, TheDaemonGivesCgroup2FavordynmodsUnlessToldToLeaveIt) {
+  auto layout = isolate::LoadCgroupLayout();
+  ASSERT_TRUE(layout.ok()) << layout.error().message();
+  if (!isolate::MovesIntoV1(*layout) || !layout->v2.has_value()) {
+    GTEST_SKIP() << "no v1 hierarchy beside a cgroup2 mount: nothing is moved after its clone";
+  }
+  auto has_it = [] {
+    auto now = isolate::LoadCgroupLayout();
+    if (!now.ok() || !now->v2.has_value()) return false;
+    const auto& o = now->v2->super_options;
+    return std::find(o.begin(), o.end(), "favordynmods") != o.end();
+  };
+  auto flags = isolate::FavorDynmodsFlags(layout->v2->super_options);
+  ASSERT_TRUE(flags.ok()) << flags.error().message();
+  flags->erase(std::find(flags->begin(), flags->end(), "favordynmods"));
+  ASSERT_TRUE(isolate::SetCgroup2Flags(layout->v2->mount_point, *flags).ok());
+  ASSERT_FALSE(has_it());
+
+  {
+    Daemon d;
+    ASSERT_TRUE(d.Start({"--leave-cgroup-mount"})) << d.error();
+    EXPECT_FALSE(has_it());
+    EXPECT_EQ(d.Log().find("favordynmods"), std::string::npos) << d.Log();
+    std::string doctor;
+    EXPECT_EQ(RunProgram({NSBOX_BIN, "doctor"}, d.dir() + "/doctor.log", &doctor), 0) << doctor;
+    EXPECT_NE(doctor.find("cgroup v1 moves"), std::string::npos) << doctor;
+    EXPECT_NE(doctor.find("cgroup2 has no favordynmods"), std::string::npos) << doctor;
+    EXPECT_TRUE(d.Stop()) << d.error();
+  }
+  Daemon d;
+  ASSERT_TRUE(d.Start()) << d.error();
+  EXPECT_TRUE(has_it());
+  EXPECT_NE(d.Log().find("remounted with favordynmods"), std::string::npos) << d.Log();
+  // Its other options are the ones it had.
+  auto after = isolate::LoadCgroupLayout();
+  ASSERT_TRUE(after.ok() && after->v2.has_value());
+  for (const std::string& option : layout->v2->super_options) {
+    const auto& o = after->v2->super_options;
+    EXPECT_NE(std::find(o.begin(), o.end(), option), o.end()) << option;
+  }
+  EXPECT_TRUE(d.Stop()) << d.error();
 }
 
 }  // namespace

@@ -251,14 +251,23 @@ std::string MountOptionsOf(const std::string& mount_point) {
 // mount's own flags stay as they were.
 TEST_F(CgroupIntegration, FavorDynmodsIsTurnedOnAndKeepsEveryOtherOption) {
   if (!layout_.v2.has_value()) GTEST_SKIP() << "no cgroup2 mount";
-  const std::vector<std::string> before = layout_.v2->super_options;
-  const std::string mount_flags = MountOptionsOf(layout_.v2->mount_point);
-  auto turned_on = EnableFavorDynmods(*layout_.v2);
+  // Off first (a daemon of an earlier test may have turned it on), every other flag kept.
+  auto flags = FavorDynmodsFlags(layout_.v2->super_options);
+  ASSERT_TRUE(flags.ok()) << flags.error().message();
+  flags->erase(std::find(flags->begin(), flags->end(), "favordynmods"));
+  ASSERT_TRUE(SetCgroup2Flags(layout_.v2->mount_point, *flags).ok());
+  auto off = LoadCgroupLayout();
+  ASSERT_TRUE(off.ok() && off->v2.has_value());
+  const std::vector<std::string> before = off->v2->super_options;
+  ASSERT_EQ(std::find(before.begin(), before.end(), "favordynmods"), before.end());
+  const std::string mount_flags = MountOptionsOf(off->v2->mount_point);
+
+  auto turned_on = EnableFavorDynmods(*off->v2);
   if (!turned_on.ok() && turned_on.error().message().find("no favordynmods") != std::string::npos) {
     GTEST_SKIP() << turned_on.error().message();
   }
   ASSERT_TRUE(turned_on.ok()) << turned_on.error().message();
-  EXPECT_EQ(*turned_on, std::find(before.begin(), before.end(), "favordynmods") == before.end());
+  EXPECT_TRUE(*turned_on);
 
   auto now = LoadCgroupLayout();
   ASSERT_TRUE(now.ok()) << now.error().message();
