@@ -233,7 +233,7 @@ int CommandMain(void* arg) {
 }
 
 // Init mode: PID 1 becomes nsbox-init. Never returns.
-[[noreturn]] void ExecInit(const ChildPlan& plan) {
+[[noreturn]] void ExecInit(const ChildPlan& plan, int held_dir) {
   const JailSpec& spec = *plan.spec;
   int sync = plan.sync_fd;
   constexpr int kControlFd = 3;
@@ -268,6 +268,11 @@ int CommandMain(void* arg) {
     pids_v1 = ::fcntl(spec.cgroup_v1_pids_fd, F_DUPFD_CLOEXEC, 10);
     if (pids_v1 < 0) ChildFail(sync, Step::kStdio, errno);
   }
+  int own_etc = -1;
+  if (held_dir >= 0) {
+    own_etc = ::fcntl(held_dir, F_DUPFD_CLOEXEC, 10);
+    if (own_etc < 0) ChildFail(sync, Step::kStdio, errno);
+  }
   int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null < 0) ChildFail(sync, Step::kStdio, errno);
   // stdin and stdout lead nowhere; stderr stays the host side's, for nsbox-init's log.
@@ -276,12 +281,13 @@ int CommandMain(void* arg) {
   }
   if (cgroup >= 0 && ::dup2(cgroup, kCgroupFd) < 0) ChildFail(sync, Step::kStdio, errno);
   // Everything else closes at exec: no fd of the host reaches the jail (CVE-2024-21626). The v1
-  // directories are dup2'ed after it, which leaves them open across the exec.
+  // directories and the held one are dup2'ed after it, which leaves them open across the exec.
   if (sys::CloseRange(5, ~0U, CLOSE_RANGE_CLOEXEC) < 0) ChildFail(sync, Step::kStdio, errno);
   if (memory_v1 >= 0 && ::dup2(memory_v1, kMemoryCgroupFd) < 0) {
     ChildFail(sync, Step::kStdio, errno);
   }
   if (pids_v1 >= 0 && ::dup2(pids_v1, kPidsCgroupFd) < 0) ChildFail(sync, Step::kStdio, errno);
+  if (own_etc >= 0 && ::dup2(own_etc, kInitOwnEtcFd) < 0) ChildFail(sync, Step::kStdio, errno);
   char* const empty_env[] = {nullptr};
   // On success the sync socket closes with the exec (CLOEXEC): the host reads that as "started".
   ::syscall(SYS_execveat, binary, "", const_cast<char* const*>(plan.init_argv.data()), empty_env,
@@ -317,7 +323,8 @@ int CommandMain(void* arg) {
   if (::unshare(CLONE_NEWCGROUP) < 0) ChildFail(sync, Step::kUnshareCgroup, errno);
 
   size_t failed_op = 0;
-  int err = ApplyMountPlan(spec.mounts, &failed_op);
+  int held_dir = -1;  // close-on-exec: only nsbox-init keeps it (ExecInit)
+  int err = ApplyMountPlan(spec.mounts, &failed_op, &held_dir);
   if (err != 0) ChildFail(sync, Step::kMounts, err, static_cast<uint32_t>(failed_op));
 
   if (::sethostname(spec.hostname.data(), spec.hostname.size()) < 0) {
@@ -330,7 +337,7 @@ int CommandMain(void* arg) {
   if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) ChildFail(sync, Step::kDumpable, errno);
   if (::chdir(spec.cwd.c_str()) < 0) ChildFail(sync, Step::kChdir, errno);
 
-  if (spec.init_fd >= 0) ExecInit(plan);
+  if (spec.init_fd >= 0) ExecInit(plan, held_dir);
 
   int tty_slave = -1;
   if (spec.tty) {

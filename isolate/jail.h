@@ -90,6 +90,10 @@ class Jail {
   int exec_error_ = 0;
 };
 
+// Where nsbox-init finds the directory its mount plan held (MountOp::Kind::kHoldDir: the jail's
+// own /etc of a jail adopted later), to be given as `--own-etc-fd 7`.
+inline constexpr int kInitOwnEtcFd = 7;
+
 // Exit codes of `nsbox run`, as a shell and docker run use them.
 inline constexpr int kExitSetupFailed = 125;
 inline constexpr int kExitNotExecutable = 126;

@@ -116,6 +116,8 @@ std::string MountOp::Describe() const {
       return "pivot_root " + staged;
     case Kind::kRemountRootReadonly:
       return "remount / read-only";
+    case Kind::kHoldDir:
+      return "hold " + target;
   }
   return "?";
 }
@@ -258,6 +260,10 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
         op.mode = 0644;
         p.Bind(config.staging + own + "/" + file.name, "/etc/" + file.name, kRo, false);
       }
+      // The adoption rewrites them through this directory's fd: reaching it once the procfs
+      // covers it would take a clone of the root mount, whose release waits for an RCU grace
+      // period (docs/benchmarks.md "Where a first use's exec goes").
+      if (config.adopt_later) p.Add(Kind::kHoldDir, own);
     }
   }
   if (!overlay && config.shared_etc.empty()) {
@@ -690,6 +696,8 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
         return errno;
       }
       return 0;
+    case Kind::kHoldDir:
+      return EINVAL;  // ApplyMountPlan's own
   }
   return EINVAL;
 }
@@ -718,7 +726,7 @@ int OpenPinnedSource(const MountOp& op, int* out) {
 
 }  // namespace
 
-int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept {
+int ApplyMountPlan(const MountPlan& plan, size_t* failed_op, int* held_fd) noexcept {
   // Binds pinned by an fd, opened first: (op index, fd in this mount namespace).
   constexpr size_t kMaxPinned = 8;
   size_t pinned_op[kMaxPinned];
@@ -742,7 +750,17 @@ int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept {
     for (size_t k = 0; k < pinned; ++k) {
       if (pinned_op[k] == i) fd = pinned_fd[k];
     }
-    err = ApplyOne(plan, plan.ops[i], fd);
+    const MountOp& op = plan.ops[i];
+    if (op.kind == Kind::kHoldDir) {
+      if (held_fd == nullptr || *held_fd >= 0) {
+        err = EINVAL;
+      } else {
+        *held_fd = ::open(op.staged.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (*held_fd < 0) err = errno;
+      }
+    } else {
+      err = ApplyOne(plan, op, fd);
+    }
     if (err != 0) *failed_op = i;
   }
   for (size_t k = 0; k < pinned; ++k) ::close(pinned_fd[k]);
@@ -752,10 +770,10 @@ int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept {
 namespace {
 
 // Replaces the content of `name` in the jail's own /etc directory, which the procfs covers: the
-// write goes through a clone of the root mount alone, without the mounts above it.
-Status RewriteOwnEtcFile(int root_clone, const std::string& name, const std::string& content) {
+// write goes through the directory's fd, held from before it was covered (kHoldDir).
+Status RewriteOwnEtcFile(int own_etc_dir, const std::string& name, const std::string& content) {
   const std::string path = std::string(kOwnEtcDir + 1) + "/" + name;
-  UniqueFd fd(::openat(root_clone, path.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd fd(::openat(own_etc_dir, name.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC));
   if (!fd.valid()) return Error::Sys("open", "/" + path, errno);
   size_t done = 0;
   while (done < content.size()) {
@@ -787,13 +805,12 @@ Status ApplyAdoption(const AdoptionSpec& spec) {
       return Error::Sys(call, path, err).Context("attach the sandbox's directory");
     }
   }
-  {
-    // SAFETY: open_tree only reads the path and returns a new fd.
-    UniqueFd root(sys::OpenTree(AT_FDCWD, "/", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
-    if (!root.valid()) return Error::Sys("open_tree", "/", errno).Context("reach /etc's own files");
-    NSBOX_TRY(RewriteOwnEtcFile(root.get(), "hosts", spec.etc_hosts));
-    NSBOX_TRY(RewriteOwnEtcFile(root.get(), "hostname", spec.etc_hostname));
-  }  // the clone goes with its fd, before the root becomes read-only
+  if (spec.own_etc_dir < 0) {
+    return Error(EBADF,
+                 std::string("no fd of ") + kOwnEtcDir + " (a jail adopted later holds one)");
+  }
+  NSBOX_TRY(RewriteOwnEtcFile(spec.own_etc_dir, "hosts", spec.etc_hosts));
+  NSBOX_TRY(RewriteOwnEtcFile(spec.own_etc_dir, "hostname", spec.etc_hostname));
   // The tmpfs of /dev (the root's) holds /tmp and /dev/shm (PlanMounts).
   NSBOX_TRY(ResizeTmpfs("/dev", MS_NOSUID | MS_NOEXEC, spec.tmpfs_size));
   if (::sethostname(spec.hostname.data(), spec.hostname.size()) < 0) {

@@ -42,6 +42,7 @@ struct MountOp {
     kReadonlyPath,  // bind a path onto itself read-only; skipped when absent
     kPivotRoot,     // pivot_root into the staging root and detach the old root
     kRemountRootReadonly,  // make the new root's mount read-only (after everything is in)
+    kHoldDir,  // open the directory target (O_PATH) and keep it: ApplyMountPlan's *held_fd
   };
 
   Kind kind;
@@ -179,6 +180,9 @@ struct AdoptionSpec {
   std::string etc_hosts;
   std::string etc_hostname;
   uint64_t tmpfs_size = 0;  // of /dev, /tmp and /dev/shm, in bytes; 0: leave the kernel's default
+  // The jail's own /etc directory (kOwnEtcDir), held (kHoldDir) from before the procfs covered
+  // it: hosts and hostname are rewritten through it.
+  int own_etc_dir = -1;
 };
 
 // Run inside such a jail, by a process that still holds CAP_SYS_ADMIN in its namespaces: attaches
@@ -206,7 +210,8 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config);
 Result<UniqueFd> MountOverlay(const RootSpec::Overlay& overlay);
 
 // Applies the plan in the child. Async-signal-safe: no allocation, no logging. Returns 0, or an
-// errno with *failed_op set to the index of the step that failed.
-int ApplyMountPlan(const MountPlan& plan, size_t* failed_op) noexcept;
+// errno with *failed_op set to the index of the step that failed. The directory of a kHoldDir
+// step (at most one) is left open in *held_fd (close-on-exec; EINVAL without a held_fd).
+int ApplyMountPlan(const MountPlan& plan, size_t* failed_op, int* held_fd = nullptr) noexcept;
 
 }  // namespace nsbox::isolate

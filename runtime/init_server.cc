@@ -749,7 +749,8 @@ int InitMain(int argc, char** argv) {
   int cgroup_fd = -1;
   exec::RunnerV1Cgroups v1;
   std::optional<exec::Reactor::Backend> backend;
-  bool adopt = false;  // started for nsboxd's pool: the hello brings an Adoption
+  bool adopt = false;   // started for nsboxd's pool: the hello brings an Adoption
+  int own_etc_fd = -1;  // with it: the jail's own /etc directory (isolate::AdoptionSpec)
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     std::string value = argv[i + 1];
@@ -763,6 +764,8 @@ int InitMain(int argc, char** argv) {
       v1.pids_dir = std::atoi(value.c_str());
     } else if (flag == "--adopt" && value == "1") {
       adopt = true;
+    } else if (flag == "--own-etc-fd") {
+      own_etc_fd = std::atoi(value.c_str());
     } else if (flag == "--reactor" && (value == "epoll" || value == "io_uring")) {
       // nsbox-init's environment is empty, so the choice of NSBOX_REACTOR comes as a flag.
       backend =
@@ -770,7 +773,7 @@ int InitMain(int argc, char** argv) {
     } else {
       Die("unknown argument " + flag + " " + value +
           " (expected --control-fd N [--cgroup-fd N] [--memory-cgroup-fd N] [--pids-cgroup-fd N] "
-          "[--reactor epoll|io_uring] [--adopt 1])");
+          "[--reactor epoll|io_uring] [--adopt 1 --own-etc-fd N])");
     }
   }
   if (control_fd < 0) Die("no --control-fd");
@@ -783,7 +786,7 @@ int InitMain(int argc, char** argv) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   ::signal(SIGPIPE, SIG_IGN);
   ::fcntl(control_fd, F_SETFD, FD_CLOEXEC);
-  for (int fd : {cgroup_fd, v1.memory_dir, v1.pids_dir}) {
+  for (int fd : {cgroup_fd, v1.memory_dir, v1.pids_dir, own_etc_fd}) {
     if (fd >= 0) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
 
@@ -823,12 +826,14 @@ int InitMain(int argc, char** argv) {
     spec.etc_hosts = hello->adoption->etc_hosts;
     spec.etc_hostname = hello->adoption->etc_hostname;
     spec.tmpfs_size = hello->adoption->tmpfs_size;
+    spec.own_etc_dir = own_etc_fd;
     if (auto st = isolate::ApplyAdoption(spec); !st.ok()) {
       Die("adopt the sandbox: " + st.error().message());
     }
     if (::chdir("/workspace") < 0) Die("chdir /workspace: " + ErrnoText(errno));
   }
   passed.clear();
+  if (own_etc_fd >= 0) ::close(own_etc_fd);  // of use to the adoption only
 
   int root = ::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (root < 0) Die("open /: " + ErrnoText(errno));

@@ -103,7 +103,8 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   }
   if (options.pooled) {
     if (!jail.adopt_later) return Error::Msg("a pooled sandbox needs a jail adopted later");
-    spec.init_argv.insert(spec.init_argv.end(), {"--adopt", "1"});
+    spec.init_argv.insert(spec.init_argv.end(),
+                          {"--adopt", "1", "--own-etc-fd", std::to_string(isolate::kInitOwnEtcFd)});
   }
   std::string reactor = options.reactor;
   if (reactor.empty() && ::getenv("NSBOX_REACTOR") != nullptr) reactor = ::getenv("NSBOX_REACTOR");

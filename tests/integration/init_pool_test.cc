@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <regex>
@@ -113,9 +114,24 @@ TEST_F(PoolTest, AnAdoptedJailIsWhatAStartedOneIs) {
 
   std::unique_ptr<runtime::Sandbox> pooled = StartPooled();
   ASSERT_NE(pooled, nullptr);
+  // While it waits it holds its own /etc directory (isolate::kInitOwnEtcFd), which the adoption
+  // writes hosts and hostname through, and then closes.
+  const std::string fds = "/proc/" + std::to_string(pooled->init_pid()) + "/fd";
+  auto holders = [&fds] {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(fds, ec)) {
+      if (std::filesystem::read_symlink(e.path(), ec) == isolate::kOwnEtcDir) {
+        out.push_back(e.path().filename().string());
+      }
+    }
+    return out;
+  };
+  EXPECT_EQ(holders(), std::vector<std::string>{std::to_string(isolate::kInitOwnEtcFd)});
   auto adopted = pooled->Adopt(Jail(workspace_b, home_b));
   ASSERT_TRUE(adopted.ok()) << adopted.error().message();
   EXPECT_FALSE(pooled->pooled());
+  EXPECT_TRUE(holders().empty()) << ::testing::PrintToString(holders());
 
   ExecRun want = Run(**started, kDescribe);
   ExecRun got = Run(*pooled, kDescribe);

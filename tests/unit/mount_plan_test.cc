@@ -271,6 +271,13 @@ TEST(MountPlan, AJailAdoptedLaterLeavesTheSandboxsPartsToTheAdoption) {
   EXPECT_EQ(plan->ops.back().kind, Kind::kPivotRoot);
   // Its own hosts and hostname are where ApplyAdoption rewrites them, and bound as usual.
   EXPECT_TRUE(Contains(d, std::string("write ") + kOwnEtcDir + "/hosts"));
+  // ... through their directory, held from before the procfs covers it.
+  auto at = [&d](const std::string& step) {
+    return std::find(d.begin(), d.end(), step) - d.begin();
+  };
+  EXPECT_LT(at(std::string("hold ") + kOwnEtcDir), at("proc /proc (hidepid=ptraceable)"))
+      << ::testing::PrintToString(d);
+  EXPECT_LT(at(std::string("hold ") + kOwnEtcDir), static_cast<long>(d.size()));
   EXPECT_TRUE(Contains(
       d, "bind /tmp" + std::string(kOwnEtcDir) + "/hostname -> /etc/hostname (ro,nosuid,nodev)"));
   // Only the host image with a shared /etc can be adopted.
