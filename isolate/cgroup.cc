@@ -450,10 +450,12 @@ Result<bool> EnableFavorDynmods(const CgroupHierarchy& v2) {
   return true;
 }
 
-void FavorMovesIntoV1(const CgroupLayout& layout) {
+void FavorMovesIntoV1(const CgroupLayout& layout, bool quiet) {
   if (!MovesIntoV1(layout) || !layout.v2.has_value()) return;
   auto turned_on = EnableFavorDynmods(*layout.v2);
-  if (!turned_on.ok()) {
+  if (!turned_on.ok() && quiet) {
+    log::debug("cgroup2 favordynmods: {}", turned_on.error().message());
+  } else if (!turned_on.ok()) {
     log::warn(
         "cgroup2 favordynmods: {}; every move of a process into a v1 cgroup may then wait for an "
         "RCU grace period (milliseconds on a quiet host)",

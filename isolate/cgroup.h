@@ -93,7 +93,8 @@ Status SetCgroup2Flags(const std::string& mount_point, const std::vector<std::st
 // What nsboxd and `nsbox run` do at start: on a host that moves processes into v1 cgroups and has
 // a cgroup2 mount, EnableFavorDynmods, logged (info when it was turned on, a warning with the
 // cost when it could not be). Nothing on other hosts.
-void FavorMovesIntoV1(const CgroupLayout& layout);
+// `quiet`: a failure is logged at debug only (nsbox run, whose stderr is the command's).
+void FavorMovesIntoV1(const CgroupLayout& layout, bool quiet = false);
 
 enum class CgroupVersion { kV1, kV2 };
 

@@ -170,7 +170,7 @@ int Run(const RunOptions& options) {
   }
   // The jail's move into its v1 cgroups (a hybrid host) would otherwise wait for an RCU grace
   // period whenever the host was quiet before it.
-  if (!options.leave_cgroup_mount) isolate::FavorMovesIntoV1(*layout);
+  if (!options.leave_cgroup_mount) isolate::FavorMovesIntoV1(*layout, /*quiet=*/true);
 
   auto seccomp = isolate::CompileSeccomp(policy::DefaultSeccompProfile());
   if (!seccomp.ok()) return Fail(std::move(seccomp).error().Context("seccomp"));

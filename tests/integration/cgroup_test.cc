@@ -259,7 +259,10 @@ TEST_F(CgroupIntegration, FavorDynmodsIsTurnedOnAndKeepsEveryOtherOption) {
   auto off = LoadCgroupLayout();
   ASSERT_TRUE(off.ok() && off->v2.has_value());
   const std::vector<std::string> before = off->v2->super_options;
-  ASSERT_EQ(std::find(before.begin(), before.end(), "favordynmods"), before.end());
+  if (std::find(before.begin(), before.end(), "favordynmods") != before.end()) {
+    // Booted with cgroup_favordynmods=true (or built with it): every reconfiguration keeps it.
+    GTEST_SKIP() << "this kernel keeps favordynmods on";
+  }
   const std::string mount_flags = MountOptionsOf(off->v2->mount_point);
 
   auto turned_on = EnableFavorDynmods(*off->v2);
