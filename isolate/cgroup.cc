@@ -393,6 +393,10 @@ bool MovesIntoV1(const CgroupLayout& layout) {
   return layout.memory_v1.has_value() || layout.pids_v1.has_value() || layout.cpu_v1.has_value();
 }
 
+bool HasFavorDynmods(const CgroupLayout& layout) {
+  return layout.v2.has_value() && Contains(layout.v2->super_options, "favordynmods");
+}
+
 Result<std::vector<std::string>> FavorDynmodsFlags(const std::vector<std::string>& super_options) {
   // cgroup2's flags (cgroup2_fs_parameters, Linux 6.18), and what mountinfo shows beside them.
   static constexpr std::string_view kFlags[] = {"nsdelegate",
@@ -417,8 +421,7 @@ Result<std::vector<std::string>> FavorDynmodsFlags(const std::vector<std::string
   return out;
 }
 
-Status SetCgroup2Flags(const std::string& mount_point, const std::vector<std::string>& flags) {
-  const std::string& at = mount_point;
+Status SetCgroup2Flags(const std::string& at, const std::vector<std::string>& flags) {
   UniqueFd fs(sys::FsPick(AT_FDCWD, at.c_str(), FSPICK_CLOEXEC | FSPICK_NO_AUTOMOUNT));
   if (!fs.valid()) return Error::Sys("fspick", at, errno);
   for (const std::string& flag : flags) {
@@ -439,12 +442,11 @@ Status SetCgroup2Flags(const std::string& mount_point, const std::vector<std::st
 Result<bool> EnableFavorDynmods(const CgroupHierarchy& v2) {
   if (Contains(v2.super_options, "favordynmods")) return false;
   NSBOX_ASSIGN_OR_RETURN(std::vector<std::string> flags, FavorDynmodsFlags(v2.super_options));
-  const std::string& at = v2.mount_point;
-  NSBOX_TRY(SetCgroup2Flags(at, flags));
+  NSBOX_TRY(SetCgroup2Flags(v2.mount_point, flags));
   // Outside the host's cgroup namespace the kernel takes the reconfiguration and ignores it.
   NSBOX_ASSIGN_OR_RETURN(CgroupLayout now, LoadCgroupLayout());
-  if (!now.v2.has_value() || !Contains(now.v2->super_options, "favordynmods")) {
-    return Error(EPERM, "the kernel kept favordynmods off on " + at +
+  if (!HasFavorDynmods(now)) {
+    return Error(EPERM, "the kernel kept favordynmods off on " + v2.mount_point +
                             " (only the host's cgroup namespace may change it)");
   }
   return true;

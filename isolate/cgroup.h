@@ -70,6 +70,8 @@ Result<CgroupLayout> LoadCgroupLayout();
 // quiet host that waits for an RCU grace period (6-11 ms on this project's machine), unless the
 // kernel favours dynamic changes (favordynmods, Linux 6.0). docs/cgroups.md "Moves into v1".
 bool MovesIntoV1(const CgroupLayout& layout);
+// Whether the layout's cgroup2 mount shows favordynmods among its super options.
+bool HasFavorDynmods(const CgroupLayout& layout);
 
 // Pure: the cgroup2 flags of a reconfiguration that turns favordynmods on and keeps every other
 // option of `super_options` (a reconfiguration sets exactly the flags it is given: one without

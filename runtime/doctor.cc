@@ -152,8 +152,7 @@ DoctorLayer MovesLayer(const DoctorInput& in) {
     l.detail = "none: no v1 hierarchy is used, every process is born in its cgroup";
     return l;
   }
-  const auto& options = layout.v2 ? layout.v2->super_options : std::vector<std::string>();
-  if (std::find(options.begin(), options.end(), "favordynmods") != options.end()) {
+  if (isolate::HasFavorDynmods(layout)) {
     l.detail = "fast: cgroup2 has favordynmods, a move does not wait for an RCU grace period";
     return l;
   }

@@ -824,9 +824,7 @@ TEST(CgroupMount, TheDaemonGivesCgroup2FavordynmodsUnlessToldToLeaveIt) {
   }
   auto has_it = [] {
     auto now = isolate::LoadCgroupLayout();
-    if (!now.ok() || !now->v2.has_value()) return false;
-    const auto& o = now->v2->super_options;
-    return std::find(o.begin(), o.end(), "favordynmods") != o.end();
+    return now.ok() && isolate::HasFavorDynmods(*now);
   };
   auto flags = isolate::FavorDynmodsFlags(layout->v2->super_options);
   ASSERT_TRUE(flags.ok()) << flags.error().message();
