@@ -235,7 +235,10 @@ int CommandMain(void* arg) {
 // Init mode: PID 1 becomes nsbox-init. Never returns.
 [[noreturn]] void ExecInit(const ChildPlan& plan, int held_dir) {
   const JailSpec& spec = *plan.spec;
-  int sync = plan.sync_fd;
+  // The sync socket first goes above the numbers nsbox-init's fds are given (3-7): one of them
+  // dup2'ed over it would close it early, and the host would read that as "started".
+  int sync = ::fcntl(plan.sync_fd, F_DUPFD_CLOEXEC, 10);
+  if (sync < 0) ChildFail(plan.sync_fd, Step::kStdio, errno);
   constexpr int kControlFd = 3;
   constexpr int kCgroupFd = 4;
   if (spec.cgroup_v2_fd >= 0) {
