@@ -360,14 +360,52 @@ void InitClient::Dispatch(const proto::FrameReader::FrameView& frame) {
   }
 }
 
-Status InitClient::SendHello(const proto::Hello& hello, const std::vector<int>& fds) {
-  const std::string frame = proto::EncodeFrame(Type::kHello, 0, proto::Encode(hello));
-  if (fds.empty()) return SendRaw(frame);
+Result<InitClient::StartWait> InitClient::SendHello(const proto::Hello& hello,
+                                                    const std::vector<int>& fds) {
+  auto slot = std::make_shared<Slot>();
+  const uint64_t tag = Register([slot](const proto::FrameReader::FrameView& frame, UniqueFd) {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    slot->reply = RawReply{frame.header.type, std::string(frame.payload)};
+    slot->done = true;
+    slot->cv.notify_all();
+    return true;
+  });
+  StartWait wait = [slot]() -> FsOutcome<Unit> {
+    std::unique_lock<std::mutex> lock(slot->mu);
+    slot->cv.wait(lock, [&] { return slot->done; });
+    if (!slot->reply.ok()) return slot->reply.error();
+    if (slot->reply.value().type != Type::kPong) return ReplyError(slot->reply.value(), "pong");
+    return Unit{};
+  };
+  auto unregister = [this, tag] {
+    std::lock_guard<std::mutex> lock(mu_);
+    handlers_.erase(tag);
+  };
+  bool closed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed = closed_;
+  }
+  if (closed) {
+    unregister();
+    return Error(EPIPE, "the control channel is closed");
+  }
+  const std::string frames = proto::EncodeFrame(Type::kHello, 0, proto::Encode(hello)) +
+                             proto::EncodeFrame(Type::kPing, tag, "");
+  if (auto st = SendFirstFrames(frames, fds); !st.ok()) {
+    unregister();
+    return st.error();
+  }
+  return wait;
+}
+
+Status InitClient::SendFirstFrames(std::string_view frames, const std::vector<int>& fds) {
+  if (fds.empty()) return SendRaw(frames);
   constexpr size_t kMaxFds = 4;  // what nsbox-init receives with its hello
   if (fds.size() > kMaxFds) return Error(EINVAL, "too many fds for the hello");
   alignas(struct cmsghdr) char control[CMSG_SPACE(kMaxFds * sizeof(int))] = {};
   struct iovec iov {
-    const_cast<char*>(frame.data()), 1
+    const_cast<char*>(frames.data()), 1
   };
   struct msghdr msg {};
   msg.msg_iov = &iov;
@@ -380,7 +418,7 @@ Status InitClient::SendHello(const proto::Hello& hello, const std::vector<int>& 
   c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
   std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
   {
-    // The first byte carries the fds; the rest follows as any frame. Nothing else is sent
+    // The first byte carries the fds; the rest follows in one write. Nothing else is sent
     // before a hello, so nothing can come between the two.
     std::lock_guard<std::mutex> lock(send_mu_);
     ssize_t n;
@@ -390,7 +428,7 @@ Status InitClient::SendHello(const proto::Hello& hello, const std::vector<int>& 
                                           WaitFor(control_.get(), POLLOUT))));
     if (n < 0) return Error::Sys("sendmsg", "nsbox-init control channel", errno);
   }
-  return SendRaw(std::string_view(frame).substr(1));
+  return SendRaw(frames.substr(1));
 }
 
 uint64_t InitClient::StartExec(const proto::ExecRequest& request, ExecCallbacks callbacks,

@@ -77,9 +77,13 @@ class InitClient {
   InitClient(const InitClient&) = delete;
   InitClient& operator=(const InitClient&) = delete;
 
-  // The first frame: the jail's configuration. Confirmed by the Ping that follows it. `fds` go
-  // with its first byte (SCM_RIGHTS): an adoption's trees (proto::Adoption).
-  Status SendHello(const proto::Hello& hello, const std::vector<int>& fds = {});
+  // The first frame: the jail's configuration, and a ping behind it in the same write. `fds` go
+  // with its first byte (SCM_RIGHTS): an adoption's trees (proto::Adoption). nsbox-init reads
+  // the two together and answers the ping as soon as the hello is carried out, before the rest of
+  // its start (the child it makes ahead for a first command): the returned wait for that pong
+  // confirms the start, at the earliest it can be.
+  using StartWait = std::function<FsOutcome<Unit>()>;
+  Result<StartWait> SendHello(const proto::Hello& hello, const std::vector<int>& fds = {});
 
   struct ExecCallbacks {
     std::function<void(uint32_t pid)> on_started;
@@ -158,6 +162,8 @@ class InitClient {
   using Handler = std::function<bool(const proto::FrameReader::FrameView& frame, UniqueFd fd)>;
 
   uint64_t Register(Handler handler);
+  // The hello's frames, `fds` with their first byte.
+  Status SendFirstFrames(std::string_view frames, const std::vector<int>& fds);
   void Register(uint64_t tag, Handler handler);
   Status Send(proto::Type type, uint64_t tag, std::string_view payload);
   // Registers `handler` for the answer and sends the request; where it cannot be sent (the

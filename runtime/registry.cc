@@ -589,18 +589,23 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
           adopter = std::thread([this, entry, pooled = std::move(pooled), holds = std::move(holds),
                                  jail = std::move(o.jail), workspace = std::move(workspace).value(),
                                  home = std::move(home).value()]() mutable {
+            pid_t adopted_pid = 0;
             {
               std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
               holds.set_value();
               auto adopted = pooled->Adopt(jail, std::move(workspace), std::move(home));
               if (adopted.ok()) {
-                log::info("sandbox={} adopted a jail of the pool (pid {})", entry->config_.id,
-                          pooled->init_pid());
+                adopted_pid = pooled->init_pid();
                 std::lock_guard<std::mutex> entry_lock(entry->mu_);
                 entry->box_ = std::move(pooled);
               } else {
                 AdoptionFailed(entry->config_.id, std::move(pooled), adopted.error());
               }
+            }
+            // Its log line after the lifecycle lock: a first command waits for that lock.
+            if (adopted_pid > 0) {
+              log::info("sandbox={} adopted a jail of the pool (pid {})", entry->config_.id,
+                        adopted_pid);
             }
             std::lock_guard<std::mutex> adopting(adopting_mu_);
             --adopting_;

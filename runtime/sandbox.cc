@@ -26,6 +26,15 @@ std::string ProgramBytes(const isolate::SeccompProgram& program) {
                      insns.size() * sizeof(struct sock_filter));
 }
 
+// nsbox-init's answer to the ping sent with its hello: the hello is carried out.
+Status Confirm(const fs::InitClient::StartWait& started) {
+  auto pong = started();
+  if (!pong.ok()) {
+    return Error(pong.error().err, "nsbox-init did not answer: " + pong.error().message);
+  }
+  return Ok();
+}
+
 }  // namespace
 
 Result<std::string> DefaultInitBinary() {
@@ -122,6 +131,11 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   prepared.home_tree.reset();
   prepared.workspace.reset();
   prepared.home.reset();
+  // nsbox-init runs (the jail reported its exec) and is our child, not yet waited for: its pid
+  // is its own until Stop reaps it.
+  const std::string netns = "/proc/" + std::to_string(box->jail_.pid()) + "/ns/net";
+  box->netns_fd_.reset(::open(netns.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!box->netns_fd_.valid()) return Error::Sys("open", netns, errno);
   if (options.watch_channel) {
     box->client_ =
         std::make_shared<fs::InitClient>(box->jail_.TakeControl(), fs::InitClient::CallerReads{});
@@ -137,22 +151,11 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
                                                        std::move(layout), spec.ids});
     return box;
   }
-  NSBOX_TRY_CTX(box->client_->SendHello(hello), "configure nsbox-init");
-  NSBOX_TRY(box->Confirm());
+  NSBOX_ASSIGN_OR_RETURN(auto started, box->client_->SendHello(hello));
+  NSBOX_TRY(Confirm(started));
   return box;
 }
 
-Status Sandbox::Confirm() {
-  auto pong = client_->Ping();
-  if (!pong.ok()) {
-    return Error(pong.error().err, "nsbox-init did not answer: " + pong.error().message);
-  }
-  // nsbox-init answered: its pid is its own, not a recycled one.
-  const std::string netns = "/proc/" + std::to_string(jail_.pid()) + "/ns/net";
-  netns_fd_.reset(::open(netns.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!netns_fd_.valid()) return Error::Sys("open", netns, errno);
-  return Ok();
-}
 
 Status Sandbox::Adopt(const JailOptions& jail) {
   NSBOX_ASSIGN_OR_RETURN(auto workspace, PinDirectory(jail.workspace));
@@ -169,13 +172,6 @@ Status Sandbox::Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir ho
   }
   NSBOX_TRY(CheckHostname(jail.hostname));
   NSBOX_ASSIGN_OR_RETURN(auto limits, ParseLimits(jail));
-  // The host's /etc as it is now: a jail made before a change would show the old one.
-  NSBOX_ASSIGN_OR_RETURN(auto host_etc, isolate::ScanHostEtc("/etc"));
-  NSBOX_ASSIGN_OR_RETURN(std::string etc,
-                         SharedEtcFor(pool.shared_etc_dir, host_etc, pool.nameserver, pool.ids));
-  if (etc != pool.shared_etc) {
-    return Error(ESTALE, "the host's /etc changed since this pooled jail was made");
-  }
   NSBOX_ASSIGN_OR_RETURN(auto cgroup_plan,
                          isolate::PlanCgroups(pool.layout, limits, pool.cgroup_name));
   if (!workspace.tree.valid() || !home.tree.valid()) {
@@ -195,10 +191,19 @@ Status Sandbox::Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir ho
     // As PlanMounts sizes it: /tmp and /dev/shm together half the memory.
     adoption.tmpfs_size = *limits.memory_bytes / 2;
   }
-  pool_.reset();
-  NSBOX_TRY_CTX(client_->SendHello(hello, {workspace.tree.get(), home.tree.get()}),
-                "adopt a pooled jail");
-  return Confirm();
+  const std::unique_ptr<PoolFacts> facts = std::move(pool_);
+  auto started = client_->SendHello(hello, {workspace.tree.get(), home.tree.get()});
+  if (!started.ok()) return std::move(started).error().Context("adopt a pooled jail");
+  // The host's /etc as it is now: a jail made before a change would show the old one. Checked
+  // while nsbox-init adopts, before the adoption is confirmed: a jail found stale here never
+  // runs a command (the caller stops it, and the sandbox starts a jail of its own).
+  NSBOX_ASSIGN_OR_RETURN(auto host_etc, isolate::ScanHostEtc("/etc"));
+  NSBOX_ASSIGN_OR_RETURN(std::string etc, SharedEtcFor(facts->shared_etc_dir, host_etc,
+                                                       facts->nameserver, facts->ids));
+  if (etc != facts->shared_etc) {
+    return Error(ESTALE, "the host's /etc changed since this pooled jail was made");
+  }
+  return Confirm(*started);
 }
 
 Sandbox::~Sandbox() { (void)Stop(); }

@@ -58,7 +58,8 @@ class Sandbox {
 
   fs::InitClient& client() { return *client_; }
   pid_t init_pid() const { return jail_.pid(); }
-  // Its network namespace (/proc/<init>/ns/net, opened while init was known alive): where the
+  // Its network namespace (/proc/<init>/ns/net, opened at the start: nsbox-init is the daemon's
+  // child, and its pid stays its own until Stop waits for it): where the
   // daemon makes the sockets of exposed ports (runtime/netns.h).
   int netns_fd() const { return netns_fd_.get(); }
   const isolate::Cgroups& cgroups() const { return cgroups_; }
@@ -71,8 +72,6 @@ class Sandbox {
 
  private:
   Sandbox() = default;
-  // The Ping after the hello, then the network namespace's fd.
-  Status Confirm();
 
   std::string shell_;
   isolate::Cgroups cgroups_;

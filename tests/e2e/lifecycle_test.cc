@@ -642,6 +642,42 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   EXPECT_EQ(Str(Obj(ran), "stdout"), id + "\n") << ran.Describe();
 }
 
+// The host's /etc changed while a jail waited in the pool: a sandbox created then does not keep
+// that jail, whose /etc would be the old one. The check runs while nsbox-init adopts the sandbox;
+// the jail is stopped before anything runs in it, and the sandbox starts a jail of its own. The
+// pool's next jail has the new /etc, and the next sandbox adopts it.
+TEST_F(LifecycleTest, AJailPooledBeforeTheHostsEtcChangedIsNotKept) {
+  const std::string file = "/etc/ld.so.cache";  // on the allowlist, and on every glibc host
+  if (!std::filesystem::exists(file)) GTEST_SKIP() << "no " << file << " on this host";
+  ASSERT_TRUE(WaitPoolFull(client()));
+  std::vector<pid_t> pooled = PooledJails(daemon().pid());
+  ASSERT_EQ(pooled.size(), 1u);
+  // A change of its times is a change of the file: the shared /etc is keyed by them.
+  std::filesystem::last_write_time(file, std::filesystem::file_time_type::clock::now());
+  const std::string stale = "pool-stale";
+  Create(stale);
+  EXPECT_EQ(Sh(stale, "hostname; cat /etc/hostname"), stale + "\n" + stale + "\n");
+  EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(pooled[0])))
+      << "the stale pooled jail still runs";
+  EXPECT_NE(daemon().Log(0).find("sandbox=" + stale + " did not adopt the pooled jail (pid " +
+                                 std::to_string(pooled[0]) +
+                                 "): the host's /etc changed since this pooled jail was made"),
+            std::string::npos)
+      << daemon().Log(0);
+  EXPECT_EQ(daemon().Log(0).find("sandbox=" + stale + " adopted"), std::string::npos);
+
+  ASSERT_TRUE(WaitPoolFull(client()));
+  std::vector<pid_t> next = PooledJails(daemon().pid());
+  ASSERT_EQ(next.size(), 1u);
+  const std::string fresh = "pool-fresh";
+  Create(fresh);
+  EXPECT_EQ(Sh(fresh, "hostname"), fresh + "\n");
+  EXPECT_NE(daemon().Log(0).find("sandbox=" + fresh + " adopted a jail of the pool (pid " +
+                                 std::to_string(next[0]) + ")"),
+            std::string::npos)
+      << daemon().Log(0);
+}
+
 // A sandbox deleted or stopped at once after its PUT, while it may still be adopting the pooled
 // jail: the delete and the stop wait for the adoption and undo it; nothing is left but the pool.
 TEST_F(LifecycleTest, DeleteOrStopRightAfterCreationUndoesTheAdoption) {
