@@ -585,6 +585,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
           std::lock_guard<std::mutex> adopting(adopting_mu_);
           ++adopting_;
         }
+        entry->adopting_ = true;  // not yet published: nobody else sees it
         try {
           adopter = std::thread([this, entry, pooled = std::move(pooled), holds = std::move(holds),
                                  jail = std::move(o.jail), workspace = std::move(workspace).value(),
@@ -602,6 +603,13 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
                 AdoptionFailed(entry->config_.id, std::move(pooled), adopted.error());
               }
             }
+            std::vector<std::function<void()>> waiting;
+            {
+              std::lock_guard<std::mutex> entry_lock(entry->mu_);
+              entry->adopting_ = false;
+              waiting.swap(entry->on_adopted_);
+            }
+            for (auto& done : waiting) done();
             // Its log line after the lifecycle lock: a first command waits for that lock.
             if (adopted_pid > 0) {
               log::info("sandbox={} adopted a jail of the pool (pid {})", entry->config_.id,
@@ -615,6 +623,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
           // The jail went with the thread's function, stopped; the sandbox starts on first use.
           log::warn("sandbox={} adopt a pooled jail: {}", config.id, e.what());
           adopter_holds_lifecycle = std::future<void>();
+          entry->adopting_ = false;
           std::lock_guard<std::mutex> adopting(adopting_mu_);
           --adopting_;
         }
@@ -789,6 +798,13 @@ std::map<std::string, uint64_t> Registry::CountByState() const {
   std::map<std::string, uint64_t> out{{"running", 0}, {"stopped", 0}};
   for (const auto& e : List()) ++out[e->running() ? "running" : "stopped"];
   return out;
+}
+
+bool Registry::WhenAdopted(SandboxEntry& entry, std::function<void()> done) {
+  std::lock_guard<std::mutex> lock(entry.mu_);
+  if (!entry.adopting_) return false;
+  entry.on_adopted_.push_back(std::move(done));
+  return true;
 }
 
 std::shared_ptr<Sandbox> Registry::RunningNow(const SandboxEntry& entry) {

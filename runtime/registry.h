@@ -129,6 +129,10 @@ class SandboxEntry {
   std::mutex lifecycle_mu_;
   mutable std::mutex mu_;
   std::shared_ptr<Sandbox> box_;  // while nsbox-init runs
+  // While its creation's thread adopts a pooled jail for it (Registry::Create), and what waits
+  // for that adoption to end (Registry::WhenAdopted).
+  bool adopting_ = false;
+  std::vector<std::function<void()>> on_adopted_;
   net::NetworkPolicy network_;
   std::string address_;  // while attached to nsbox-net
   bool deleted_ = false;
@@ -175,6 +179,11 @@ class Registry {
   // Its running nsbox-init when Running would return it without waiting for anything: running,
   // answering, and its network (if it has one) attached to a live nsbox-net. Else null.
   std::shared_ptr<Sandbox> RunningNow(const SandboxEntry& entry);
+  // Whether the thread of the entry's creation is adopting a pooled jail for it; if so, `done`
+  // is called once that adoption has ended, well or not (on that thread, after it let go of the
+  // lifecycle lock). The daemon's loop waits so, instead of a worker thread on that lock: one
+  // hand-off fewer before a new sandbox's first command.
+  bool WhenAdopted(SandboxEntry& entry, std::function<void()> done);
   // Ends every process (running execs answer "stopped") and nsbox-init; the files stay.
   ApiOutcome<bool> Stop(SandboxEntry& entry);
   // Stop, then removes the sandbox and all its files. sandbox_not_found when there is none.

@@ -2426,6 +2426,16 @@ asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> Daemon::FindEntry(
 asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> Daemon::EnsureRunning(
     std::shared_ptr<SandboxEntry> entry) {
   if (std::shared_ptr<Sandbox> box = registry_.RunningNow(*entry)) co_return box;
+  // A new sandbox whose creation still adopts a pooled jail: waited for here, on the loop (the
+  // cancel is posted to it, so it comes after this wait began).
+  auto adopted = std::make_shared<asio::steady_timer>(io_, Clock::time_point::max());
+  auto wake = [ex = io_.get_executor(), adopted] {
+    asio::post(ex, [adopted] { adopted->cancel(); });
+  };
+  if (registry_.WhenAdopted(*entry, std::move(wake))) {
+    (void)co_await adopted->async_wait(kTuple);
+    if (std::shared_ptr<Sandbox> box = registry_.RunningNow(*entry)) co_return box;
+  }
   auto work = [this, entry] { return registry_.Running(*entry); };
   co_return co_await Blocking(std::move(work));
 }
