@@ -156,7 +156,6 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   return box;
 }
 
-
 Status Sandbox::Adopt(const JailOptions& jail) {
   NSBOX_ASSIGN_OR_RETURN(auto workspace, PinDirectory(jail.workspace));
   NSBOX_ASSIGN_OR_RETURN(auto home, PinDirectory(jail.home));
