@@ -926,9 +926,9 @@ Result<std::unique_ptr<Sandbox>> Registry::StartFor(const SandboxEntry& entry,
 void Registry::AdoptionFailed(const std::string& id, std::unique_ptr<Sandbox> pooled,
                               const Error& error) {
   const int err = error.code();
-  if (err == ENOENT) {
+  if (err == ENOENT && pooled->pooled()) {
     // A limit needs a cgroup the pooled jail has not (a CPU limit on a hybrid host): nothing
-    // was done to it, and it waits for the next sandbox.
+    // was done to it (it still waits for its hello), and it waits for the next sandbox.
     log::info("sandbox={} starts its own jail: {}", id, error.message());
     std::lock_guard<std::mutex> lock(pool_mu_);
     pool_.insert(pool_.begin(), std::move(pooled));

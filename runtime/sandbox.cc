@@ -151,8 +151,9 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
                                                        std::move(layout), spec.ids});
     return box;
   }
-  NSBOX_ASSIGN_OR_RETURN(auto started, box->client_->SendHello(hello));
-  NSBOX_TRY(Confirm(started));
+  auto started = box->client_->SendHello(hello);
+  if (!started.ok()) return std::move(started).error().Context("configure nsbox-init");
+  NSBOX_TRY(Confirm(*started));
   return box;
 }
 

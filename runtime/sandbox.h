@@ -43,8 +43,9 @@ class Sandbox {
   // Makes a sandbox started with `pooled` the one `jail` describes (workspace, home, hostname,
   // limits; the host image and the same shared /etc and resolver): its cgroups get the limits,
   // then nsbox-init attaches the directories and goes on as after Start. On an error (ESTALE:
-  // the host's /etc changed since it was made; ENOENT: a limit needs a cgroup it has not) the
-  // caller stops it and starts the sandbox the usual way.
+  // the host's /etc changed since it was made, found while nsbox-init adopts; ENOENT before the
+  // hello: a limit needs a cgroup it has not, and it is still pooled()) the caller stops it, or
+  // keeps it pooled, and starts the sandbox the usual way.
   Status Adopt(const JailOptions& jail);
   // The same, with the workspace and home already pinned by the caller (PinDirectory; their
   // paths in `jail` are then not used): a caller that renames their directory while the adoption
