@@ -77,11 +77,12 @@ class InitClient {
   InitClient(const InitClient&) = delete;
   InitClient& operator=(const InitClient&) = delete;
 
-  // The first frame: the jail's configuration, and a ping behind it in the same write. `fds` go
-  // with its first byte (SCM_RIGHTS): an adoption's trees (proto::Adoption). nsbox-init reads
-  // the two together and answers the ping as soon as the hello is carried out, before the rest of
-  // its start (the child it makes ahead for a first command): the returned wait for that pong
-  // confirms the start, at the earliest it can be.
+  // The first frame: the jail's configuration, and a ping right behind it, in the write of the
+  // hello's last bytes. `fds` go with the hello's first byte (SCM_RIGHTS, a write of its own): an
+  // adoption's trees (proto::Adoption). nsbox-init reads the ping with the end of the hello and
+  // answers it as soon as the hello is carried out, before the rest of its start (the child it
+  // makes ahead for a first command): the returned wait for that pong confirms the start, at
+  // the earliest it can be.
   using StartWait = std::function<FsOutcome<Unit>()>;
   Result<StartWait> SendHello(const proto::Hello& hello, const std::vector<int>& fds = {});
 

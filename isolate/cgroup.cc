@@ -690,23 +690,29 @@ Result<Cgroups> Cgroups::Create(const CgroupPlan& plan) {
   return out;
 }
 
-Status Cgroups::ApplyLimits(const CgroupPlan& plan) {
-  std::vector<Dir*> targets;
+Cgroups::Dir* Cgroups::TargetOf(const CgroupDirPlan& d) {
+  auto it = std::find_if(dirs_.begin(), dirs_.end(), [&](const Dir& have) {
+    return have.version == d.version && have.path == JoinPath(d.parent, have.name);
+  });
+  return it == dirs_.end() ? nullptr : &*it;
+}
+
+Status Cgroups::CheckLimitTargets(const CgroupPlan& plan) {
   for (const CgroupDirPlan& d : plan.dirs) {
-    auto it = std::find_if(dirs_.begin(), dirs_.end(), [&](const Dir& have) {
-      return have.version == d.version && have.path == JoinPath(d.parent, have.name);
-    });
-    if (it == dirs_.end()) {
+    if (TargetOf(d) == nullptr) {
       return Error(ENOENT,
                    "no cgroup in " + d.parent + " to set " +
                        (d.controllers.empty() ? std::string("accounting") : d.controllers.front()) +
                        " limits on");
     }
-    targets.push_back(&*it);
   }
-  for (size_t i = 0; i < plan.dirs.size(); ++i) {
-    const CgroupDirPlan& d = plan.dirs[i];
-    Dir& dir = *targets[i];
+  return Ok();
+}
+
+Status Cgroups::ApplyLimits(const CgroupPlan& plan) {
+  NSBOX_TRY(CheckLimitTargets(plan));
+  for (const CgroupDirPlan& d : plan.dirs) {
+    Dir& dir = *TargetOf(d);
     if (Status st = WriteCgroupFiles(dir.parent_fd.get(), d.parent_writes); !st.ok()) {
       return std::move(st).error().Context("set limits: in the parent " + d.parent);
     }

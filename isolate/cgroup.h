@@ -168,6 +168,9 @@ class Cgroups {
   // have a counterpart here in the same hierarchy, or nothing is written and the error (ENOENT)
   // names the one missing. Parent writes are made as Create makes them.
   Status ApplyLimits(const CgroupPlan& plan);
+  // ApplyLimits's first step alone: whether every directory of `plan` has its counterpart here
+  // (else ENOENT, naming the one missing). Nothing is written.
+  Status CheckLimitTargets(const CgroupPlan& plan);
   // An O_DIRECTORY fd of the v2 child, for clone3(CLONE_INTO_CGROUP); -1 when there is none.
   int v2_dir_fd() const;
   // An O_DIRECTORY fd of the v1 child of the hierarchy of `controller` ("memory", "pids"), limit
@@ -207,6 +210,8 @@ class Cgroups {
   };
 
   std::vector<Dir> dirs_;
+  // The directory here that `d` (of a plan of the same layout) names, or null.
+  Dir* TargetOf(const CgroupDirPlan& d);
   bool destroyed_ = false;
 };
 

@@ -603,17 +603,22 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
                 AdoptionFailed(entry->config_.id, std::move(pooled), adopted.error());
               }
             }
-            std::vector<std::function<void()>> waiting;
-            {
-              std::lock_guard<std::mutex> entry_lock(entry->mu_);
-              entry->adopting_ = false;
-              waiting.swap(entry->on_adopted_);
-            }
-            for (auto& done : waiting) done();
-            // Its log line after the lifecycle lock: a first command waits for that lock.
+            // Its log line after the lifecycle lock, but before what waits for the adoption
+            // goes on: the log keeps the order of events.
             if (adopted_pid > 0) {
               log::info("sandbox={} adopted a jail of the pool (pid {})", entry->config_.id,
                         adopted_pid);
+            }
+            {
+              std::vector<std::function<void()>> waiting;
+              {
+                std::lock_guard<std::mutex> entry_lock(entry->mu_);
+                entry->adopting_ = false;
+                waiting.swap(entry->on_adopted_);
+              }
+              // Gone before this adoption counts as ended (below): what they hold belongs to
+              // the daemon's loop, which StopAll's wait for the adoptions comes before.
+              for (auto& done : waiting) done();
             }
             std::lock_guard<std::mutex> adopting(adopting_mu_);
             --adopting_;

@@ -131,11 +131,6 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   prepared.home_tree.reset();
   prepared.workspace.reset();
   prepared.home.reset();
-  // nsbox-init runs (the jail reported its exec) and is our child, not yet waited for: its pid
-  // is its own until Stop reaps it.
-  const std::string netns = "/proc/" + std::to_string(box->jail_.pid()) + "/ns/net";
-  box->netns_fd_.reset(::open(netns.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!box->netns_fd_.valid()) return Error::Sys("open", netns, errno);
   if (options.watch_channel) {
     box->client_ =
         std::make_shared<fs::InitClient>(box->jail_.TakeControl(), fs::InitClient::CallerReads{});
@@ -143,6 +138,12 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   } else {
     box->client_ = std::make_shared<fs::InitClient>(box->jail_.TakeControl());
   }
+  // nsbox-init runs (the jail reported its exec) and is our child, not yet waited for: its pid
+  // is its own until Stop reaps it. (After the client: a failure here closes the channel, and
+  // nsbox-init, waiting for its hello, exits at once.)
+  const std::string netns = "/proc/" + std::to_string(box->jail_.pid()) + "/ns/net";
+  box->netns_fd_.reset(::open(netns.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!box->netns_fd_.valid()) return Error::Sys("open", netns, errno);
   if (options.pooled) {
     // nsbox-init waits for its sandbox (Adopt); its start is confirmed by the jail's own report.
     box->pending_hello_ = std::move(hello);
@@ -177,7 +178,13 @@ Status Sandbox::Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir ho
   if (!workspace.tree.valid() || !home.tree.valid()) {
     return Error(ENOSYS, "open_tree: the kernel cannot clone the sandbox's directories");
   }
-  NSBOX_TRY_CTX(cgroups_.ApplyLimits(cgroup_plan), "adopt a pooled jail");
+  // A limit no cgroup of the jail can take (ENOENT) leaves it as it was, still pooled(); a write
+  // that fails after the first one may have left limits on it: then it is no longer poolable.
+  NSBOX_TRY_CTX(cgroups_.CheckLimitTargets(cgroup_plan), "adopt a pooled jail");
+  if (auto st = cgroups_.ApplyLimits(cgroup_plan); !st.ok()) {
+    pending_hello_.reset();
+    return std::move(st).error().Context("adopt a pooled jail");
+  }
 
   fs::proto::Hello hello = std::move(*pending_hello_);
   pending_hello_.reset();
