@@ -65,6 +65,18 @@ struct Slot {
   UniqueFd fd;
 };
 
+// The handler that hands a response, and the fd that came with it, to `slot`'s waiter.
+auto FillSlot(std::shared_ptr<Slot> slot) {
+  return [slot](const proto::FrameReader::FrameView& frame, UniqueFd received) {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    slot->reply = InitClient::RawReply{frame.header.type, std::string(frame.payload)};
+    slot->fd = std::move(received);
+    slot->done = true;
+    slot->cv.notify_all();
+    return true;
+  };
+}
+
 }  // namespace
 
 FsError ReplyError(const InitClient::RawReply& reply, std::string_view expected) {
@@ -80,6 +92,17 @@ FsError ReplyError(const InitClient::RawReply& reply, std::string_view expected)
               std::string(expected) + " was expected";
   return e;
 }
+
+namespace {
+
+// The answer to a ping: a pong, or the error it carries.
+FsOutcome<Unit> ExpectPong(const FsOutcome<InitClient::RawReply>& r) {
+  if (!r.ok()) return r.error();
+  if (r.value().type != Type::kPong) return ReplyError(r.value(), "pong");
+  return Unit{};
+}
+
+}  // namespace
 
 InitClient::InitClient(UniqueFd control) : control_(std::move(control)) {
   reader_ = std::thread([this] { Receive(true); });
@@ -190,14 +213,7 @@ uint64_t InitClient::Register(Handler handler) {
 FsOutcome<InitClient::RawReply> InitClient::Call(Type type, std::string_view payload, UniqueFd* fd,
                                                  uint64_t tag) {
   auto slot = std::make_shared<Slot>();
-  Handler handler = [slot](const proto::FrameReader::FrameView& frame, UniqueFd received) {
-    std::lock_guard<std::mutex> lock(slot->mu);
-    slot->reply = RawReply{frame.header.type, std::string(frame.payload)};
-    slot->fd = std::move(received);
-    slot->done = true;
-    slot->cv.notify_all();
-    return true;
-  };
+  Handler handler = FillSlot(slot);
   if (tag == 0) {
     tag = Register(std::move(handler));
   } else {
@@ -223,13 +239,7 @@ FsOutcome<InitClient::RawReply> InitClient::Call(Type type, std::string_view pay
 
 InitClient::ReplyWait InitClient::ExpectReply(uint64_t tag) {
   auto slot = std::make_shared<Slot>();
-  Register(tag, [slot](const proto::FrameReader::FrameView& frame, UniqueFd) {
-    std::lock_guard<std::mutex> lock(slot->mu);
-    slot->reply = RawReply{frame.header.type, std::string(frame.payload)};
-    slot->done = true;
-    slot->cv.notify_all();
-    return true;
-  });
+  Register(tag, FillSlot(slot));
   return [slot, tag](std::chrono::milliseconds timeout) -> FsOutcome<RawReply> {
     std::unique_lock<std::mutex> lock(slot->mu);
     if (!slot->cv.wait_for(lock, timeout, [&] { return slot->done; })) {
@@ -363,19 +373,11 @@ void InitClient::Dispatch(const proto::FrameReader::FrameView& frame) {
 Result<InitClient::StartWait> InitClient::SendHello(const proto::Hello& hello,
                                                     const std::vector<int>& fds) {
   auto slot = std::make_shared<Slot>();
-  const uint64_t tag = Register([slot](const proto::FrameReader::FrameView& frame, UniqueFd) {
-    std::lock_guard<std::mutex> lock(slot->mu);
-    slot->reply = RawReply{frame.header.type, std::string(frame.payload)};
-    slot->done = true;
-    slot->cv.notify_all();
-    return true;
-  });
+  const uint64_t tag = Register(FillSlot(slot));
   StartWait wait = [slot]() -> FsOutcome<Unit> {
     std::unique_lock<std::mutex> lock(slot->mu);
     slot->cv.wait(lock, [&] { return slot->done; });
-    if (!slot->reply.ok()) return slot->reply.error();
-    if (slot->reply.value().type != Type::kPong) return ReplyError(slot->reply.value(), "pong");
-    return Unit{};
+    return ExpectPong(slot->reply);
   };
   auto unregister = [this, tag] {
     std::lock_guard<std::mutex> lock(mu_);
@@ -686,12 +688,7 @@ FsOutcome<Unit> InitClient::Rm(const std::string& path, bool recursive, bool for
   return ExpectOk(Call(Type::kRm, proto::Encode(proto::RmRequest{path, recursive, force})));
 }
 
-FsOutcome<Unit> InitClient::Ping() {
-  auto r = Call(Type::kPing, "");
-  if (!r.ok()) return r.error();
-  if (r.value().type != Type::kPong) return ReplyError(r.value(), "pong");
-  return Unit{};
-}
+FsOutcome<Unit> InitClient::Ping() { return ExpectPong(Call(Type::kPing, "")); }
 
 FsOutcome<Unit> InitClient::StopAll() { return ExpectOk(Call(Type::kStopAll, "")); }
 
