@@ -56,10 +56,11 @@ TEST(WorkerPool, RunsEveryJobOffTheCaller) {
 }
 
 TEST(WorkerPool, AJobThatBlocksDoesNotHoldTheOthersUpToTheMaximum) {
-  WorkerPool pool(2, 10s);
+  // Declared before the pool: its destructor waits for the jobs, which use them till they end.
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
+  WorkerPool pool(2, 10s);
   pool.Submit([&] {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return release; });
@@ -77,11 +78,11 @@ TEST(WorkerPool, AJobThatBlocksDoesNotHoldTheOthersUpToTheMaximum) {
 TEST(WorkerPool, ThreadsEndWhenIdleAndStartAgainOnDemand) {
   const int before = Threads();
   ASSERT_GT(before, 0);
-  WorkerPool pool(4, 100ms);
   std::mutex mu;
   std::condition_variable cv;
   int waiting = 0;
   bool release = false;
+  WorkerPool pool(4, 100ms);  // after what its jobs use: destroyed, and waited for, first
   // Four jobs that wait for each other: four threads at once.
   for (int i = 0; i < 4; ++i) {
     pool.Submit([&] {
