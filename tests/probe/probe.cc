@@ -771,6 +771,9 @@ int CmdMemhog(const char* mb_text) {
       return 1;
     }
     memset(p, static_cast<int>(i), 1 << 20);
+    // The pages must be written: an allocation nothing reads is one a compiler may drop (clang
+    // does), and the bomb would then never reach the limit. The empty asm makes them used.
+    __asm__ volatile("" : : "r"(p) : "memory");
     if (i % 16 == 0) PrintLong("memhog.mb", i);
   }
   Print("memhog", "done");
