@@ -60,12 +60,12 @@ TEST(WorkerPool, AJobThatBlocksDoesNotHoldTheOthersUpToTheMaximum) {
   std::mutex mu;
   std::condition_variable cv;
   bool release = false;
+  std::atomic<bool> second{false};
   WorkerPool pool(2, 10s);
   pool.Submit([&] {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return release; });
   });
-  std::atomic<bool> second{false};
   pool.Submit([&] { second = true; });
   EXPECT_TRUE(Within(2000ms, [&] { return second.load(); })) << "the second job waited";
   {
@@ -82,6 +82,7 @@ TEST(WorkerPool, ThreadsEndWhenIdleAndStartAgainOnDemand) {
   std::condition_variable cv;
   int waiting = 0;
   bool release = false;
+  std::atomic<bool> again{false};
   WorkerPool pool(4, 100ms);  // after what its jobs use: destroyed, and waited for, first
   // Four jobs that wait for each other: four threads at once.
   for (int i = 0; i < 4; ++i) {
@@ -103,7 +104,6 @@ TEST(WorkerPool, ThreadsEndWhenIdleAndStartAgainOnDemand) {
   cv.notify_all();
   EXPECT_TRUE(Within(3000ms, [&] { return Threads() == before; }))
       << "threads left after the idle time: " << Threads() - before;
-  std::atomic<bool> again{false};
   pool.Submit([&] { again = true; });
   EXPECT_TRUE(Within(2000ms, [&] { return again.load(); }));
 }
