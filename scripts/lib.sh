@@ -60,7 +60,11 @@ build() {
   if [[ -n "${NSBOX_TARGETS:-}" ]]; then
     local targets
     targets=$(ninja -C "$NSBOX_ROOT/$dir" -t targets all | sed -n 's/^\([A-Za-z0-9_-]*\): phony$/\1/p' |
-      grep -E "^(${NSBOX_TARGETS})$" | sort -u)
+      { grep -E "^(${NSBOX_TARGETS})$" || true; } | sort -u)
+    if [[ -z $targets ]]; then
+      echo "nsbox: no target of $dir matches '$NSBOX_TARGETS'" >&2
+      return 1
+    fi
     # shellcheck disable=SC2086
     cmake --build "$NSBOX_ROOT/$dir" --target $targets
   else
