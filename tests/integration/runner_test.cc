@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -724,6 +725,19 @@ std::vector<pid_t> WarmChildren() {
   return found;
 }
 
+// Those of WarmChildren that are ready: blocked in the futex wait for a command, which comes
+// after every step of their preparation (their name is set before the steps, so a command sent
+// as soon as the name shows may find the child still getting ready and start without it).
+std::vector<pid_t> ReadyWarmChildren() {
+  std::vector<pid_t> ready;
+  for (pid_t pid : WarmChildren()) {
+    // "202 0x... ..." while in futex(2) (x86-64), "running" or another number before.
+    auto call = ReadFile("/proc/" + std::to_string(pid) + "/syscall");
+    if (call.ok() && call->rfind(std::to_string(SYS_futex) + " ", 0) == 0) ready.push_back(pid);
+  }
+  return ready;
+}
+
 // Commands in a row: the runner makes the next command's child ahead, and that child runs the
 // next command, which gets all a command's child gives (stdin, cwd, exit codes and messages of
 // a start that fails). One killed from outside is replaced; an idle runner keeps none.
@@ -736,11 +750,11 @@ TEST_P(RunnerTest, AChildMadeAheadTakesTheNextCommand) {
     std::vector<pid_t> warm;
     EXPECT_TRUE(Loop(
         [&] {
-          warm = WarmChildren();
+          warm = ReadyWarmChildren();
           return !warm.empty();
         },
-        milliseconds(1500)))
-        << "no child made ahead";
+        milliseconds(1500)))  // under the idle release time (2 s)
+        << "no child made ahead, or none ready";
     EXPECT_LE(warm.size(), 1u);
     return warm.empty() ? pid_t{-1} : warm.front();
   };
@@ -825,11 +839,11 @@ TEST_P(RunnerTest, AStartedSandboxsFirstCommandFindsItsChildMadeAhead) {
   std::vector<pid_t> warm;
   ASSERT_TRUE(Loop(
       [&] {
-        warm = WarmChildren();
+        warm = ReadyWarmChildren();
         return !warm.empty();
       },
-      milliseconds(1500)))
-      << "no child made ahead";
+      milliseconds(1500)))  // under the idle release time (2 s)
+      << "no child made ahead, or none ready";
   ASSERT_EQ(warm.size(), 1u);
   EXPECT_EQ(ExecCgroups(cgroup_path_), premade) << "the sets made ahead were enough";
   Outcome o = Run(Bash("echo $$; grep '^0::' /proc/self/cgroup"));
