@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/cleanup.h"
 #include "isolate/cgroup.h"
 #include "tests/e2e/daemon_harness.h"
 
@@ -655,14 +656,11 @@ TEST_F(LifecycleTest, AJailPooledBeforeTheHostsEtcChangedIsNotKept) {
   // A change of its times is a change of the file: the shared /etc is keyed by them. (Its
   // modification time is put back after the test; its change time stays new.)
   const auto was = std::filesystem::last_write_time(file);
-  struct PutBack {
-    std::string file;
-    std::filesystem::file_time_type time;
-    ~PutBack() {
-      std::error_code ignored;
-      std::filesystem::last_write_time(file, time, ignored);
-    }
-  } put_back{file, was};
+  CleanupStack put_back;
+  put_back.Push([&] {
+    std::error_code ignored;
+    std::filesystem::last_write_time(file, was, ignored);
+  });
   std::error_code touched;
   std::filesystem::last_write_time(file, std::filesystem::file_time_type::clock::now(), touched);
   if (touched) GTEST_SKIP() << "cannot change the times of " << file << ": " << touched.message();
