@@ -304,6 +304,14 @@ bool InitClient::Receive(bool wait) {
       // A reader thread on an fd a loop made non-blocking (ReadOnOwnThread): wait here.
       if (WaitFor(control_.get(), POLLIN)) continue;
     }
+    if (n <= 0) {
+      FailAll(TransportError(n == 0 ? "the control channel closed (nsbox-init exited)"
+                                    : "reading the control channel failed: " + ErrnoText(errno)));
+      return false;
+    }
+    // Only now: a recvmsg that failed (ECONNRESET when nsbox-init ended with requests unread)
+    // leaves `control` and its length as they were, and the stack there may still hold an
+    // earlier read's fds, whose numbers may belong to anything by now.
     for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -313,9 +321,10 @@ bool InitClient::Receive(bool wait) {
         fds_.emplace_back(fd);
       }
     }
-    if (n <= 0) {
-      FailAll(TransportError(n == 0 ? "the control channel closed (nsbox-init exited)"
-                                    : "reading the control channel failed: " + ErrnoText(errno)));
+    if (msg.msg_flags & MSG_CTRUNC) {
+      // The kernel closed the fds that did not fit: which frame each fd belongs to can no longer
+      // be told. nsbox-init sends at most one per frame.
+      FailAll(TransportError("nsbox-init sent more file descriptors than one read takes"));
       return false;
     }
     have += static_cast<size_t>(n);

@@ -6,11 +6,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -127,6 +129,88 @@ TEST(InitClient, CallerReadsAnswersPendingCallsWhenDestroyedUnread) {
   auto r = wait(milliseconds(1000));
   ASSERT_TRUE(r.ok()) << "no answer at all";
   EXPECT_EQ(ReplyError(r.value(), "pong").err, EPIPE);
+}
+
+// Reads one whole frame from nsbox-init's end: its header.
+proto::Header ReadRequest(int init) {
+  std::string bytes;
+  char buf[4096];
+  while (bytes.size() < proto::kHeaderSize ||
+         bytes.size() < proto::kHeaderSize + proto::DecodeHeader(bytes.data()).size) {
+    ssize_t n = ::read(init, buf, sizeof buf);
+    if (n <= 0) {
+      ADD_FAILURE() << "the request did not come";
+      return {};
+    }
+    bytes.append(buf, static_cast<size_t>(n));
+  }
+  return proto::DecodeHeader(bytes.data());
+}
+
+// Sends `frame` from nsbox-init's end with `fd` attached to its first byte, as nsbox-init does.
+void SendWithFd(int init, const std::string& frame, int fd) {
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  struct iovec iov {
+    const_cast<char*>(frame.data()), frame.size()
+  };
+  struct msghdr msg {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  ASSERT_EQ(::sendmsg(init, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
+}
+
+// nsbox-init ends with a request of the host's unread: the host's next read of the channel fails
+// with ECONNRESET. The kernel then leaves the read's control buffer as it was, and the client's
+// reader thread reads the channel from the same stack slot each time, where the fd of the read
+// before is still written. The client must take no fd from a read that failed: it would close a
+// number that, by then, is a file of someone else's.
+TEST(InitClient, AFailedReadTakesNoFdAnEarlierReadLeftInItsBuffer) {
+  Pair p = SocketPair();
+  int reused = -1;
+  UniqueFd mine;
+  {
+    InitClient client(std::move(p.host));
+    // A large file's answer carries an fd, the host's to read and close.
+    FsOutcome<InitClient::OpenedRead> opened = FsError{};
+    std::thread opener([&] { opened = client.OpenRead("/big"); });
+    proto::Header request = ReadRequest(p.init.get());
+    EXPECT_EQ(request.type, proto::Type::kReadFile);
+    UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(null.valid());
+    SendWithFd(p.init.get(),
+               proto::EncodeFrame(proto::Type::kFileFd, request.tag, proto::EncodeU64(0)),
+               null.get());
+    opener.join();
+    ASSERT_TRUE(opened.ok()) << opened.error().message;
+    ASSERT_TRUE(opened.value().fd.valid());
+    reused = opened.value().fd.get();
+    opened.value().fd.reset();  // read and closed: the number is free again
+    // The test's own file takes that number.
+    mine.reset(::open("/dev/zero", O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(mine.valid());
+    if (mine.get() != reused) {
+      ASSERT_EQ(::dup3(mine.get(), reused, O_CLOEXEC), reused);
+      mine.reset(reused);
+    }
+    // A request nsbox-init never reads, then nsbox-init ends.
+    FsOutcome<Unit> pinged = Unit{};
+    std::thread pinger([&] { pinged = client.Ping(); });
+    struct pollfd pfd = {p.init.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 5000), 1) << "the ping did not come";
+    p.init.reset();
+    pinger.join();
+    ASSERT_FALSE(pinged.ok()) << "control: the ping failed with the channel";
+    EXPECT_NE(pinged.error().message.find("ECONNRESET"), std::string::npos)
+        << "control: the read failed, not a clean end: " << pinged.error().message;
+  }  // the client and what it holds are gone
+  EXPECT_GE(::fcntl(reused, F_GETFD), 0) << "the client closed fd " << reused << ", not its own";
 }
 
 }  // namespace
