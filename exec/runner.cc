@@ -709,6 +709,7 @@ struct Runner::Impl {
   StdioPipes warm_pipes;                   // the host's ends of its pipes
   std::unique_ptr<ChildStack> warm_stack;  // a launched child's, once it exited: the next one's
   bool warm_off = false;
+  bool warm_never = false;  // NoChildrenMadeAhead
   std::unique_ptr<ChildStack> stack;
   UniqueFd dev_null;
   int pipe_size = 0;
@@ -1581,7 +1582,7 @@ void Runner::Impl::ReleaseIdle() {
 // (≈ 100 µs of each start, docs/benchmarks.md). On the loop, after the command that made room
 // for it has started; it gets ready on whichever CPU is free.
 void Runner::Impl::MaybeMakeWarm() {
-  if (warm != nullptr || warm_off || shutting_down || !in_a_row || spares.empty() ||
+  if (warm != nullptr || warm_off || warm_never || shutting_down || !in_a_row || spares.empty() ||
       !dev_null.valid()) {
     return;
   }
@@ -1823,6 +1824,11 @@ void Runner::PauseOutput(bool paused) { impl_->PauseOutput(paused); }
 size_t Runner::running() const { return impl_->running; }
 
 void Runner::Anticipate() { impl_->Anticipate(); }
+
+void Runner::NoChildrenMadeAhead() {
+  impl_->warm_never = true;
+  impl_->DropWarm();
+}
 
 bool Runner::OwnsIdleChild(pid_t pid) const {
   return impl_->warm != nullptr && impl_->warm->pid() == pid;

@@ -160,6 +160,14 @@ class Runner {
   // Whether `pid` is the runner's child made ahead for the next command (no command yet): a
   // child of the caller's thread that the caller must not reap.
   bool OwnsIdleChild(pid_t pid) const;
+  // No child is made ahead from now on: each command's child is made when it comes (its cgroups
+  // are still made ahead). A child made ahead shares this process's memory until its execve, and
+  // the kernel keeps every process that shares a memory map at one OOM score: the child's raised
+  // score (a command is the OOM killer's choice before nsbox-init) becomes this process's too, and
+  // the OOM killer, when it picks the child, kills every process sharing its memory. Where a
+  // memory limit makes the sandbox's own OOM kills likely, nsbox-init turns them off
+  // (docs/init.md "The loop").
+  void NoChildrenMadeAhead();
 
   // The answer to an Input: err 0 once every byte was written to the command's stdin (or
   // terminal), else an errno and a sentence saying why. Runs from RunOnce, or inside Input when

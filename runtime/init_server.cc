@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -82,6 +83,24 @@ Result<isolate::SeccompProgram> ProgramFromBytes(const std::string& bytes) {
   return isolate::SeccompProgram(std::move(insns));
 }
 
+// Whether the sandbox's memory is limited: its v1 memory directory's memory.limit_in_bytes (a
+// hybrid host) or its v2 directory's memory.max is set. Unreadable counts as limited: the runner
+// then only gives up its children made ahead.
+bool MemoryLimited(int v2_dir, int v1_memory_dir) {
+  if (v1_memory_dir >= 0) {
+    auto text = ReadFileAt(v1_memory_dir, "memory.limit_in_bytes");
+    if (!text.ok()) return true;
+    // No limit reads as the page counter's maximum, 2^63 less a page on 64-bit hosts.
+    return std::strtoull(text->c_str(), nullptr, 10) < (1ULL << 62);
+  }
+  if (v2_dir >= 0) {
+    auto text = ReadFileAt(v2_dir, "memory.max");
+    if (!text.ok()) return text.error().code() != ENOENT;  // no memory controller: no limit
+    return text->rfind("max", 0) != 0;
+  }
+  return false;
+}
+
 // What bash's PATH search accepts: a file that exists, is not a directory and may be executed.
 bool IsExecutableFile(const std::string& path) {
   struct stat st {};
@@ -132,6 +151,9 @@ Status InitServer::Run() {
   runner_ = std::make_unique<exec::Runner>(
       reactor_, cgroup_dir_, exec::ChildHooks{&ChildSecurity::PreExec, security_.get()},
       v1_cgroups_, std::move(premade_));
+  // A sandbox that can run out of its own memory keeps nsbox-init's OOM score below its
+  // commands' (exec/spawn.cc): no child made ahead shares nsbox-init's memory map and score.
+  if (MemoryLimited(cgroup_dir_, v1_cgroups_.memory_dir)) runner_->NoChildrenMadeAhead();
 
   // Orphans re-parented to PID 1 are reaped on SIGCHLD; commands' own main processes are
   // reaped by the runner through their pidfds.
