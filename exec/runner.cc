@@ -1362,6 +1362,8 @@ void Runner::Impl::BeginKill(const CommandPtr& cmd, EndReason reason) {
 }
 
 void Runner::Impl::SignalTree(const CommandPtr& cmd, int sig) {
+  // A child made ahead drops what was sent to it before its command: told first, it keeps this.
+  if (cmd->warm != nullptr) cmd->warm->NoteSignal(sig);
   if (!cmd->main_exited && cmd->pidfd.valid()) {
     // SAFETY: pidfd_send_signal to our own child. The process group has the main process's
     // pid (setsid), which cannot be reused while that process is our unreaped child, so

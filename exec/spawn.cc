@@ -398,6 +398,22 @@ NSBOX_CHILD_CODE int WarmChildMain(void* arg) {
     // SAFETY: waits while the word still holds `state`; the runner stores kGo, then wakes it.
     RawSyscall(SYS_futex, Arg(&w->state_), FUTEX_WAIT_PRIVATE, state, 0);
   }
+  // Signals that came while it waited are not the command's: a command's `kill -TERM -1` reaches
+  // every process of the sandbox it may signal, this one too, and they would be delivered, with
+  // their default action, when the mask is cleared before execve. Dropped here, as the command
+  // starts. One the runner sent to this command meanwhile (a cancel or a timeout as soon as it
+  // started: it notes the signal first, NoteSignal) is sent again, to be delivered as for any
+  // command. (SIGKILL kills the waiting child, which the runner then finds dead.)
+  alignas(8) const unsigned char every_signal[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+  alignas(8) const long no_wait[2] = {0, 0};  // a struct __kernel_timespec of 0
+  // SAFETY: rt_sigtimedwait reads the 8-byte set and the timespec, writes no siginfo (NULL), and
+  // takes one pending signal of the child's own per call; -EAGAIN once none is left.
+  while (RawSyscall(SYS_rt_sigtimedwait, Arg(every_signal), 0, Arg(no_wait), 8) > 0) {
+  }
+  if (const int sig = w->signal_sent_.load(std::memory_order_seq_cst); sig > 0) {
+    // SAFETY: kill of the child's own process group (setsid made it its only member).
+    RawSyscall(SYS_kill, 0, sig);
+  }
   const SpawnRequest& req = *w->request_;
   if (w->null_stdin_) {
     // SAFETY: dup3 of the child's own /dev/null onto its stdin.

@@ -177,6 +177,10 @@ class WarmChild {
   int err() const { return report_.err; }
 
   pid_t pid() const { return pid_; }
+  // Before a signal is sent to a launched child's command: the child drops the signals sent to it
+  // while it waited (they were not its command's), and sends itself this one again should it have
+  // dropped it too.
+  void NoteSignal(int sig) { signal_sent_.store(sig, std::memory_order_seq_cst); }
 
   // After a launched child has exited and been reaped (or exec'd: it then no longer uses this
   // process's memory): its stack, for the next child's Start. Unmapping it here would cost the
@@ -190,6 +194,7 @@ class WarmChild {
   // Shared with the child (CLONE_VM).
   std::atomic<uint32_t> state_{static_cast<uint32_t>(State::kPreparing)};
   const SpawnRequest* request_ = nullptr;
+  std::atomic<int> signal_sent_{0};
   bool null_stdin_ = false;
   ChildReport report_;
   WarmPrep prep_;

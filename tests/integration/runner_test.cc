@@ -808,6 +808,31 @@ TEST_P(RunnerTest, AChildMadeAheadTakesTheNextCommand) {
   EXPECT_TRUE(Loop([&] { return WarmChildren().empty(); }, milliseconds(5000)));
 }
 
+// A signal sent to the child made ahead while it waits (a command's `kill -TERM -1` reaches it, as
+// every process of the sandbox) is not the next command's: that command runs as if none had come.
+TEST_P(RunnerTest, ASignalToTheChildMadeAheadDoesNotReachTheNextCommand) {
+  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant: no set to make one in";
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "children made ahead are x86-64 only";
+#endif
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Run(Bash("exit 0")).result.exit_code, 0);
+  std::vector<pid_t> warm;
+  ASSERT_TRUE(Loop(
+      [&] {
+        warm = ReadyWarmChildren();
+        return !warm.empty();
+      },
+      milliseconds(1500)))  // under the idle release time (2 s)
+      << "no child made ahead, or none ready";
+  const pid_t next = warm.front();
+  for (int sig : {SIGTERM, SIGHUP, SIGUSR1, SIGINT}) ASSERT_EQ(::kill(next, sig), 0) << sig;
+  EXPECT_FALSE(Gone(next)) << "every signal is blocked while it waits";
+  Outcome o = Run(Bash("echo $$"));
+  EXPECT_EQ(o.pid, next) << "control: the command ran in the child made ahead";
+  EXPECT_EQ(o.result.exit_code, 0) << "out: " << o.out << " err: " << o.err;
+  EXPECT_EQ(o.out, std::to_string(next) + "\n");
+}
+
 // A runner made with cgroups made ahead (a jail of nsboxd's pool) and told a command is coming
 // (Anticipate, as nsbox-init does when its sandbox starts): the first command runs in the child
 // made ahead, in one of those cgroups; one that comes before the child is ready takes the other
