@@ -1490,8 +1490,8 @@ bool Runner::Impl::Reusable(const Command& cmd, const CommandUsage& counters) co
   }
   if (cg.usage.pids_peak.valid()) {
     if (counters.pids_peak != uint64_t{1}) return false;
-  } else if (!CgroupEmpty(cg.v2.get())) {
-    return false;
+  } else if (!CgroupKnownEmpty(cg.v2.get())) {
+    return false;  // something may still run there, or nothing could be read (EMFILE)
   }
   return !cg.usage.memory_peak.valid() || cg.usage.memory_peak_resettable;
 }

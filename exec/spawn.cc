@@ -710,6 +710,13 @@ bool CgroupEmpty(int cgroup_fd) {
   return events.substr(at + 10, 1) == "0";
 }
 
+bool CgroupKnownEmpty(int cgroup_fd) {
+  auto text = ReadFileAt(cgroup_fd, "cgroup.events");
+  if (!text.ok()) return false;
+  const size_t at = text->find("populated ");
+  return at != std::string::npos && text->compare(at + 10, 1, "0") == 0;
+}
+
 std::vector<pid_t> ParsePids(std::string_view procs) {
   std::vector<pid_t> pids;
   while (!procs.empty()) {

@@ -219,6 +219,9 @@ Result<size_t> SignalCgroupProcs(int cgroup_fd, int sig);
 size_t SignalSession(pid_t sid, int sig, bool leader_reaped);
 // True when cgroup.events says "populated 0" (or the cgroup is gone).
 bool CgroupEmpty(int cgroup_fd);
+// True only when cgroup.events was read and says "populated 0": for a decision that an unread
+// file must not make (a set passed on to the next command).
+bool CgroupKnownEmpty(int cgroup_fd);
 
 // The pids of a cgroup.procs text.
 std::vector<pid_t> ParsePids(std::string_view procs);

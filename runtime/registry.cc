@@ -437,6 +437,11 @@ Status Registry::Load() {
       // had not yet committed when the host went down (Create does not wait for that commit);
       // it may have answered 201, so it is the sandbox, put in place now.
       auto text = ReadFile(path + "/config.json");
+      if (!text.ok() && text.error().code() != ENOENT) {
+        // Unread (EIO, EACCES...) is not unused: it may be a sandbox that answered 201.
+        log::error("skipping {}: {}", path, text.error().message());
+        continue;
+      }
       const bool unused = !text.ok() || text->find_first_not_of(" \n") == std::string::npos;
       auto config = unused ? Result<SandboxConfig>(Error(EINVAL, "unused")) : DecodeConfig(*text);
       if (!config.ok()) {
@@ -631,6 +636,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
           entry->adopting_ = false;
           std::lock_guard<std::mutex> adopting(adopting_mu_);
           --adopting_;
+          adopting_cv_.notify_all();  // StopAll may be waiting for the count
         }
       }
     }

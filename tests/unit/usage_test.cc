@@ -1,13 +1,22 @@
-// The parsers of the per-exec usage figures (exec/usage.h): the kernel's texts, and odd or
-// hostile ones (a sandbox cannot write these files, but a parser must never invent a figure).
+// The parsers of the per-exec usage figures (exec/usage.h), and of cgroup.events (exec/spawn.h):
+// the kernel's texts, and odd or hostile ones (a sandbox cannot write these files, but a parser
+// must never invent a figure).
 
 #include "exec/usage.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <limits>
 #include <string>
 
 #include <gtest/gtest.h>
+
+#include "base/files.h"
+#include "base/unique_fd.h"
+#include "exec/spawn.h"
 
 namespace nsbox::exec {
 namespace {
@@ -146,4 +155,25 @@ TEST(ResetMemoryPeak, NothingToResetIsFalse) {
 }
 
 }  // namespace
+// Whether a set's cgroup is empty, from its cgroup.events: CgroupEmpty takes a file that cannot
+// be read for a cgroup that is gone (nothing to wait for); CgroupKnownEmpty, which decides
+// whether a set may serve the next command, takes it for not known to be empty.
+TEST(CgroupEvents, AnUnreadFileIsNotKnownToBeEmpty) {
+  char tmpl[] = "/tmp/nsbox-events-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(fd.valid());
+  EXPECT_TRUE(CgroupEmpty(fd.get())) << "no file: gone";
+  EXPECT_FALSE(CgroupKnownEmpty(fd.get())) << "no file: not known";
+  ASSERT_TRUE(WriteFileAtomic(dir, "cgroup.events", "populated 1\nfrozen 0\n").ok());
+  EXPECT_FALSE(CgroupEmpty(fd.get()));
+  EXPECT_FALSE(CgroupKnownEmpty(fd.get()));
+  ASSERT_TRUE(WriteFileAtomic(dir, "cgroup.events", "populated 0\nfrozen 0\n").ok());
+  EXPECT_TRUE(CgroupEmpty(fd.get()));
+  EXPECT_TRUE(CgroupKnownEmpty(fd.get()));
+  ASSERT_EQ(::unlink((dir + "/cgroup.events").c_str()), 0);
+  ASSERT_EQ(::rmdir(dir.c_str()), 0);
+}
+
 }  // namespace nsbox::exec
