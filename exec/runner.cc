@@ -617,6 +617,9 @@ struct Runner::Impl {
     memory_v1 = layout.memory;
     pids_v1 = layout.pids;
     if (cgroup_dir >= 0 && !controllers_enabled) EnableAccountingControllers(cgroup_dir);
+    if (auto score = ReadFile("/proc/self/oom_score_adj"); score.ok()) {
+      own_oom_score_adj = std::move(score).value();
+    }
   }
 
   Result<uint64_t> Start(const CommandSpec& spec, CommandEvents events);
@@ -710,6 +713,12 @@ struct Runner::Impl {
   std::unique_ptr<ChildStack> warm_stack;  // a launched child's, once it exited: the next one's
   bool warm_off = false;
   bool warm_never = false;  // NoChildrenMadeAhead
+  // This process's oom_score_adj as the runner found it, and whether a child made ahead may have
+  // changed it since: the child raises its own before its command, and the kernel gives the
+  // score to every process sharing its memory (not to vfork children), this one included
+  // (exec/runner.h NoChildrenMadeAhead). Put back when the runner idles, no child left.
+  std::string own_oom_score_adj;
+  bool oom_score_shared = false;
   std::unique_ptr<ChildStack> stack;
   UniqueFd dev_null;
   int pipe_size = 0;
@@ -1569,6 +1578,15 @@ void Runner::Impl::ArmIdle() {
 // buffers (they go back to the system).
 void Runner::Impl::ReleaseIdle() {
   DropWarm();
+  if (oom_score_shared && !own_oom_score_adj.empty()) {
+    // Nothing shares this process's memory now: the child made ahead is gone, and those that
+    // took a command have made their execve (nothing runs). Best effort: the score it had.
+    oom_score_shared = false;
+    if (auto st = WriteExistingFileAt(AT_FDCWD, "/proc/self/oom_score_adj", own_oom_score_adj);
+        !st.ok()) {
+      log::warn("exec: the OOM score a child made ahead had changed: {}", st.error().message());
+    }
+  }
   warm_stack.reset();
   reset_signals = NonDefaultSignals();
   spares.clear();  // removes their directories
@@ -1612,6 +1630,7 @@ void Runner::Impl::MaybeMakeWarm() {
     return;
   }
   warm = std::move(made).value();
+  oom_score_shared = true;
   warm_set = std::move(set);
   // The child has its own copies of its ends.
   pipes.child_in.reset();

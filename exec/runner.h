@@ -162,11 +162,12 @@ class Runner {
   bool OwnsIdleChild(pid_t pid) const;
   // No child is made ahead from now on: each command's child is made when it comes (its cgroups
   // are still made ahead). A child made ahead shares this process's memory until its execve, and
-  // the kernel keeps every process that shares a memory map at one OOM score: the child's raised
-  // score (a command is the OOM killer's choice before nsbox-init) becomes this process's too, and
-  // the OOM killer, when it picks the child, kills every process sharing its memory. Where a
-  // memory limit makes the sandbox's own OOM kills likely, nsbox-init turns them off
-  // (docs/init.md "The loop").
+  // the kernel gives the OOM score one process sets to every process sharing its memory map
+  // (vfork children aside): the child's raised score (a command is the OOM killer's choice before
+  // nsbox-init) becomes this process's too until the runner idles and puts it back, and the OOM
+  // killer, when it picks the child, kills every process sharing its memory. Where a memory limit
+  // makes the sandbox's own OOM kills likely, nsbox-init turns them off (docs/init.md "The
+  // loop").
   void NoChildrenMadeAhead();
 
   // The answer to an Input: err 0 once every byte was written to the command's stdin (or

@@ -177,7 +177,8 @@ Status InitServer::Run() {
   while (auto frame = frames_.Next()) OnFrame(std::move(*frame));
   ReadControl();
   // A sandbox starts because a request needs it, most often a command: the first one finds its
-  // child made ahead, as commands in a row do (a jail of the pool, whose cgroups are made).
+  // child made ahead, as commands in a row do (a jail of the pool, whose cgroups are made; not in
+  // a sandbox with a memory limit, above).
   runner_->Anticipate();
   // Start-up ran deeper than the loop goes: its stack pages go back (8 of the 24 KiB of dirty
   // stack an idle nsbox-init held; the rest is above the loop's frame, docs/benchmarks.md).
