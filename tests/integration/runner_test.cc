@@ -833,6 +833,39 @@ TEST_P(RunnerTest, ASignalToTheChildMadeAheadDoesNotReachTheNextCommand) {
   EXPECT_EQ(o.out, std::to_string(next) + "\n");
 }
 
+// A command cancelled as soon as it started in the child made ahead, before that child has run
+// again: the child drops the signals it was sent while it waited, but the runner noted its SIGTERM
+// first (WarmChild::NoteSignal), so the command still ends by it, long before the SIGKILL that
+// follows 2 s later.
+TEST_P(RunnerTest, ACommandCancelledAsItStartsInTheChildMadeAheadEndsBySigterm) {
+  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant: no set to make one in";
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "children made ahead are x86-64 only";
+#endif
+  for (int round = 0; round < 5; ++round) {
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(Run(Bash("exit 0")).result.exit_code, 0);
+    std::vector<pid_t> warm;
+    ASSERT_TRUE(Loop(
+        [&] {
+          warm = ReadyWarmChildren();
+          return !warm.empty();
+        },
+        milliseconds(1500)))  // under the idle release time (2 s)
+        << "no child made ahead, or none ready";
+    CommandSpec sleeper;
+    sleeper.argv = {"/bin/sleep", "30"};
+    sleeper.cwd = "/";
+    Outcome o;
+    ASSERT_NE(StartInto(sleeper, &o), 0u);
+    runner_->Kill(o.id, EndReason::kCancelled);  // in the same turn of the loop as the start
+    ASSERT_TRUE(Loop([&] { return o.exits > 0; })) << "no answer";
+    EXPECT_EQ(o.pid, warm.front()) << "control: it started in the child made ahead";
+    EXPECT_TRUE(o.result.cancelled);
+    EXPECT_EQ(o.result.signal, SIGTERM) << "round " << round;
+    EXPECT_LT(o.elapsed, milliseconds(1500)) << "round " << round << ": the SIGTERM was lost";
+  }
+}
+
 // A runner made with cgroups made ahead (a jail of nsboxd's pool) and told a command is coming
 // (Anticipate, as nsbox-init does when its sandbox starts): the first command runs in the child
 // made ahead, in one of those cgroups; one that comes before the child is ready takes the other

@@ -147,22 +147,23 @@ proto::Header ReadRequest(int init) {
   return proto::DecodeHeader(bytes.data());
 }
 
-// Sends `frame` from nsbox-init's end with `fd` attached to its first byte, as nsbox-init does.
-void SendWithFd(int init, const std::string& frame, int fd) {
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+// Sends `frame` from nsbox-init's end with `fds` attached to its first byte, as nsbox-init does
+// (with one).
+void SendWithFds(int init, const std::string& frame, const std::vector<int>& fds) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()), 0);
   struct iovec iov {
     const_cast<char*>(frame.data()), frame.size()
   };
   struct msghdr msg {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
   struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   ASSERT_EQ(::sendmsg(init, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
 }
 
@@ -184,9 +185,9 @@ TEST(InitClient, AFailedReadTakesNoFdAnEarlierReadLeftInItsBuffer) {
     EXPECT_EQ(request.type, proto::Type::kReadFile);
     UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     ASSERT_TRUE(null.valid());
-    SendWithFd(p.init.get(),
-               proto::EncodeFrame(proto::Type::kFileFd, request.tag, proto::EncodeU64(0)),
-               null.get());
+    SendWithFds(p.init.get(),
+                proto::EncodeFrame(proto::Type::kFileFd, request.tag, proto::EncodeU64(0)),
+                {null.get()});
     opener.join();
     ASSERT_TRUE(opened.ok()) << opened.error().message;
     ASSERT_TRUE(opened.value().fd.valid());
@@ -211,6 +212,27 @@ TEST(InitClient, AFailedReadTakesNoFdAnEarlierReadLeftInItsBuffer) {
         << "control: the read failed, not a clean end: " << pinged.error().message;
   }  // the client and what it holds are gone
   EXPECT_GE(::fcntl(reused, F_GETFD), 0) << "the client closed fd " << reused << ", not its own";
+}
+
+// More fds with one frame than a read of the channel takes (nsbox-init sends one at most): the
+// kernel drops the rest (MSG_CTRUNC), which frame an fd belongs to can no longer be told, and the
+// client ends the channel rather than hand out the wrong file.
+TEST(InitClient, MoreFdsThanOneReadTakesEndTheChannel) {
+  Pair p = SocketPair();
+  InitClient client(std::move(p.host));
+  FsOutcome<InitClient::OpenedRead> opened = FsError{};
+  std::thread opener([&] { opened = client.OpenRead("/big"); });
+  proto::Header request = ReadRequest(p.init.get());
+  UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(null.valid());
+  SendWithFds(p.init.get(),
+              proto::EncodeFrame(proto::Type::kFileFd, request.tag, proto::EncodeU64(0)),
+              std::vector<int>(17, null.get()));
+  opener.join();
+  ASSERT_FALSE(opened.ok()) << "the answer was taken with one of 17 fds";
+  EXPECT_NE(opened.error().message.find("more file descriptors"), std::string::npos)
+      << opened.error().message;
+  EXPECT_FALSE(client.connected());
 }
 
 }  // namespace

@@ -154,7 +154,6 @@ TEST(ResetMemoryPeak, NothingToResetIsFalse) {
   EXPECT_TRUE(NoOomKills(UsageFiles{}));
 }
 
-}  // namespace
 // Whether a set's cgroup is empty, from its cgroup.events: CgroupEmpty takes a file that cannot
 // be read for a cgroup that is gone (nothing to wait for); CgroupKnownEmpty, which decides
 // whether a set may serve the next command, takes it for not known to be empty.
@@ -176,4 +175,5 @@ TEST(CgroupEvents, AnUnreadFileIsNotKnownToBeEmpty) {
   ASSERT_EQ(::rmdir(dir.c_str()), 0);
 }
 
+}  // namespace
 }  // namespace nsbox::exec
