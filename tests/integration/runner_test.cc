@@ -114,6 +114,8 @@ struct Outcome {
 
 using Param = std::tuple<Reactor::Backend, bool>;
 
+std::vector<pid_t> ReadyWarmChildren();
+
 class RunnerTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
@@ -212,6 +214,21 @@ class RunnerTest : public ::testing::TestWithParam<Param> {
     for (int i = 0; i < 3; ++i) (void)reactor_->RunOnce(milliseconds(1));
     EXPECT_EQ(o.exits, 1);
     return o;
+  }
+
+  // Three commands in a row, then the child made ahead for the next one, once it is ready
+  // (waited for under the idle release time, 2 s): its pid, or -1.
+  pid_t ReadyChildAfterCommandsInARow() {
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(Run(Bash("exit 0")).result.exit_code, 0);
+    std::vector<pid_t> warm;
+    EXPECT_TRUE(Loop(
+        [&] {
+          warm = ReadyWarmChildren();
+          return !warm.empty();
+        },
+        milliseconds(1500)))
+        << "no child made ahead, or none ready";
+    return warm.empty() ? pid_t{-1} : warm.front();
   }
 
   // The first line of `text` as a pid.
@@ -815,16 +832,8 @@ TEST_P(RunnerTest, ASignalToTheChildMadeAheadDoesNotReachTheNextCommand) {
 #if !defined(__x86_64__)
   GTEST_SKIP() << "children made ahead are x86-64 only";
 #endif
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(Run(Bash("exit 0")).result.exit_code, 0);
-  std::vector<pid_t> warm;
-  ASSERT_TRUE(Loop(
-      [&] {
-        warm = ReadyWarmChildren();
-        return !warm.empty();
-      },
-      milliseconds(1500)))  // under the idle release time (2 s)
-      << "no child made ahead, or none ready";
-  const pid_t next = warm.front();
+  const pid_t next = ReadyChildAfterCommandsInARow();
+  ASSERT_GT(next, 0);
   for (int sig : {SIGTERM, SIGHUP, SIGUSR1, SIGINT}) ASSERT_EQ(::kill(next, sig), 0) << sig;
   EXPECT_FALSE(Gone(next)) << "every signal is blocked while it waits";
   Outcome o = Run(Bash("echo $$"));
@@ -843,15 +852,8 @@ TEST_P(RunnerTest, ACommandCancelledAsItStartsInTheChildMadeAheadEndsBySigterm) 
   GTEST_SKIP() << "children made ahead are x86-64 only";
 #endif
   for (int round = 0; round < 5; ++round) {
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(Run(Bash("exit 0")).result.exit_code, 0);
-    std::vector<pid_t> warm;
-    ASSERT_TRUE(Loop(
-        [&] {
-          warm = ReadyWarmChildren();
-          return !warm.empty();
-        },
-        milliseconds(1500)))  // under the idle release time (2 s)
-        << "no child made ahead, or none ready";
+    const pid_t next = ReadyChildAfterCommandsInARow();
+    ASSERT_GT(next, 0);
     CommandSpec sleeper;
     sleeper.argv = {"/bin/sleep", "30"};
     sleeper.cwd = "/";
@@ -859,7 +861,7 @@ TEST_P(RunnerTest, ACommandCancelledAsItStartsInTheChildMadeAheadEndsBySigterm) 
     ASSERT_NE(StartInto(sleeper, &o), 0u);
     runner_->Kill(o.id, EndReason::kCancelled);  // in the same turn of the loop as the start
     ASSERT_TRUE(Loop([&] { return o.exits > 0; })) << "no answer";
-    EXPECT_EQ(o.pid, warm.front()) << "control: it started in the child made ahead";
+    EXPECT_EQ(o.pid, next) << "control: it started in the child made ahead";
     EXPECT_TRUE(o.result.cancelled);
     EXPECT_EQ(o.result.signal, SIGTERM) << "round " << round;
     EXPECT_LT(o.elapsed, milliseconds(1500)) << "round " << round << ": the SIGTERM was lost";
