@@ -167,6 +167,20 @@ void SendWithFds(int init, const std::string& frame, const std::vector<int>& fds
   ASSERT_EQ(::sendmsg(init, &msg, MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
 }
 
+// An OpenRead of a large file, answered from nsbox-init's end with `fds` attached to the answer
+// (nsbox-init attaches one: the file it opened).
+FsOutcome<InitClient::OpenedRead> OpenReadAnsweredWith(InitClient& client, int init,
+                                                       const std::vector<int>& fds) {
+  FsOutcome<InitClient::OpenedRead> opened = FsError{};
+  std::thread opener([&] { opened = client.OpenRead("/big"); });
+  proto::Header request = ReadRequest(init);
+  EXPECT_EQ(request.type, proto::Type::kReadFile);
+  SendWithFds(init, proto::EncodeFrame(proto::Type::kFileFd, request.tag, proto::EncodeU64(0)),
+              fds);
+  opener.join();
+  return opened;
+}
+
 // nsbox-init ends with a request of the host's unread: the host's next read of the channel fails
 // with ECONNRESET. The kernel then leaves the read's control buffer as it was, and the client's
 // reader thread reads the channel from the same stack slot each time, where the fd of the read
@@ -181,14 +195,8 @@ TEST(InitClient, AFailedReadTakesNoFdAnEarlierReadLeftInItsBuffer) {
     UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     ASSERT_TRUE(null.valid());
     // A large file's answer carries an fd, the host's to read and close.
-    FsOutcome<InitClient::OpenedRead> opened = FsError{};
-    std::thread opener([&] { opened = client.OpenRead("/big"); });
-    proto::Header request = ReadRequest(p.init.get());
-    EXPECT_EQ(request.type, proto::Type::kReadFile);
-    SendWithFds(p.init.get(),
-                proto::EncodeFrame(proto::Type::kFileFd, request.tag, proto::EncodeU64(0)),
-                {null.get()});
-    opener.join();
+    FsOutcome<InitClient::OpenedRead> opened =
+        OpenReadAnsweredWith(client, p.init.get(), {null.get()});
     ASSERT_TRUE(opened.ok()) << opened.error().message;
     ASSERT_TRUE(opened.value().fd.valid());
     reused = opened.value().fd.get();
@@ -222,13 +230,8 @@ TEST(InitClient, MoreFdsThanOneReadTakesEndTheChannel) {
   InitClient client(std::move(p.host));
   UniqueFd null(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(null.valid());
-  FsOutcome<InitClient::OpenedRead> opened = FsError{};
-  std::thread opener([&] { opened = client.OpenRead("/big"); });
-  proto::Header request = ReadRequest(p.init.get());
-  SendWithFds(p.init.get(),
-              proto::EncodeFrame(proto::Type::kFileFd, request.tag, proto::EncodeU64(0)),
-              std::vector<int>(17, null.get()));
-  opener.join();
+  FsOutcome<InitClient::OpenedRead> opened =
+      OpenReadAnsweredWith(client, p.init.get(), std::vector<int>(17, null.get()));
   ASSERT_FALSE(opened.ok()) << "the answer was taken with one of 17 fds";
   EXPECT_NE(opened.error().message.find("more file descriptors"), std::string::npos)
       << opened.error().message;
