@@ -23,6 +23,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -701,21 +702,23 @@ size_t SignalSession(pid_t sid, int sig, bool leader_reaped) {
   return found;
 }
 
-bool CgroupEmpty(int cgroup_fd) {
+namespace {
+
+// What cgroup.events says of "populated": true for 0, false for 1; nothing when the file cannot
+// be read or has no such line.
+std::optional<bool> PopulatedZero(int cgroup_fd) {
   auto text = ReadFileAt(cgroup_fd, "cgroup.events");
-  if (!text.ok()) return true;
-  std::string_view events = *text;
-  size_t at = events.find("populated ");
-  if (at == std::string_view::npos) return true;
-  return events.substr(at + 10, 1) == "0";
+  if (!text.ok()) return std::nullopt;
+  const size_t at = text->find("populated ");
+  if (at == std::string::npos) return std::nullopt;
+  return text->compare(at + 10, 1, "0") == 0;
 }
 
-bool CgroupKnownEmpty(int cgroup_fd) {
-  auto text = ReadFileAt(cgroup_fd, "cgroup.events");
-  if (!text.ok()) return false;
-  const size_t at = text->find("populated ");
-  return at != std::string::npos && text->compare(at + 10, 1, "0") == 0;
-}
+}  // namespace
+
+bool CgroupEmpty(int cgroup_fd) { return PopulatedZero(cgroup_fd).value_or(true); }
+
+bool CgroupKnownEmpty(int cgroup_fd) { return PopulatedZero(cgroup_fd).value_or(false); }
 
 std::vector<pid_t> ParsePids(std::string_view procs) {
   std::vector<pid_t> pids;
