@@ -328,9 +328,19 @@ void AdversarialTest::SetUpTestSuite() {
       std::fprintf(stderr, "adversarial: the daemon's pool did not fill\n");
   }
   baseline_pid_ = daemon_->pid();
+  // The daemon keeps two sandbox directories made ahead; the second comes a moment after a
+  // creation (Registry::AskForSpareDir), later still when fsync is slow. A baseline taken with
+  // one would never match a teardown's listing with two.
+  const bool spares_ready = PollUntil(
+      [&] {
+        baseline_state_ = StateListing(daemon_->state_dir());
+        return std::count(baseline_state_.begin(), baseline_state_.end(), "sandboxes/.spare-*") ==
+               2;
+      },
+      milliseconds(10000));
+  if (!spares_ready) std::fprintf(stderr, "adversarial: the daemon did not make two spare dirs\n");
   std::this_thread::sleep_for(milliseconds(100));
   baseline_fds_ = daemon_->CountFds();
-  baseline_state_ = StateListing(daemon_->state_dir());
 }
 
 void AdversarialTest::TearDownTestSuite() {
