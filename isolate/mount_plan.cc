@@ -394,8 +394,8 @@ std::string OverlayPathOption(const std::string& path) {
   return out;
 }
 
-// What the kernel said about a failed fsconfig/fsmount: its fs_context log ("e overlayfs:
-// failed to resolve '...': -2"), one message per read.
+}  // namespace
+
 std::string FsContextLog(int fd) {
   std::string out;
   char buf[512];
@@ -407,8 +407,6 @@ std::string FsContextLog(int fd) {
   }
   return out;
 }
-
-}  // namespace
 
 Result<UniqueFd> MountOverlay(const RootSpec::Overlay& overlay) {
   // SAFETY: fsopen only creates a configuration context; nothing is mounted until fsmount, and

@@ -209,6 +209,10 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config);
 // directories, only attaches it. Errors carry the kernel's own message about the options.
 Result<UniqueFd> MountOverlay(const RootSpec::Overlay& overlay);
 
+// What the kernel said about a failed fsconfig/fsmount on the fs_context `fd`: its log ("e
+// overlayfs: failed to resolve '...': -2"), one message per read, "; "-joined.
+std::string FsContextLog(int fd);
+
 // Applies the plan in the child. Async-signal-safe: no allocation, no logging. Returns 0, or an
 // errno with *failed_op set to the index of the step that failed. The directory of a kHoldDir
 // step (at most one) is left open in *held_fd (close-on-exec; EINVAL without a held_fd).
