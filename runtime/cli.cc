@@ -27,6 +27,7 @@
 #include "base/files.h"
 #include "base/unique_fd.h"
 #include "images/store.h"
+#include "isolate/disk.h"
 #include "runtime/api_client.h"
 #include "runtime/paths.h"
 #include "runtime/terminal.h"
@@ -72,6 +73,7 @@ struct ClientCommands::Options {
 
   std::optional<std::string> image;
   std::optional<std::string> memory;
+  std::optional<std::string> disk;
   std::optional<std::string> pids;
   std::optional<std::string> cpus;
   std::vector<std::string> env;             // create, exec
@@ -350,6 +352,14 @@ int Create(const Options& o, ApiClient& client) {
       return Fail("create", "--memory '" + *o.memory + "': at most 1024T", kExitUsage);
     }
     limits["memoryBytes"] = *bytes;
+  }
+  if (o.disk) {
+    auto bytes = ParseBytes("--disk", *o.disk);
+    if (!bytes.ok()) return Fail("create", bytes.error().message(), kExitUsage);
+    if (*bytes < isolate::kMinDiskBytes || *bytes > isolate::kMaxDiskBytes) {
+      return Fail("create", "--disk '" + *o.disk + "': expected 16M to 8T", kExitUsage);
+    }
+    limits["diskBytes"] = *bytes;
   }
   if (o.pids) {
     auto pids = ParseCount("--pids", *o.pids, 1, 4194304);
@@ -1478,6 +1488,9 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   o.create->add_option("--image", o.image, "root file system (default: host)");
   o.create->add_option("--memory,-m", o.memory,
                        "memory limit, e.g. 512M, 1.5G or 2G (at least 16M)");
+  o.create->add_option("--disk", o.disk,
+                       "the sandbox's own disk for its workspace and home (its image's changes), "
+                       "e.g. 1G or 20G (16M to 8T), reserved on the host's disk now");
   o.create->add_option("--pids", o.pids, "most processes and threads at once");
   o.create->add_option("--cpus", o.cpus, "CPU time limit in CPUs, e.g. 1.5");
   // allow_extra_args(false): one value per --env, so `--env A=1 ID` leaves ID alone.

@@ -1,7 +1,6 @@
 #include "runtime/doctor.h"
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/capability.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -13,8 +12,10 @@
 #include <string>
 #include <tuple>
 
+#include "base/process.h"
 #include "base/strings.h"
 #include "base/unique_fd.h"
+#include "isolate/disk.h"
 #include "net/net_client.h"
 
 namespace nsbox::runtime {
@@ -187,42 +188,17 @@ DoctorInput ProbeDoctorInput() {
   struct utsname u {};
   if (::uname(&u) == 0) in.kernel = u.release;
   in.network_probe = ProbeNetwork();
+  in.disks = isolate::DiskSupport();
   return in;
 }
 
 Result<std::string> ProbeNetwork() {
   NSBOX_ASSIGN_OR_RETURN(std::string binary, net::DefaultNetBinary());
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) return Error::Sys("pipe2", "", errno);
-  UniqueFd read_end(fds[0]);
-  UniqueFd write_end(fds[1]);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, write_end.get(), STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, write_end.get(), STDERR_FILENO);
-  const char* argv[] = {binary.c_str(), "--probe", nullptr};
-  pid_t pid = -1;
-  int err =
-      ::posix_spawn(&pid, binary.c_str(), &actions, nullptr, const_cast<char**>(argv), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (err != 0) return Error::Sys("posix_spawn", binary, err);
-  write_end.reset();
-  std::string out;
-  char chunk[4096];
-  for (;;) {
-    ssize_t got = ::read(read_end.get(), chunk, sizeof chunk);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0 || out.size() > (1u << 20)) break;
-    out.append(chunk, static_cast<size_t>(got));
+  NSBOX_ASSIGN_OR_RETURN(ProgramRun run, RunProgram({binary, "--probe"}, nullptr, 1u << 20));
+  if (run.output.empty()) {
+    return Error::Msg(binary + " --probe printed nothing (" + DescribeExit(run.status) + ")");
   }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (out.empty()) {
-    return Error::Msg(binary + " --probe printed nothing (exit status " + std::to_string(status) +
-                      ")");
-  }
-  return out;
+  return std::move(run.output);
 }
 
 std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
@@ -345,6 +321,19 @@ std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
     loop.fields = {{"backend", "epoll"}};
   }
   out.push_back(std::move(loop));
+
+  // A sandbox's own disk (limits.diskBytes, isolate/disk.h): optional; without it such a
+  // sandbox is refused (422) and the others keep their files on the state directory's disk.
+  DoctorLayer disks = Layer("disks", "sandbox disks", false);
+  if (in.disks.ok()) {
+    disks.status = "ok";
+    disks.detail = "limits.diskBytes: an ext4 image per sandbox on a loop device";
+  } else {
+    disks.status = "missing";
+    disks.detail = "limits.diskBytes is refused: " + in.disks.error().message();
+    disks.fix = "load the loop and ext4 modules (modprobe loop ext4); apt-get install e2fsprogs";
+  }
+  out.push_back(std::move(disks));
 
   // Sandbox networking (docs/network.md): optional; without it every sandbox has loopback only
   // and the daemon refuses a network policy other than "none".

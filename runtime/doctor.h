@@ -39,6 +39,8 @@ struct DoctorInput {
   // What `nsbox-net --probe` printed (lines "name: ok|missing (why)"), or why it could not run:
   // sandbox networking (docs/network.md), optional.
   Result<std::string> network_probe = Error::Msg("not probed");
+  // isolate::DiskSupport(): whether a sandbox can have its own disk (limits.diskBytes).
+  Status disks = Error::Msg("not probed");
 };
 
 // Runs `nsbox-net --probe` and returns what it printed.

@@ -108,6 +108,7 @@ std::string EncodeConfig(const SandboxConfig& c) {
   if (c.limits.pids) limits["pids"] = *c.limits.pids;
   if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
   if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
+  if (c.limits.disk_bytes) limits["diskBytes"] = *c.limits.disk_bytes;
   o["limits"] = std::move(limits);
   o["network"] = net::PolicyToJson(c.network);
   o["createdAt"] = c.created_at;
@@ -178,6 +179,13 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
     NSBOX_TRY(count("memoryBytes", &c.limits.memory_bytes));
     NSBOX_TRY(count("pids", &c.limits.pids));
     NSBOX_TRY(count("outputBytes", &c.limits.output_bytes));
+    NSBOX_TRY(count("diskBytes", &c.limits.disk_bytes));
+    if (c.limits.disk_bytes &&
+        (*c.limits.disk_bytes < isolate::kMinDiskBytes ||
+         *c.limits.disk_bytes > isolate::kMaxDiskBytes || *c.limits.disk_bytes % 4096 != 0)) {
+      return Error(EINVAL,
+                   "config.json: limits.diskBytes is not a multiple of 4096 from 16 MiB to 8 TiB");
+    }
     if (const json::value* cpu = l.if_contains("cpus"); cpu != nullptr && !cpu->is_null()) {
       boost::system::error_code number_ec;
       double cpus = cpu->is_number() ? cpu->to_number<double>(number_ec) : 0;
@@ -410,6 +418,12 @@ bool IsBareSkeleton(const std::string& path) {
       if (!S_ISDIR(st.st_mode) || !empty_dir(child)) return false;
     } else if (name == "config.json" || name == ".config.json.tmp") {
       if (!S_ISREG(st.st_mode)) return false;
+    } else if (name == "disk.ext4") {
+      // A sandbox's own disk holds all of its files: bare only if no sandbox ever used it (it
+      // was mounted once, by its creation), so that a directory whose config.json was lost is
+      // never taken for an unfinished creation and removed with them.
+      auto mounts = isolate::DiskMountCount(child);
+      if (!S_ISREG(st.st_mode) || !mounts.ok() || *mounts > 1) return false;
     } else {
       return false;
     }
@@ -574,7 +588,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   auto entry = std::make_shared<SandboxEntry>(config, hash, dir);
   std::thread adopter;
   std::future<void> adopter_holds_lifecycle;
-  if (!spare.empty() && !config.network.networked()) {
+  if (!spare.empty() && !config.network.networked() && !config.limits.disk_bytes) {
     if (std::unique_ptr<Sandbox> pooled = TakePooled()) {
       SandboxOptions o = OptionsFor(config, hash, spare);
       auto workspace = PinDirectory(o.jail.workspace);
@@ -641,6 +655,30 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
       }
     }
   }
+  // A sandbox's own disk, in `in` (its directory, or the skeleton that becomes it), before its
+  // config.json: a directory with a disk but no config is a creation that did not finish.
+  // What it holds is what the sandbox's directory would: workspace/ and home/ owned by the
+  // jail's root, or the overlay's upper/ (the image's root's owner and mode) and work/.
+  auto MakeDisk = [&](const std::string& in) -> Status {
+    if (!config.limits.disk_bytes) return Ok();
+    std::vector<isolate::DiskDir> dirs;
+    if (image) {
+      NSBOX_ASSIGN_OR_RETURN(std::string lower, images_->RootfsOf(config.image_id));
+      struct stat root {};
+      if (::stat(lower.c_str(), &root) != 0) return Error::Sys("stat", lower, errno);
+      dirs = {{"upper", root.st_mode & 07777, root.st_uid, root.st_gid}, {"work", 0700, 0, 0}};
+    } else {
+      dirs = {{"workspace", 0700, ids_.uid.outside, ids_.gid.outside},
+              {"home", 0700, ids_.uid.outside, ids_.gid.outside}};
+    }
+    NSBOX_TRY(isolate::MakeDiskImage(in + "/" + kDiskImage, *config.limits.disk_bytes, dirs));
+    // A skeleton made ahead has its own empty workspace/ and home/: not this sandbox's.
+    for (const char* sub : {"/workspace", "/home"}) {
+      const std::string path = in + sub;
+      if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return Error::Sys("rmdir", path, errno);
+    }
+    return Ok();
+  };
   auto made = [&]() -> Status {
     const std::string in_use =
         "a directory of this id exists but could not be loaded (see the daemon's start-up log); "
@@ -652,6 +690,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
       // sandboxes/, a journal commit of 0.3-1 ms here): what the sandbox is, is durable in its
       // config, and a start that finds it still under its .spare- name after a crash puts it
       // in place (Load).
+      NSBOX_TRY(MakeDisk(spare));
       NSBOX_TRY(FillSlotDurable(spare, "config.json", EncodeConfig(config)));
       if (::renameat2(AT_FDCWD, spare.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
         int err = errno;
@@ -675,7 +714,9 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
       return err == EEXIST ? std::move(e).Context(in_use) : e;
     }
     made_dir = true;
-    if (image) {
+    if (config.limits.disk_bytes) {
+      NSBOX_TRY(MakeDisk(dir));
+    } else if (image) {
       // The overlay's own layer: its top directory is the root directory inside, so it gets
       // the image's root's owner and mode; work/ is the overlay's private scratch space.
       NSBOX_ASSIGN_OR_RETURN(std::string lower, images_->RootfsOf(config.image_id));
@@ -720,6 +761,11 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     const std::string message = "create sandbox '" + config.id + "': " + made.error().message();
     if (made.error().code() == ENOSPC || made.error().code() == EDQUOT) {
       return ApiError::Of(507, ErrnoName(made.error().code()), message);  // api.md's full disk
+    }
+    if (config.limits.disk_bytes &&
+        (made.error().code() == EOPNOTSUPP || made.error().code() == EFBIG)) {
+      // The state dir's file system cannot reserve (fallocate) a disk, or one that large.
+      return ApiError::Unsupported(message);
     }
     return ApiError::Internal(message);
   }
@@ -886,7 +932,11 @@ ApiOutcome<std::shared_ptr<Sandbox>> Registry::Running(SandboxEntry& entry) {
     (void)dead->Stop();
   }
   const SandboxConfig& c = entry.config_;
-  SandboxOptions o = OptionsFor(c, entry.hash_, entry.dir_);
+  if (auto st = MountDiskLocked(entry); !st.ok()) {
+    log::error("sandbox={} start: {}", c.id, st.error().message());
+    return ApiError::Unavailable("start sandbox '" + c.id + "': " + st.error().message());
+  }
+  SandboxOptions o = OptionsFor(c, entry.hash_, entry.dir_, entry.disk_.get());
   if (!c.image_id.empty()) {
     auto overlay = OverlayOf(entry);
     if (!overlay.ok()) {
@@ -954,12 +1004,14 @@ void Registry::AdoptionFailed(const std::string& id, std::unique_ptr<Sandbox> po
 }
 
 SandboxOptions Registry::OptionsFor(const SandboxConfig& c, const std::string& hash,
-                                    const std::string& dir) const {
+                                    const std::string& dir, const isolate::Disk* disk) const {
   SandboxOptions o;
   o.jail.image = c.image;
   if (c.image_id.empty()) {
-    o.jail.workspace = dir + "/workspace";
-    o.jail.home = dir + "/home";
+    // With a disk of its own, the jail's setup pins and clones the directories of the disk's
+    // detached mount through the daemon's fd on it.
+    o.jail.workspace = disk != nullptr ? disk->PathOf("workspace") : dir + "/workspace";
+    o.jail.home = disk != nullptr ? disk->PathOf("home") : dir + "/home";
     o.jail.shared_etc_dir = SharedEtcDir();
   }
   o.jail.hostname = HostnameFor(c.id, hash);
@@ -1269,6 +1321,9 @@ ApiOutcome<bool> Registry::Delete(std::string_view id) {
   if (auto st = StopLocked(*entry); !st.ok()) {
     log::warn("sandbox={} delete: {}", entry->config_.id, st.error().message());
   }
+  // Its disk is unmounted with the last of its users (the jail is gone; a download's fd may
+  // still hold it a moment), and its loop device detached then.
+  entry->disk_.reset();
   // Out of the registry and renamed aside in one step (under the registry's lock, so that a PUT
   // of the same id makes a fresh directory); a crash from here on leaves a .trash- directory
   // that the next start removes.
@@ -1297,6 +1352,13 @@ ApiOutcome<bool> Registry::Delete(std::string_view id) {
   }
   log::info("sandbox={} deleted", entry->config_.id);
   return true;
+}
+
+Status Registry::MountDiskLocked(SandboxEntry& entry) {
+  if (!entry.config_.limits.disk_bytes || entry.disk_ != nullptr) return Ok();
+  NSBOX_ASSIGN_OR_RETURN(entry.disk_, isolate::Disk::Open(entry.dir_ + "/" + kDiskImage));
+  log::debug("sandbox={} its disk is mounted through {}", entry.config_.id, entry.disk_->device());
+  return Ok();
 }
 
 void Registry::StopAll() {
@@ -1340,8 +1402,13 @@ Result<isolate::RootSpec::Overlay> Registry::OverlayOf(const SandboxEntry& entry
   }
   isolate::RootSpec::Overlay overlay;
   NSBOX_ASSIGN_OR_RETURN(overlay.lower, images_->RootfsOf(c.image_id));
-  overlay.upper = entry.dir_ + "/upper";
-  overlay.work = entry.dir_ + "/work";
+  if (entry.disk_ != nullptr) {
+    overlay.upper = entry.disk_->PathOf("upper");
+    overlay.work = entry.disk_->PathOf("work");
+  } else {
+    overlay.upper = entry.dir_ + "/upper";
+    overlay.work = entry.dir_ + "/work";
+  }
   return overlay;
 }
 

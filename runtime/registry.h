@@ -35,6 +35,7 @@
 #include "base/error.h"
 #include "base/unique_fd.h"
 #include "images/store.h"
+#include "isolate/disk.h"
 #include "net/policy.h"
 #include "runtime/api_error.h"
 #include "runtime/metrics.h"
@@ -49,6 +50,9 @@ struct SandboxLimits {
   // The cap on a command's stdout and stderr together (api.md: 64 MiB, configurable per
   // sandbox); none: 64 MiB.
   std::optional<uint64_t> output_bytes;
+  // The size of the sandbox's own disk (isolate/disk.h, a multiple of 4096), which holds its
+  // workspace and home (its image's upper layer); none: its files live on the state dir's disk.
+  std::optional<uint64_t> disk_bytes;
 };
 
 struct SandboxConfig {
@@ -129,6 +133,9 @@ class SandboxEntry {
   std::mutex lifecycle_mu_;
   mutable std::mutex mu_;
   std::shared_ptr<Sandbox> box_;  // while nsbox-init runs
+  // Its own disk, mounted at its first start and kept until it is deleted or the daemon ends
+  // (under lifecycle_mu_): every start clones its directories from this one mount.
+  std::unique_ptr<isolate::Disk> disk_;
   // While its creation's thread adopts a pooled jail for it (Registry::Create), and what waits
   // for that adoption to end (Registry::WhenAdopted).
   bool adopting_ = false;
@@ -252,9 +259,12 @@ class Registry {
   // After `pooled` failed to adopt with `error`: put back in the pool when nothing was done to it
   // (ENOENT: a limit needs a cgroup it has not), else stopped.
   void AdoptionFailed(const std::string& id, std::unique_ptr<Sandbox> pooled, const Error& error);
-  // How a sandbox of `config` whose directory is `dir` starts (its image's overlay aside).
+  // How a sandbox of `config` whose directory is `dir` starts (its image's overlay aside); its
+  // workspace and home are those of `disk` when it has its own.
   SandboxOptions OptionsFor(const SandboxConfig& config, const std::string& hash,
-                            const std::string& dir) const;
+                            const std::string& dir, const isolate::Disk* disk = nullptr) const;
+  // Mounts the sandbox's own disk if it has one and it is not mounted (under lifecycle_mu_).
+  Status MountDiskLocked(SandboxEntry& entry);
 
   std::string state_dir_;
   std::string sandboxes_dir_;
@@ -278,6 +288,8 @@ class Registry {
   // (three mkdirs, two chowns and a directory fsync fewer on the request's path). Taken by
   // Create.
   static constexpr char kSparePrefix[] = ".spare-";
+  // The image of a sandbox's own disk, in its directory (isolate/disk.h).
+  static constexpr char kDiskImage[] = "disk.ext4";
   // config.json's slot in a spare directory: one block, more than a config with a few dozen
   // environment variables takes (a longer one grows the file).
   static constexpr size_t kConfigSlotBytes = 4096;

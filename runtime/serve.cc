@@ -62,6 +62,7 @@
 #include "images/image.h"
 #include "images/store.h"
 #include "isolate/cgroup.h"
+#include "isolate/disk.h"
 #include "net/policy.h"
 #include "policy/environment.h"
 #include "runtime/api_client.h"
@@ -229,6 +230,7 @@ json::object SandboxJson(const SandboxEntry& e) {
   if (c.limits.pids) limits["pids"] = *c.limits.pids;
   if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
   if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
+  if (c.limits.disk_bytes) limits["diskBytes"] = *c.limits.disk_bytes;
   o["limits"] = std::move(limits);
   AddNetworkJson(o, e);
   json::object env;
@@ -2573,13 +2575,20 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
       }
       config.limits.cpus = CanonicalCpus(value);
     }
-    if (const json::value* disk = l.if_contains("diskBytes"); disk != nullptr && !disk->is_null()) {
-      {
+    // The size of the sandbox's own disk (isolate/disk.h), rounded up to its 4 KiB blocks.
+    auto disk = lf.Count("diskBytes", isolate::kMinDiskBytes, isolate::kMaxDiskBytes);
+    if (!disk.ok()) {
+      const ApiError reply_error = disk.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    if (disk.value()) {
+      if (auto st = isolate::DiskSupport(); !st.ok()) {
         const ApiError reply_error = ApiError::Unsupported(
-            "\"diskBytes\" cannot be enforced yet: nsbox has no disk quotas for a sandbox's "
-            "files (its workspace, home and image root); leave it out");
+            "\"diskBytes\" cannot be enforced on this host: " + st.error().message() +
+            " (nsbox doctor tells more)");
         co_return co_await ReplyError(c, reply_error);
       }
+      config.limits.disk_bytes = (*disk.value() + 4095) / 4096 * 4096;
     }
     for (const auto& [k, v] : l) {
       if (k != "memoryBytes" && k != "pids" && k != "cpus" && k != "diskBytes" &&

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <functional>
 #include <thread>
 
+#include "isolate/disk.h"
 #include "tests/adversarial/fixture.h"
 
 namespace nsbox::adversarial {
@@ -288,19 +290,49 @@ TEST_F(ExhaustionTest, MemoryBombThroughUploadToTmpfs) {
   EXPECT_LT(std::stol(held.out().empty() ? "0" : held.out()), 64L * 1024) << held.Describe();
 }
 
-// No disk quota exists yet: `limits.diskBytes` is refused at creation (api.md: 422 unsupported),
-// so nobody believes the workspace is bounded. Control: the same PUT without it creates.
-TEST_F(ExhaustionTest, DiskQuotaIsRefusedAsUnsupported) {
-  const std::string id = NewId("disk");
-  Response r = Call("PUT", SbPath(id), "{\"limits\":{\"diskBytes\":1048576}}",
-                    {{"Content-Type", "application/json"}});
-  EXPECT_EQ(r.status, 422) << r.Describe();
-  EXPECT_EQ(r.ErrorCode(), "unsupported");
-  EXPECT_EQ(Call("GET", SbPath(id)).status, 404);
-  EXPECT_EQ(Call("PUT", SbPath(id)).status, 201) << "control";
-  // What a full disk looks like from inside, without filling the host's: /dev/full.
-  ExecResult full = Exec(id, "echo x 2>&1 >/dev/full; echo rc=$?");
+// A disk of its own (limits.diskBytes) bounds what a sandbox keeps, however it fills it: one
+// big file, fallocate, and more files than the disk has inodes. Each ends in ENOSPC inside; the
+// host's disk loses nothing past what the creation reserved; the sandbox is usable again once
+// it removes its files, and another sandbox and the daemon never notice. What a full disk looks
+// like without one: /dev/full.
+TEST_F(ExhaustionTest, DiskFillStopsAtTheSandboxesOwnDisk) {
+  if (auto st = isolate::DiskSupport(); !st.ok()) {
+    GTEST_SKIP() << "NOT RUN: this host gives no sandbox a disk: " << st.error().message();
+  }
+  const std::string id = NewSandbox("disk", "{\"limits\":{\"diskBytes\":33554432}}");
+  auto host_free = [&] {
+    struct statvfs sv {};
+    EXPECT_EQ(::statvfs(daemon_->state_dir().c_str(), &sv), 0);
+    return static_cast<int64_t>(sv.f_bavail) * static_cast<int64_t>(sv.f_frsize);
+  };
+  ASSERT_EQ(Exec(id, "true").exit_code(), 0);
+  const int64_t free_before = host_free();
+  ExecResult big = Exec(id, "head -c 64M /dev/zero > /workspace/big; echo rc=$?");
+  EXPECT_NE(big.err().find("No space left on device"), std::string::npos) << big.Describe();
+  EXPECT_EQ(big.out(), "rc=1\n");
+  ExecResult reserve = Exec(id, "rm /workspace/big; fallocate -l 1G /root/f; echo rc=$?");
+  EXPECT_NE(reserve.err().find("No space left on device"), std::string::npos) << reserve.Describe();
+  EXPECT_EQ(reserve.out(), "rc=1\n");
+  // ext4 keeps what a failed fallocate got: the disk is full until the file goes.
+  EXPECT_EQ(Exec(id, "rm /root/f; echo rc=$?").out(), "rc=0\n");
+  // Inodes: empty files until none is left (a 32 MiB ext4 has 8,192).
+  ExecResult inodes = Exec(id,
+                           "mkdir /workspace/many && cd /workspace/many && "
+                           "seq 1 20000 | xargs touch 2>&1 | tail -1; ls | wc -l",
+                           milliseconds(60000));
+  EXPECT_NE(inodes.out().find("No space left on device"), std::string::npos) << inodes.Describe();
+  // The host's disk: nothing past the reservation (some slack for the machine's own writes).
+  EXPECT_GT(free_before - host_free(), -(int64_t{16} << 20));
+  EXPECT_LT(free_before - host_free(), int64_t{16} << 20)
+      << "the sandbox took more of the host's disk than its reservation";
+  // Room made, it writes again; the daemon and another sandbox saw nothing.
+  EXPECT_EQ(Exec(id, "rm -rf /workspace/many; echo ok > /workspace/ok && cat /workspace/ok").out(),
+            "ok\n");
+  const std::string other = NewSandbox("other");
+  ExecResult full = Exec(other, "echo x 2>&1 >/dev/full; echo rc=$?");
   EXPECT_EQ(full.out(), "/bin/bash: line 1: echo: write error: No space left on device\nrc=1\n");
+  EXPECT_EQ(PutFile(other, "/workspace/f", std::string(40 * kMiB, 'f')).status, 204)
+      << "a sandbox without a disk of its own is not bound by another's";
 }
 
 // ---- output ----

@@ -552,8 +552,26 @@ TEST_F(CliTest, CreateRejectsBadOptions) {
   EXPECT_EQ(r.err,
             "nsbox: create: --memory '1.G': not a byte count (examples: 536870912, 512M, 1.5G)\n");
 
+  for (const char* disk : {"1M", "15M", "9T"}) {
+    r = Nsbox({"create", Id(), "--disk", disk});
+    EXPECT_EQ(r.code, 125) << disk << "\n" << r.Describe();
+    EXPECT_EQ(r.err, std::string("nsbox: create: --disk '") + disk + "': expected 16M to 8T\n");
+  }
+
   r = Nsbox({"create"});  // no id
   EXPECT_EQ(r.code, 125) << r.Describe();
+}
+
+// --disk: the sandbox's own disk, of that size (in whole 4 KiB blocks), seen inside by df.
+TEST_F(CliTest, CreateWithADiskOfItsOwn) {
+  const std::string id = Id();
+  CliResult r = Nsbox({"create", id, "--disk", "32.1M", "--json"});
+  ASSERT_EQ(r.code, 0) << r.Describe();
+  // 32.1 MiB is 33659289.6 bytes: 33659289, rounded up to 8218 blocks of 4 KiB.
+  EXPECT_EQ(json::parse(r.out).at("limits").at("diskBytes").to_number<int64_t>(), 8218 * 4096);
+  const int64_t size = std::stoll(Sh(id, "df -B1 --output=size /workspace | tail -1"));
+  EXPECT_LE(size, 8218 * 4096);
+  EXPECT_GT(size, 8218 * 4096 / 2);  // less ext4's journal and tables, not the host's disk
 }
 
 // ---- network ----

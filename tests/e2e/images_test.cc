@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "isolate/disk.h"
 #include "tests/common/image_builder.h"
 #include "tests/e2e/daemon_harness.h"
 
@@ -180,6 +181,31 @@ TEST_F(Images, TheRootIsWritablePersistentAndPrivateToEachSandbox) {
   EXPECT_EQ(ListDir(dir_a), std::vector<std::string>{});
   EXPECT_EQ(Sh(b, "ls /opt/data"), "new\n");
   EXPECT_EQ(client().Get("/v1/images/bb").status, 200);
+}
+
+// With a disk of its own, a sandbox of an image keeps its whole layer on it: a write anywhere
+// in the root counts, and fails with ENOSPC when the disk is full; the layer lives through a
+// restart, and the sandbox's directory holds the disk's image alone.
+TEST_F(Images, ADiskOfItsOwnHoldsTheSandboxsLayer) {
+  if (auto st = isolate::DiskSupport(); !st.ok()) {
+    GTEST_SKIP() << "NOT RUN: this host gives no sandbox a disk: " << st.error().message();
+  }
+  ASSERT_EQ(Import("bb", PackTar(BuildOciLayout(TwoLayerSpec()))).status, 201);
+  const std::string id = NewId();
+  Response created = Create(id, R"({"image": "bb", "limits": {"diskBytes": 33554432}})");
+  ASSERT_EQ(created.status, 201) << created.Describe();
+  // Owner and mode of the image's root are the root's inside, as without a disk.
+  EXPECT_EQ(Sh(id, "stat -c '%u %g %a' / /bin/busybox"), "0 0 755\n0 0 755\n");
+  ExecResult fill = Exec(id, "dd if=/dev/zero of=/opt/fill bs=1M count=48; echo rc=$?");
+  EXPECT_NE(fill.err().find("No space left on device"), std::string::npos) << fill.err();
+  EXPECT_EQ(fill.out(), "rc=1\n");
+  Sh(id, "rm /opt/fill; echo kept > /etc/kept; rm /opt/data/new; echo w > /workspace/w");
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+  EXPECT_EQ(Sh(id, "cat /etc/kept /workspace/w; ls /opt/data | wc -l"), "kept\nw\n0\n");
+  EXPECT_EQ(ListDir(daemon().SandboxDir(id)),
+            (std::vector<std::string>{"config.json", "disk.ext4"}));
 }
 
 TEST_F(Images, DockerSaveAndRootfsTarballsImportToo) {

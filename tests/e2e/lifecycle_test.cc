@@ -21,6 +21,7 @@
 
 #include "base/cleanup.h"
 #include "isolate/cgroup.h"
+#include "isolate/disk.h"
 #include "tests/e2e/daemon_harness.h"
 
 namespace nsbox::e2e {
@@ -505,7 +506,24 @@ TEST_F(LifecycleTest, AStartDeletesOnlyWhatAnUnfinishedCreationLeft) {
   for (const std::string& id : {lost, odd, fine}) Create(id);
   EXPECT_EQ(Sh(lost, "echo precious > /workspace/p && echo ok"), "ok\n");
   EXPECT_EQ(Sh(fine, "echo fine > /workspace/f && echo ok"), "ok\n");
+  // With a disk of its own, all of a sandbox's files are in its disk.ext4: one a sandbox used is
+  // kept without its config.json, one only made by a creation is what a creation left.
+  const bool disks = isolate::DiskSupport().ok();
+  const std::string disk_lost = "disk-config-lost";
+  const std::string disk_unused = "disk-never-used";
+  if (disks) {
+    Create(disk_lost, R"({"limits": {"diskBytes": 16777216}})");
+    Create(disk_unused, R"({"limits": {"diskBytes": 16777216}})");
+    EXPECT_EQ(Sh(disk_lost, "echo precious > /workspace/p && echo ok"), "ok\n");
+  }
+  const std::string disk_lost_dir = disks ? daemon().SandboxDir(disk_lost) : "";
+  const std::string disk_unused_dir = disks ? daemon().SandboxDir(disk_unused) : "";
   ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  for (const std::string& dir : {disk_lost_dir, disk_unused_dir}) {
+    if (!dir.empty()) {
+      ASSERT_EQ(::unlink((dir + "/config.json").c_str()), 0) << dir;
+    }
+  }
   const std::string sandboxes = daemon().state_dir() + "/sandboxes";
   const std::string lost_dir = daemon().SandboxDir(lost);
   const std::string odd_dir = daemon().SandboxDir(odd);
@@ -535,6 +553,10 @@ TEST_F(LifecycleTest, AStartDeletesOnlyWhatAnUnfinishedCreationLeft) {
   EXPECT_EQ(ReadHostFile(sandboxes + "/mybackup/notes.txt"), "important");
   EXPECT_EQ(ReadHostFile(sandboxes + "/README.txt"), "hello");
   EXPECT_FALSE(std::filesystem::exists(half));
+  if (disks) {
+    EXPECT_TRUE(std::filesystem::exists(disk_lost_dir + "/disk.ext4"));
+    EXPECT_FALSE(std::filesystem::exists(disk_unused_dir));
+  }
   const std::string log = daemon().Log(log_from);
   for (const std::string& kept :
        {lost_dir, odd_dir, sandboxes + "/mybackup", sandboxes + "/README.txt"}) {

@@ -146,6 +146,7 @@ runtime::DoctorInput AllPresent() {
   in.layout = layout;
   in.kernel = "6.1.0";
   in.network_probe = std::string("nftables: ok (a scratch table made and removed)\nveth: ok\n");
+  in.disks = Ok();
   return in;
 }
 
@@ -192,6 +193,18 @@ TEST(Doctor, ReportsWhatNsboxNetFound) {
   EXPECT_EQ(missing->status, "missing");
   EXPECT_FALSE(missing->required);
   EXPECT_NE(missing->detail.find("nsbox-net not found"), std::string::npos);
+}
+
+TEST(Doctor, NoLoopDevicesMeanNoSandboxDisksOnly) {
+  runtime::DoctorInput in = AllPresent();
+  in.disks = Error::Sys("access", "/dev/loop-control", ENOENT).Context("loop devices");
+  auto layers = runtime::DoctorLayers(in);
+  EXPECT_TRUE(runtime::DoctorOk(layers));  // optional
+  const auto* disks = Find(layers, "disks");
+  ASSERT_NE(disks, nullptr);
+  EXPECT_EQ(disks->status, "missing");
+  EXPECT_NE(disks->detail.find("/dev/loop-control"), std::string::npos) << disks->detail;
+  EXPECT_NE(disks->fix.find("modprobe loop"), std::string::npos) << disks->fix;
 }
 
 TEST(Doctor, MissingRequiredLayersFailWithAFix) {
