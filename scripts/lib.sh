@@ -12,6 +12,7 @@ NSBOX_PACKAGES=(
   clang-format
   busybox-static debootstrap tmux perl
   nftables iproute2
+  e2fsprogs # mkfs.ext4, for a sandbox's own disk (limits.diskBytes)
   bubblewrap # the peer nsbox-api-bench compares with
 )
 
