@@ -507,6 +507,11 @@ Status WarmChild::Failure() const {
 SpawnResult WarmChild::Launch(const SpawnRequest& request, bool null_stdin) {
   request_ = &request;
   null_stdin_ = null_stdin;
+  // A command's `kill -STOP -1` stops the waiting child too, which would then never start the
+  // next command. Continued first (SIGCONT resumes it though blocked; it stays pending, and the
+  // child drops it with the signals it got while it waited).
+  // SAFETY: signals the child this object made, through its pidfd; it is not yet reaped.
+  (void)sys::PidfdSendSignal(pidfd_.get(), SIGCONT, nullptr, 0);
   state_.store(static_cast<uint32_t>(State::kGo), std::memory_order_release);
   // SAFETY: wakes the child waiting on the word (one waiter at most).
   ::syscall(SYS_futex, &state_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
