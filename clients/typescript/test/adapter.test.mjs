@@ -89,6 +89,15 @@ test('exec: cancelled by another client or killed for memory is exit 1 with a li
   client.close();
 });
 
+test('limits.diskBytes: a disk of its own, full as a full disk is for Node (ENOSPC)', async () => {
+  const s = await nsbox({ socketPath: d.socketPath, limits: { diskBytes: 32 * 1024 * 1024 } }).createSandbox({ id: 'disk' });
+  await assert.rejects(s.writeFile('/workspace/big', new Uint8Array(40 * 1024 * 1024)), (e) => e.code === 'ENOSPC', 'a file larger than the disk');
+  const size = Number((await s.exec('df -B1 --output=size /workspace | tail -1')).stdout);
+  assert.ok(size > 16 * 1024 * 1024 && size <= 32 * 1024 * 1024, String(size));
+  await s.writeFile('/workspace/small', 'fits');
+  assert.equal(await s.readFile('/workspace/small'), 'fits');
+});
+
 test('exec: timeoutMs 0 is no deadline, a fraction rounds up, nonsense is a RangeError', async () => {
   const s = await nsbox({ socketPath: d.socketPath }).createSandbox({ id: 'deadlines' });
   assert.deepEqual(await s.exec('sleep 0.3; echo done', { timeoutMs: 0 }), { stdout: 'done\n', stderr: '', exitCode: 0 });
