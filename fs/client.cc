@@ -385,7 +385,16 @@ Result<InitClient::StartWait> InitClient::SendHello(const proto::Hello& hello,
   const uint64_t tag = Register(FillSlot(slot));
   StartWait wait = [slot]() -> FsOutcome<Unit> {
     std::unique_lock<std::mutex> lock(slot->mu);
-    slot->cv.wait(lock, [&] { return slot->done; });
+    // A start takes a millisecond or two, far less than this even on a loaded host; an
+    // nsbox-init that is alive but never answers (stopped, stuck) must not hold its caller, a
+    // sandbox's lifecycle lock with it, for ever. Its caller stops it (SIGKILL after 3 s).
+    if (!slot->cv.wait_for(lock, kHelloAnswerLimit, [&] { return slot->done; })) {
+      FsError e;
+      e.err = ETIMEDOUT;
+      const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(kHelloAnswerLimit);
+      e.message = "no answer to its hello in " + std::to_string(seconds.count()) + " s";
+      return e;
+    }
     return ExpectPong(slot->reply);
   };
   auto unregister = [this, tag] {

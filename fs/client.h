@@ -83,7 +83,9 @@ class InitClient {
   // answers it as soon as the hello is carried out, before the rest of its start (the child it
   // makes ahead for a first command): the returned wait for that pong confirms the start, at
   // the earliest it can be.
+  // The wait gives up after kHelloAnswerLimit (ETIMEDOUT).
   using StartWait = std::function<FsOutcome<Unit>()>;
+  static constexpr std::chrono::milliseconds kHelloAnswerLimit{10000};
   Result<StartWait> SendHello(const proto::Hello& hello, const std::vector<int>& fds = {});
 
   struct ExecCallbacks {

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "base/cleanup.h"
+#include "fs/client.h"
 #include "isolate/cgroup.h"
 #include "isolate/disk.h"
 #include "tests/e2e/daemon_harness.h"
@@ -579,6 +580,37 @@ std::vector<pid_t> PooledJails(pid_t daemon) {
     if (p.comm == "nsbox-init" && IsPooledJail(p.pid)) out.push_back(p.pid);
   }
   return out;
+}
+
+// A pooled jail whose nsbox-init is alive but never answers (stopped here from the host): the
+// adoption gives up after InitClient::kHelloAnswerLimit, the jail is killed, and the sandbox
+// starts a jail of its own; nothing waits for ever.
+TEST_F(LifecycleTest, APooledJailThatNeverAnswersIsDroppedAndTheSandboxStartsItsOwn) {
+  ASSERT_TRUE(WaitPoolFull(client()));
+  const std::vector<pid_t> pooled = PooledJails(daemon().pid());
+  ASSERT_EQ(pooled.size(), 1u);
+  const auto stopped = Descendants(daemon().pid(), true);
+  ProcessId jail{};
+  for (const auto& p : stopped) {
+    if (p.pid == pooled[0]) jail = p;
+  }
+  ASSERT_EQ(jail.pid, pooled[0]);
+  ASSERT_EQ(::kill(pooled[0], SIGSTOP), 0);
+  const size_t log_from = daemon().LogSize();
+  const std::string id = NewId();
+  const auto t0 = Clock::now();
+  Create(id);
+  ExecResult r = Exec(id, json::object{{"command", "echo started"}}, milliseconds(40000));
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(r.out(), "started\n") << r.Describe();
+  EXPECT_GE(took, fs::InitClient::kHelloAnswerLimit) << "control: it waited for the answer";
+  EXPECT_LT(took, fs::InitClient::kHelloAnswerLimit + milliseconds(15000));
+  EXPECT_TRUE(WaitGone({jail}, milliseconds(5000)).empty()) << "the stopped jail is left";
+  const std::string log = daemon().Log(log_from);
+  EXPECT_NE(log.find("did not adopt the pooled jail (pid " + std::to_string(pooled[0]) + ")"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("no answer to its hello"), std::string::npos) << log;
 }
 
 // A new sandbox, and a stopped one that starts again, adopt the jail the pool started ahead; the
