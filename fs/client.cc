@@ -383,15 +383,15 @@ Result<InitClient::StartWait> InitClient::SendHello(const proto::Hello& hello,
                                                     const std::vector<int>& fds) {
   auto slot = std::make_shared<Slot>();
   const uint64_t tag = Register(FillSlot(slot));
-  StartWait wait = [slot]() -> FsOutcome<Unit> {
+  StartWait wait = [slot](std::chrono::milliseconds limit) -> FsOutcome<Unit> {
     std::unique_lock<std::mutex> lock(slot->mu);
     // A start takes a millisecond or two, far less than this even on a loaded host; an
     // nsbox-init that is alive but never answers (stopped, stuck) must not hold its caller, a
     // sandbox's lifecycle lock with it, for ever. Its caller stops it (SIGKILL after 3 s).
-    if (!slot->cv.wait_for(lock, kHelloAnswerLimit, [&] { return slot->done; })) {
+    if (!slot->cv.wait_for(lock, limit, [&] { return slot->done; })) {
       FsError e;
       e.err = ETIMEDOUT;
-      const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(kHelloAnswerLimit);
+      const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(limit);
       e.message = "no answer to its hello in " + std::to_string(seconds.count()) + " s";
       return e;
     }

@@ -83,8 +83,9 @@ class InitClient {
   // answers it as soon as the hello is carried out, before the rest of its start (the child it
   // makes ahead for a first command): the returned wait for that pong confirms the start, at
   // the earliest it can be.
-  // The wait gives up after kHelloAnswerLimit (ETIMEDOUT).
-  using StartWait = std::function<FsOutcome<Unit>()>;
+  // The wait gives up after `limit` (ETIMEDOUT): kHelloAnswerLimit, more for a sandbox whose CPU
+  // limit slows nsbox-init too (runtime/sandbox.cc, HelloLimit).
+  using StartWait = std::function<FsOutcome<Unit>(std::chrono::milliseconds limit)>;
   static constexpr std::chrono::milliseconds kHelloAnswerLimit{10000};
   Result<StartWait> SendHello(const proto::Hello& hello, const std::vector<int>& fds = {});
 

@@ -6,6 +6,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -26,9 +28,19 @@ std::string ProgramBytes(const isolate::SeccompProgram& program) {
                      insns.size() * sizeof(struct sock_filter));
 }
 
+// How long nsbox-init may take to answer its hello: its CPU limit (cpu.max, which it is under
+// from its exec) slows its start as much as its commands, so a sandbox of 0.1 CPU gets ten times
+// InitClient::kHelloAnswerLimit.
+std::chrono::milliseconds HelloLimit(const isolate::CgroupLimits& limits) {
+  const auto base = fs::InitClient::kHelloAnswerLimit;
+  if (!limits.cpus || *limits.cpus >= 1.0) return base;
+  const double scaled = static_cast<double>(base.count()) / std::max(*limits.cpus, 0.01);
+  return std::chrono::milliseconds(static_cast<int64_t>(scaled));
+}
+
 // nsbox-init's answer to the ping sent with its hello: the hello is carried out.
-Status Confirm(const fs::InitClient::StartWait& started) {
-  auto pong = started();
+Status Confirm(const fs::InitClient::StartWait& started, std::chrono::milliseconds limit) {
+  auto pong = started(limit);
   if (!pong.ok()) {
     return Error(pong.error().err, "nsbox-init did not answer: " + pong.error().message);
   }
@@ -154,7 +166,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   }
   auto started = box->client_->SendHello(hello);
   if (!started.ok()) return std::move(started).error().Context("configure nsbox-init");
-  NSBOX_TRY(Confirm(*started));
+  NSBOX_TRY(Confirm(*started, HelloLimit(prepared.limits)));
   return box;
 }
 
@@ -210,7 +222,7 @@ Status Sandbox::Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir ho
   if (etc != facts->shared_etc) {
     return Error(ESTALE, "the host's /etc changed since this pooled jail was made");
   }
-  return Confirm(*started);
+  return Confirm(*started, HelloLimit(limits));
 }
 
 Sandbox::~Sandbox() { (void)Stop(); }
