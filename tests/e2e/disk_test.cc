@@ -127,7 +127,14 @@ TEST_F(Disks, FilesLiveThroughStopRestartAndSigkillOnOneLoopDevice) {
   Sh(id, "echo rc > /root/.rc");
   auto check = [&](const char* when) {
     EXPECT_EQ(Sh(id, "cat /workspace/a.txt /root/.rc"), "aaa\nrc\n") << when;
-    const std::vector<std::string> loops = LoopsUnder(daemon().state_dir());
+    // One, once a loop device a dead daemon's jail held has finished its detaching (its sysfs
+    // entry goes a moment after its last user).
+    std::vector<std::string> loops;
+    const auto deadline = std::chrono::steady_clock::now() + milliseconds(3000);
+    while ((loops = LoopsUnder(daemon().state_dir())).size() != 1 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
     EXPECT_EQ(loops.size(), 1u) << when << ":\n" << Join(loops);
   };
   check("created");
