@@ -6,7 +6,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/statvfs.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -300,13 +300,17 @@ TEST_F(ExhaustionTest, DiskFillStopsAtTheSandboxesOwnDisk) {
     GTEST_SKIP() << "NOT RUN: this host gives no sandbox a disk: " << st.error().message();
   }
   const std::string id = NewSandbox("disk", "{\"limits\":{\"diskBytes\":33554432}}");
-  auto host_free = [&] {
-    struct statvfs sv {};
-    EXPECT_EQ(::statvfs(daemon_->state_dir().c_str(), &sv), 0);
-    return static_cast<int64_t>(sv.f_bavail) * static_cast<int64_t>(sv.f_frsize);
+  // What the sandbox holds of the host's disk: its image's blocks (the host's free space moves
+  // with whatever else the machine writes meanwhile).
+  const std::string image = daemon_->SandboxDir(id) + "/disk.ext4";
+  auto host_bytes = [&] {
+    struct stat st {};
+    EXPECT_EQ(::stat(image.c_str(), &st), 0) << image;
+    return static_cast<int64_t>(st.st_blocks) * 512;
   };
   ASSERT_EQ(Exec(id, "true").exit_code(), 0);
-  const int64_t free_before = host_free();
+  const int64_t held_before = host_bytes();
+  EXPECT_GE(held_before, int64_t{33554432}) << "control: the image's blocks are reserved";
   ExecResult big = Exec(id, "head -c 64M /dev/zero > /workspace/big; echo rc=$?");
   EXPECT_NE(big.err().find("No space left on device"), std::string::npos) << big.Describe();
   EXPECT_EQ(big.out(), "rc=1\n");
@@ -321,9 +325,8 @@ TEST_F(ExhaustionTest, DiskFillStopsAtTheSandboxesOwnDisk) {
                            "seq 1 20000 | xargs touch 2>&1 | tail -1; ls | wc -l",
                            milliseconds(60000));
   EXPECT_NE(inodes.out().find("No space left on device"), std::string::npos) << inodes.Describe();
-  // The host's disk: nothing past the reservation (some slack for the machine's own writes).
-  EXPECT_GT(free_before - host_free(), -(int64_t{16} << 20));
-  EXPECT_LT(free_before - host_free(), int64_t{16} << 20)
+  // The host's disk: nothing past the reservation.
+  EXPECT_EQ(host_bytes(), held_before)
       << "the sandbox took more of the host's disk than its reservation";
   // Room made, it writes again; the daemon and another sandbox saw nothing.
   EXPECT_EQ(Exec(id, "rm -rf /workspace/many; echo ok > /workspace/ok && cat /workspace/ok").out(),
