@@ -10,7 +10,7 @@
 // The image is attached to a loop device and mounted detached (fsopen/fsmount): the mount is in
 // no mount table, the jail attaches clones of its directories (open_tree), and it goes away with
 // its last user, the loop device with it (LO_FLAGS_AUTOCLEAR). One image is only ever mounted
-// through one loop device: OpenDisk reuses the device an earlier mount of the image still holds
+// through one loop device: Disk::Open reuses the device an earlier mount of the image still holds
 // (a jail of a dead daemon that has not yet ended), so two file systems never write one image.
 
 #include <sys/types.h>
