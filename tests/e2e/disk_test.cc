@@ -3,12 +3,14 @@
 // files live through stop, restarts and a SIGKILL of the daemon, that DELETE leaves no image and
 // no loop device, and the sizes that are refused.
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -17,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/unique_fd.h"
 #include "isolate/disk.h"
 #include "tests/common/loop_devices.h"
 #include "tests/e2e/daemon_harness.h"
@@ -159,6 +162,40 @@ TEST_F(Disks, FilesLiveThroughStopRestartAndSigkillOnOneLoopDevice) {
   client().Disconnect();
   check("after a SIGKILL");
   EXPECT_EQ(Sh(id, "test -s /workspace/log && echo logged"), "logged\n");
+}
+
+// The image still mounted when a daemon dies (here a host process holds a file of it open, as a
+// jail of the dead daemon that has not yet ended would): the next daemon mounts it through the
+// same loop device, so there is one file system on it, never two writing one image.
+TEST_F(Disks, ADiskStillMountedAfterTheDaemonDiedIsMountedThroughItsLoopDeviceAgain) {
+  const std::string id = NewId();
+  ASSERT_EQ(CreateWithDisk(id, 32 * kMiB).status, 201);
+  Sh(id, "echo one > /workspace/shared");
+  pid_t init = 0;
+  for (const auto& p : Descendants(daemon().pid())) {
+    if (p.comm == "nsbox-init") init = p.pid;
+  }
+  ASSERT_GT(init, 0);
+  const std::string path = "/proc/" + std::to_string(init) + "/root/workspace/shared";
+  UniqueFd held(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_TRUE(held.valid()) << path << ": " << std::strerror(errno);
+  struct stat host_view {};
+  ASSERT_EQ(::fstat(held.get(), &host_view), 0);
+  daemon().Kill();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+  EXPECT_EQ(LoopsUnder(daemon().state_dir()).size(), 1u) << "control: the held file keeps it";
+  EXPECT_EQ(Sh(id, "cat /workspace/shared; echo two > /workspace/shared"), "one\n");
+  const std::vector<std::string> loops = LoopsUnder(daemon().state_dir());
+  EXPECT_EQ(loops.size(), 1u) << "a second loop device on one image:\n" << Join(loops);
+  // One file system: the sandbox's /workspace is the held file's, and a write shows on both.
+  EXPECT_EQ(Sh(id, "stat -c %d /workspace/shared"), std::to_string(host_view.st_dev) + "\n");
+  char buf[8] = {};
+  EXPECT_EQ(::pread(held.get(), buf, sizeof buf, 0), 4);
+  EXPECT_EQ(std::string(buf, 4), "two\n");
+  held.reset();
+  ASSERT_EQ(Delete(id).status, 204);
+  EXPECT_TRUE(NoLoopsWithin(milliseconds(3000))) << Join(LoopsUnder(daemon().state_dir()));
 }
 
 TEST_F(Disks, DeleteRemovesTheImageAndDetachesItsLoopDevice) {
