@@ -589,9 +589,8 @@ TEST_F(LifecycleTest, APooledJailThatNeverAnswersIsDroppedAndTheSandboxStartsIts
   ASSERT_TRUE(WaitPoolFull(client()));
   const std::vector<pid_t> pooled = PooledJails(daemon().pid());
   ASSERT_EQ(pooled.size(), 1u);
-  const auto stopped = Descendants(daemon().pid(), true);
   ProcessId jail{};
-  for (const auto& p : stopped) {
+  for (const auto& p : Descendants(daemon().pid(), true)) {
     if (p.pid == pooled[0]) jail = p;
   }
   ASSERT_EQ(jail.pid, pooled[0]);
