@@ -1,6 +1,7 @@
 // A sandbox's own disk (limits.diskBytes, docs/daemon.md "Disk limits"), through the daemon as a
 // client uses it: what a full disk looks like inside and through the file endpoints, that the
-// files live through stop, restarts and a SIGKILL of the daemon, that DELETE leaves no image and
+// files live through stop, restarts and a SIGKILL of the daemon, that a disk still mounted when
+// its daemon died is mounted through the same loop device again, that DELETE leaves no image and
 // no loop device, and the sizes that are refused.
 
 #include <fcntl.h>
