@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -66,16 +65,22 @@ TEST(EndReasonName, MatchesApi) {
 
 // ---- fixture ------------------------------------------------------------------------------
 
+// The state letter of /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...): '\0' when the file cannot be
+// read (the process is gone), '?' when it cannot be parsed.
+char ProcState(pid_t pid) {
+  auto stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat.ok()) return '\0';
+  const size_t paren = stat->rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat->size()) return '?';
+  return (*stat)[paren + 2];
+}
+
 // A process that has exited: gone, or a zombie nobody has reaped yet (the host's PID 1 may be
 // slow to reap orphans).
 bool Gone(pid_t pid) {
   if (::kill(pid, 0) < 0 && errno == ESRCH) return true;
-  auto stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat.ok()) return true;
-  size_t paren = stat->rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat->size()) return false;
-  char state = (*stat)[paren + 2];
-  return state == 'Z' || state == 'X';
+  const char state = ProcState(pid);
+  return state == '\0' || state == 'Z' || state == 'X';
 }
 
 // The cgroup2 directory of this process: the cgroup2 mount (the unified hierarchy of a hybrid
@@ -215,6 +220,15 @@ class RunnerTest : public ::testing::TestWithParam<Param> {
     for (int i = 0; i < 3; ++i) (void)reactor_->RunOnce(milliseconds(1));
     EXPECT_EQ(o.exits, 1);
     return o;
+  }
+
+  // Why this variant makes no child ahead of a command, or nullptr.
+  const char* NoChildMadeAhead() const {
+    if (!with_cgroup()) return "no cgroup in this variant: no set to make one in";
+#if !defined(__x86_64__)
+    return "children made ahead are x86-64 only";
+#endif
+    return nullptr;
   }
 
   // Three commands in a row, then the child made ahead for the next one, once it is ready
@@ -760,10 +774,7 @@ std::vector<pid_t> ReadyWarmChildren() {
 // next command, which gets all a command's child gives (stdin, cwd, exit codes and messages of
 // a start that fails). One killed from outside is replaced; an idle runner keeps none.
 TEST_P(RunnerTest, AChildMadeAheadTakesTheNextCommand) {
-  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant: no set to make one in";
-#if !defined(__x86_64__)
-  GTEST_SKIP() << "children made ahead are x86-64 only";
-#endif
+  if (const char* why = NoChildMadeAhead()) GTEST_SKIP() << why;
   auto wait_for_one = [this] {
     std::vector<pid_t> warm;
     EXPECT_TRUE(Loop(
@@ -829,10 +840,7 @@ TEST_P(RunnerTest, AChildMadeAheadTakesTheNextCommand) {
 // A signal sent to the child made ahead while it waits (a command's `kill -TERM -1` reaches it, as
 // every process of the sandbox) is not the next command's: that command runs as if none had come.
 TEST_P(RunnerTest, ASignalToTheChildMadeAheadDoesNotReachTheNextCommand) {
-  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant: no set to make one in";
-#if !defined(__x86_64__)
-  GTEST_SKIP() << "children made ahead are x86-64 only";
-#endif
+  if (const char* why = NoChildMadeAhead()) GTEST_SKIP() << why;
   const pid_t next = ReadyChildAfterCommandsInARow();
   ASSERT_GT(next, 0);
   for (int sig : {SIGTERM, SIGHUP, SIGUSR1, SIGINT}) ASSERT_EQ(::kill(next, sig), 0) << sig;
@@ -846,20 +854,12 @@ TEST_P(RunnerTest, ASignalToTheChildMadeAheadDoesNotReachTheNextCommand) {
 // Stopped while it waits (a command's `kill -STOP -1` reaches it, as every process of the sandbox
 // it may signal): the next command starts in it all the same, and runs as if nothing had come.
 TEST_P(RunnerTest, AStoppedChildMadeAheadStillRunsTheNextCommand) {
-  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant: no set to make one in";
-#if !defined(__x86_64__)
-  GTEST_SKIP() << "children made ahead are x86-64 only";
-#endif
+  if (const char* why = NoChildMadeAhead()) GTEST_SKIP() << why;
   const pid_t next = ReadyChildAfterCommandsInARow();
   ASSERT_GT(next, 0);
   ASSERT_EQ(::kill(next, SIGSTOP), 0);
-  auto stopped = [next] {
-    std::ifstream in("/proc/" + std::to_string(next) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t paren = stat.rfind(')');
-    return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
-  };
-  ASSERT_TRUE(Loop(stopped, milliseconds(2000))) << "control: the child is stopped";
+  ASSERT_TRUE(Loop([next] { return ProcState(next) == 'T'; }, milliseconds(2000)))
+      << "control: the child is stopped";
   Outcome o;
   ASSERT_NE(StartInto(Bash("echo $$"), &o), 0u);
   EXPECT_TRUE(Loop([&] { return o.exits > 0; }, milliseconds(5000)))
@@ -874,10 +874,7 @@ TEST_P(RunnerTest, AStoppedChildMadeAheadStillRunsTheNextCommand) {
 // first (WarmChild::NoteSignal), so the command still ends by it, long before the SIGKILL that
 // follows 2 s later.
 TEST_P(RunnerTest, ACommandCancelledAsItStartsInTheChildMadeAheadEndsBySigterm) {
-  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant: no set to make one in";
-#if !defined(__x86_64__)
-  GTEST_SKIP() << "children made ahead are x86-64 only";
-#endif
+  if (const char* why = NoChildMadeAhead()) GTEST_SKIP() << why;
   for (int round = 0; round < 5; ++round) {
     const pid_t next = ReadyChildAfterCommandsInARow();
     ASSERT_GT(next, 0);
@@ -900,10 +897,7 @@ TEST_P(RunnerTest, ACommandCancelledAsItStartsInTheChildMadeAheadEndsBySigterm) 
 // made ahead, in one of those cgroups; one that comes before the child is ready takes the other
 // set. A runner without them makes nothing ahead. Idle, it keeps nothing.
 TEST_P(RunnerTest, AStartedSandboxsFirstCommandFindsItsChildMadeAhead) {
-  if (!with_cgroup()) GTEST_SKIP() << "no cgroup in this variant: no set to make one in";
-#if !defined(__x86_64__)
-  GTEST_SKIP() << "children made ahead are x86-64 only";
-#endif
+  if (const char* why = NoChildMadeAhead()) GTEST_SKIP() << why;
   // Without sets made ahead: nothing is made ahead of the first command.
   runner_->Anticipate();
   for (int i = 0; i < 20; ++i) (void)reactor_->RunOnce(milliseconds(10));
