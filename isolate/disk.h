@@ -32,7 +32,7 @@ inline constexpr uint64_t kMaxDiskBytes = uint64_t{8} << 40;
 // RAID and ZFS labels, and no byte the sandbox writes may ever be read as one on the host.
 inline constexpr uint64_t kDiskTailBytes = uint64_t{1} << 20;
 
-// A directory at the top of a new disk.
+// A directory at the top of a new disk (and of a sandbox's directory, runtime/registry.cc).
 struct DiskDir {
   std::string name;
   mode_t mode = 0700;

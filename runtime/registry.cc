@@ -656,21 +656,11 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     }
   }
   // A sandbox's own disk, in `in` (its directory, or the skeleton that becomes it), before its
-  // config.json: a directory with a disk but no config is a creation that did not finish.
-  // What it holds is what the sandbox's directory would: workspace/ and home/ owned by the
-  // jail's root, or the overlay's upper/ (the image's root's owner and mode) and work/.
+  // config.json: a directory with a disk but no config is a creation that did not finish. It
+  // holds what the sandbox's directory would (TopDirs).
   auto MakeDisk = [&](const std::string& in) -> Status {
     if (!config.limits.disk_bytes) return Ok();
-    std::vector<isolate::DiskDir> dirs;
-    if (image) {
-      NSBOX_ASSIGN_OR_RETURN(std::string lower, images_->RootfsOf(config.image_id));
-      struct stat root {};
-      if (::stat(lower.c_str(), &root) != 0) return Error::Sys("stat", lower, errno);
-      dirs = {{"upper", root.st_mode & 07777, root.st_uid, root.st_gid}, {"work", 0700, 0, 0}};
-    } else {
-      dirs = {{"workspace", 0700, ids_.uid.outside, ids_.gid.outside},
-              {"home", 0700, ids_.uid.outside, ids_.gid.outside}};
-    }
+    NSBOX_ASSIGN_OR_RETURN(auto dirs, TopDirs(config));
     NSBOX_TRY(isolate::MakeDiskImage(in + "/" + kDiskImage, *config.limits.disk_bytes, dirs));
     // A skeleton made ahead has its own empty workspace/ and home/: not this sandbox's.
     for (const char* sub : {"/workspace", "/home"}) {
@@ -716,32 +706,9 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     made_dir = true;
     if (config.limits.disk_bytes) {
       NSBOX_TRY(MakeDisk(dir));
-    } else if (image) {
-      // The overlay's own layer: its top directory is the root directory inside, so it gets
-      // the image's root's owner and mode; work/ is the overlay's private scratch space.
-      NSBOX_ASSIGN_OR_RETURN(std::string lower, images_->RootfsOf(config.image_id));
-      struct stat root {};
-      if (::stat(lower.c_str(), &root) != 0) return Error::Sys("stat", lower, errno);
-      const std::string upper = dir + "/upper";
-      const std::string work = dir + "/work";
-      if (::mkdir(upper.c_str(), 0700) != 0) return Error::Sys("mkdir", upper, errno);
-      // SAFETY: a directory we just made, given the owner the image's root already has.
-      if (::chown(upper.c_str(), root.st_uid, root.st_gid) != 0) {
-        return Error::Sys("chown", upper, errno);
-      }
-      if (::chmod(upper.c_str(), root.st_mode & 07777) != 0) {
-        return Error::Sys("chmod", upper, errno);
-      }
-      if (::mkdir(work.c_str(), 0700) != 0) return Error::Sys("mkdir", work, errno);
     } else {
-      for (const char* sub : {"/workspace", "/home"}) {
-        const std::string path = dir + sub;
-        if (::mkdir(path.c_str(), 0700) != 0) return Error::Sys("mkdir", path, errno);
-        // SAFETY: a directory we just made; its owner becomes the jail's root.
-        if (::chown(path.c_str(), ids_.uid.outside, ids_.gid.outside) != 0) {
-          return Error::Sys("chown", path, errno);
-        }
-      }
+      NSBOX_ASSIGN_OR_RETURN(auto dirs, TopDirs(config));
+      NSBOX_TRY(MakeTopDirs(dir, dirs));
     }
     return WriteFileAtomic(dir, "config.json", EncodeConfig(config));
   }();
@@ -789,18 +756,39 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   return std::pair{entry, true};
 }
 
+std::vector<isolate::DiskDir> Registry::HostTopDirs() const {
+  return {{"workspace", 0700, ids_.uid.outside, ids_.gid.outside},
+          {"home", 0700, ids_.uid.outside, ids_.gid.outside}};
+}
+
+Result<std::vector<isolate::DiskDir>> Registry::TopDirs(const SandboxConfig& config) const {
+  if (config.image_id.empty()) return HostTopDirs();
+  // The overlay's own layer: its top directory is the root directory inside, so it gets the
+  // image's root's owner and mode; work/ is the overlay's private scratch space.
+  NSBOX_ASSIGN_OR_RETURN(std::string lower, images_->RootfsOf(config.image_id));
+  struct stat root {};
+  if (::stat(lower.c_str(), &root) != 0) return Error::Sys("stat", lower, errno);
+  return std::vector<isolate::DiskDir>{{"upper", root.st_mode & 07777, root.st_uid, root.st_gid},
+                                       {"work", 0700, 0, 0}};
+}
+
+Status Registry::MakeTopDirs(const std::string& parent, const std::vector<isolate::DiskDir>& dirs) {
+  for (const isolate::DiskDir& d : dirs) {
+    const std::string path = parent + "/" + d.name;
+    if (::mkdir(path.c_str(), 0700) != 0) return Error::Sys("mkdir", path, errno);
+    // SAFETY: a directory we just made, given the owner it has inside (the jail's root, or the
+    // image's root's); its mode after, as a chown clears set-id bits.
+    if (::chown(path.c_str(), d.uid, d.gid) != 0) return Error::Sys("chown", path, errno);
+    if (::chmod(path.c_str(), d.mode & 07777) != 0) return Error::Sys("chmod", path, errno);
+  }
+  return Ok();
+}
+
 Result<std::string> Registry::MakeSpareDir() const {
   const std::string spare = sandboxes_dir_ + "/" + kSparePrefix + RandomHex(16);
   NSBOX_TRY(MakeDir(spare, 0700));
   auto made = [&]() -> Status {
-    for (const char* sub : {"/workspace", "/home"}) {
-      const std::string path = spare + sub;
-      NSBOX_TRY(MakeDir(path, 0700));
-      // SAFETY: a directory we just made; its owner becomes the jail's root.
-      if (::chown(path.c_str(), ids_.uid.outside, ids_.gid.outside) != 0) {
-        return Error::Sys("chown", path, errno);
-      }
-    }
+    NSBOX_TRY(MakeTopDirs(spare, HostTopDirs()));
     // The slot a PUT writes config.json over: a file whose blocks are already on disk, so that
     // making the config durable needs no journal commit (base/files.h, FillSlotDurable).
     NSBOX_TRY(MakeSlotDurable(spare, "config.json", kConfigSlotBytes));

@@ -294,6 +294,12 @@ class Registry {
   // environment variables takes (a longer one grows the file).
   static constexpr size_t kConfigSlotBytes = 4096;
   Result<std::string> MakeSpareDir() const;
+  // The directories at the top of a sandbox's directory, or of its own disk: workspace/ and
+  // home/ owned by the jail's root (HostTopDirs), or an imported image's upper/ and work/.
+  std::vector<isolate::DiskDir> HostTopDirs() const;
+  Result<std::vector<isolate::DiskDir>> TopDirs(const SandboxConfig& config) const;
+  // Makes them in `parent` on the host: each new (mkdir), then its owner, then its mode.
+  static Status MakeTopDirs(const std::string& parent, const std::vector<isolate::DiskDir>& dirs);
   // "" when none is ready. Taking the last one has the janitor make the next at once.
   std::string TakeSpareDir();
   // Has the janitor make the next skeleton, kSpareDelay from now if one is still ready: after a
