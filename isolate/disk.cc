@@ -22,8 +22,6 @@ namespace nsbox::isolate {
 
 namespace {
 
-constexpr uint32_t kBlockBytes = 4096;
-
 std::optional<std::string> MkfsBinary() {
   for (const char* p : {"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"}) {
     if (::access(p, X_OK) == 0) return std::string(p);
@@ -105,7 +103,7 @@ Result<std::pair<UniqueFd, std::string>> AttachLoop(const std::string& image) {
     if (!loop.valid()) return Error::Sys("open", device, errno);
     struct loop_config config {};
     config.fd = static_cast<uint32_t>(file.get());
-    config.block_size = kBlockBytes;
+    config.block_size = kDiskBlockBytes;
     // Detached with its last user; direct I/O so that the image's blocks are not cached twice
     // (by the loop's file system and by the host's).
     config.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
@@ -124,7 +122,7 @@ Result<std::pair<UniqueFd, std::string>> AttachLoop(const std::string& image) {
 }  // namespace
 
 Status MakeDiskImage(const std::string& path, uint64_t bytes, const std::vector<DiskDir>& dirs) {
-  if (bytes < kMinDiskBytes || bytes > kMaxDiskBytes || bytes % kBlockBytes != 0) {
+  if (bytes < kMinDiskBytes || bytes > kMaxDiskBytes || bytes % kDiskBlockBytes != 0) {
     return Error(EINVAL, "a disk of " + std::to_string(bytes) +
                              " bytes: expected a multiple of 4096 from 16 MiB to 8 TiB");
   }
@@ -141,13 +139,13 @@ Status MakeDiskImage(const std::string& path, uint64_t bytes, const std::vector<
     // The blocks fallocate reserved read as zeros: mkfs need not write its inode tables and
     // journal (assume_storage_prezeroed, e2fsprogs 1.47), and must not discard (punch) them.
     // Older e2fsprogs lack that option; the kernel then zeroes the tables in the background.
-    const uint64_t fs_blocks = (bytes - kDiskTailBytes) / kBlockBytes;
+    const uint64_t fs_blocks = (bytes - kDiskTailBytes) / kDiskBlockBytes;
     std::vector<std::string> options = {
-        "-q", "-F",                         // quiet; a file, not a device
-        "-b", std::to_string(kBlockBytes),  // the loop device's block size
-        "-m", "0",                          // none kept for root: the sandbox has all
-        "-L", "nsbox",                      // its label
-        "-e", "remount-ro",                 // a corrupt disk stops its writes
+        "-q", "-F",                             // quiet; a file, not a device
+        "-b", std::to_string(kDiskBlockBytes),  // the loop device's block size
+        "-m", "0",                              // none kept for root: the sandbox has all
+        "-L", "nsbox",                          // its label
+        "-e", "remount-ro",                     // a corrupt disk stops its writes
         "-E", "nodiscard,assume_storage_prezeroed=1"};
     Status st = RunMkfs(*mkfs, options, path, fs_blocks);
     if (!st.ok() && st.error().message().find("assume_storage_prezeroed") != std::string::npos) {

@@ -25,6 +25,7 @@
 
 namespace nsbox::isolate {
 
+inline constexpr uint32_t kDiskBlockBytes = 4096;  // the file system's and the loop device's
 inline constexpr uint64_t kMinDiskBytes = uint64_t{16} << 20;  // room for ext4's own metadata
 // Half of ext4's largest file with 4 KiB blocks (16 TiB less a block), where the image lives.
 inline constexpr uint64_t kMaxDiskBytes = uint64_t{8} << 40;

@@ -180,9 +180,9 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
     NSBOX_TRY(count("pids", &c.limits.pids));
     NSBOX_TRY(count("outputBytes", &c.limits.output_bytes));
     NSBOX_TRY(count("diskBytes", &c.limits.disk_bytes));
-    if (c.limits.disk_bytes &&
-        (*c.limits.disk_bytes < isolate::kMinDiskBytes ||
-         *c.limits.disk_bytes > isolate::kMaxDiskBytes || *c.limits.disk_bytes % 4096 != 0)) {
+    if (c.limits.disk_bytes && (*c.limits.disk_bytes < isolate::kMinDiskBytes ||
+                                *c.limits.disk_bytes > isolate::kMaxDiskBytes ||
+                                *c.limits.disk_bytes % isolate::kDiskBlockBytes != 0)) {
       return Error(EINVAL,
                    "config.json: limits.diskBytes is not a multiple of 4096 from 16 MiB to 8 TiB");
     }

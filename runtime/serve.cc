@@ -2588,7 +2588,8 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
             " (nsbox doctor tells more)");
         co_return co_await ReplyError(c, reply_error);
       }
-      config.limits.disk_bytes = (*disk.value() + 4095) / 4096 * 4096;
+      const uint64_t block = isolate::kDiskBlockBytes;
+      config.limits.disk_bytes = (*disk.value() + block - 1) / block * block;
     }
     for (const auto& [k, v] : l) {
       if (k != "memoryBytes" && k != "pids" && k != "cpus" && k != "diskBytes" &&
