@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 namespace nsbox::runtime {
 
@@ -95,6 +96,44 @@ Result<uint64_t> ParseCount(std::string_view flag, std::string_view value, uint6
                "out of range (" + std::to_string(min) + " to " + std::to_string(max) + ")");
   }
   return n;
+}
+
+Result<uint64_t> ParseDurationMs(std::string_view flag, std::string_view value, uint64_t min_ms,
+                                 uint64_t max_ms) {
+  uint64_t n = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec == std::errc::result_out_of_range) return Bad(flag, value, "too long");
+  if (ec != std::errc() || ptr == value.data()) {
+    return Bad(flag, value, "not a duration (examples: 500ms, 30s, 15m, 2h, 7d)");
+  }
+  const std::string_view unit(ptr, static_cast<size_t>(value.data() + value.size() - ptr));
+  uint64_t scale = 0;
+  if (unit == "ms") {
+    scale = 1;
+  } else if (unit.empty() || unit == "s") {
+    scale = 1000;
+  } else if (unit == "m") {
+    scale = 60 * 1000;
+  } else if (unit == "h") {
+    scale = 3600 * 1000;
+  } else if (unit == "d") {
+    scale = 24 * 3600 * 1000;
+  } else {
+    return Bad(flag, value, "unknown unit '" + std::string(unit) + "' (ms, s, m, h or d)");
+  }
+  auto describe = [](uint64_t ms) {
+    for (const auto& [suffix, size] : {std::pair<const char*, uint64_t>{"d", 24 * 3600 * 1000},
+                                       {"h", 3600 * 1000},
+                                       {"m", 60 * 1000},
+                                       {"s", 1000}}) {
+      if (ms >= size && ms % size == 0) return std::to_string(ms / size) + suffix;
+    }
+    return std::to_string(ms) + "ms";
+  };
+  if (n > max_ms / scale || n * scale < min_ms || n * scale > max_ms) {
+    return Bad(flag, value, "out of range (" + describe(min_ms) + " to " + describe(max_ms) + ")");
+  }
+  return n * scale;
 }
 
 Result<double> ParseDecimal(std::string_view flag, std::string_view value, double min, double max) {

@@ -15,6 +15,10 @@ Result<uint64_t> ParseBytes(std::string_view flag, std::string_view value);
 // A whole number in [min, max].
 Result<uint64_t> ParseCount(std::string_view flag, std::string_view value, uint64_t min,
                             uint64_t max);
+// A duration in milliseconds: a whole number with a unit, "500ms", "30s", "15m", "2h", "7d"
+// (a bare number is seconds, as `sleep` takes it), in [min_ms, max_ms].
+Result<uint64_t> ParseDurationMs(std::string_view flag, std::string_view value, uint64_t min_ms,
+                                 uint64_t max_ms);
 // A decimal number in [min, max] ("1.5").
 Result<double> ParseDecimal(std::string_view flag, std::string_view value, double min, double max);
 

@@ -21,6 +21,28 @@ TEST(Units, ParsesByteCounts) {
   EXPECT_EQ(*ParseBytes("--memory", "0.999999999999999999T"), (1ull << 40) - 1);
 }
 
+TEST(Units, ParsesDurations) {
+  constexpr uint64_t kMax = uint64_t{30} * 24 * 3600 * 1000;
+  EXPECT_EQ(*ParseDurationMs("--idle-stop", "1500ms", 1000, kMax), 1500u);
+  EXPECT_EQ(*ParseDurationMs("--idle-stop", "30s", 1000, kMax), 30000u);
+  EXPECT_EQ(*ParseDurationMs("--idle-stop", "30", 1000, kMax), 30000u);  // seconds, as sleep
+  EXPECT_EQ(*ParseDurationMs("--idle-stop", "15m", 1000, kMax), 900000u);
+  EXPECT_EQ(*ParseDurationMs("--idle-stop", "2h", 1000, kMax), 7200000u);
+  EXPECT_EQ(*ParseDurationMs("--idle-stop", "30d", 1000, kMax), kMax);
+  for (const char* bad : {"", "m", "1.5m", "-1s", "10x", "1 s", "999ms", "31d", "0",
+                          "99999999999999999999", "9999999999999999d"}) {
+    auto r = ParseDurationMs("--idle-stop", bad, 1000, kMax);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message().find("--idle-stop '" + std::string(bad) + "'"), std::string::npos)
+        << r.error().message();
+  }
+  EXPECT_NE(ParseDurationMs("--idle-stop", "999ms", 1000, kMax)
+                .error()
+                .message()
+                .find("out of range (1s to 30d)"),
+            std::string::npos);
+}
+
 TEST(Units, ByteErrorsNameTheFlagAndValue) {
   for (const char* bad : {"", "abc", "12X", "-5", "1.G", ".5G", "1.5.2G", "1.5X", "5MBx",
                           "99999999999999999999", "1.0000000000000000001G"}) {
