@@ -157,6 +157,11 @@ void Metrics::PortConnection() {
   ++port_connections_;
 }
 
+void Metrics::IdleStop() {
+  std::lock_guard lock(mu_);
+  ++idle_stops_;
+}
+
 void Metrics::ExecFinished(std::string_view reason, double seconds) {
   std::lock_guard lock(mu_);
   // Never below zero, even if a caller reports an exec it did not report as started.
@@ -261,6 +266,10 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& sandboxes_by_
   AppendFamilyHeader(out, "nsbox_port_connections_total", "counter",
                      "Connections accepted on exposed ports and relayed into a sandbox.");
   AppendSample(out, "nsbox_port_connections_total", "", port_connections_);
+
+  AppendFamilyHeader(out, "nsbox_idle_stops_total", "counter",
+                     "Sandboxes stopped because they were idle for their idleStopMs.");
+  AppendSample(out, "nsbox_idle_stops_total", "", idle_stops_);
 
   AppendFamilyHeader(out, "nsbox_execs_finished_total", "counter",
                      "Commands that ended, by how they ended (the exec answer's reason).");

@@ -43,6 +43,8 @@ class Metrics {
   // Exposed ports (runtime/ports.h): one more (+1) or fewer (-1); a connection accepted on one.
   void PortsExposed(int delta);
   void PortConnection();
+  // A sandbox stopped by its idleStopMs (docs/daemon.md "Idle stop").
+  void IdleStop();
   // verb: "readFile", "writeFile", "stat", "readdir", "exists", "mkdir", "rm".
   void FileVerb(std::string_view verb, double seconds);
   void BytesIn(uint64_t n);   // request bodies / uploads received from clients
@@ -80,6 +82,7 @@ class Metrics {
   uint64_t exec_sessions_retained_ = 0;
   uint64_t ports_exposed_ = 0;
   uint64_t port_connections_ = 0;
+  uint64_t idle_stops_ = 0;
   Counters execs_finished_;  // by reason
   Histogram exec_duration_;
   std::map<std::string, Histogram, std::less<>> file_verb_duration_;  // by verb

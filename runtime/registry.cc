@@ -48,6 +48,51 @@ std::string FormatCpus(double cpus) {
   return buf;
 }
 
+// Whether nothing lives in a sandbox but its nsbox-init (`init_pid`, as the host sees it) and the
+// child that nsbox-init made ahead for the next command. Every process of a PID namespace
+// descends from its PID 1, to which orphans are re-parented, so the children of nsbox-init's
+// threads tell; the child made ahead has not called execve yet and still runs nsbox-init's
+// executable. Any doubt (a file that cannot be read) is "something lives".
+bool NothingRunsBesidesInit(pid_t init_pid) {
+  const std::string proc = "/proc/" + std::to_string(init_pid);
+  struct stat init_exe {};
+  if (::stat((proc + "/exe").c_str(), &init_exe) != 0) return false;
+  DIR* tasks = ::opendir((proc + "/task").c_str());
+  if (tasks == nullptr) return false;
+  bool quiet = true;
+  int made_ahead = 0;
+  while (dirent* d = ::readdir(tasks)) {
+    if (d->d_name[0] == '.') continue;
+    const std::string task = proc + "/task/" + d->d_name;
+    auto children = ReadFile(task + "/children");
+    if (!children.ok()) {
+      struct stat st {};
+      if (children.error().code() == ENOENT && ::stat(task.c_str(), &st) != 0 && errno == ENOENT) {
+        continue;  // a thread that ended (not a kernel without CONFIG_PROC_CHILDREN)
+      }
+      quiet = false;
+      break;
+    }
+    for (std::string_view pid : Split(*children, ' ')) {
+      if (pid.empty() || pid == "\n") continue;
+      if (pid.back() == '\n') pid.remove_suffix(1);
+      // A child without an executable to stat is one that exited but may still hold children
+      // (in exit_mm they are not re-parented yet) or threads (a leader that ended before
+      // them): something lives. A zombie nsbox-init has not reaped yet is such a case too, for
+      // the moment before it does; the next look sees it gone.
+      struct stat exe {};
+      if (::stat(("/proc/" + std::string(pid) + "/exe").c_str(), &exe) != 0 ||
+          exe.st_dev != init_exe.st_dev || exe.st_ino != init_exe.st_ino || ++made_ahead > 1) {
+        quiet = false;
+        break;
+      }
+    }
+    if (!quiet) break;
+  }
+  ::closedir(tasks);
+  return quiet;
+}
+
 }  // namespace
 
 double CanonicalCpus(double cpus) { return std::strtod(FormatCpus(cpus).c_str(), nullptr); }
@@ -112,6 +157,7 @@ std::string EncodeConfig(const SandboxConfig& c) {
   o["limits"] = std::move(limits);
   o["network"] = net::PolicyToJson(c.network);
   o["createdAt"] = c.created_at;
+  if (c.idle_stop_ms) o["idleStopMs"] = *c.idle_stop_ms;
   return json::serialize(o) + "\n";
 }
 
@@ -195,6 +241,16 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
       c.limits.cpus = CanonicalCpus(cpus);
     }
   }
+  if (const json::value* idle = o->if_contains("idleStopMs"); idle != nullptr && !idle->is_null()) {
+    boost::system::error_code number_ec;
+    uint64_t ms = idle->is_number() ? idle->to_number<uint64_t>(number_ec) : 0;
+    if (!idle->is_number() || number_ec || ms < kMinIdleStopMs || ms > kMaxIdleStopMs) {
+      return Error(EINVAL, "config.json: \"idleStopMs\" is not a whole number of ms from " +
+                               std::to_string(kMinIdleStopMs) + " to " +
+                               std::to_string(kMaxIdleStopMs));
+    }
+    c.idle_stop_ms = ms;
+  }
   return c;
 }
 
@@ -214,6 +270,29 @@ net::NetworkPolicy SandboxEntry::network() const {
 std::string SandboxEntry::address() const {
   std::lock_guard<std::mutex> lock(mu_);
   return address_;
+}
+
+void SandboxEntry::BeginUse() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++users_;
+}
+
+void SandboxEntry::EndUse() {
+  std::lock_guard<std::mutex> lock(mu_);
+  --users_;
+  last_used_ = std::chrono::steady_clock::now();
+}
+
+std::optional<std::chrono::steady_clock::time_point> SandboxEntry::IdleCheckAt() const {
+  if (!config_.idle_stop_ms) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  return IdleCheckAtLocked();
+}
+
+std::optional<std::chrono::steady_clock::time_point> SandboxEntry::IdleCheckAtLocked() const {
+  if (!config_.idle_stop_ms || deleted_ || box_ == nullptr || users_ > 0) return std::nullopt;
+  if (busy_) return last_busy_ + kIdleBusyRecheck;
+  return std::max(last_used_, last_busy_) + std::chrono::milliseconds(*config_.idle_stop_ms);
 }
 
 bool SandboxEntry::running() const {
@@ -1115,7 +1194,50 @@ Status Registry::StopLocked(SandboxEntry& entry) {
   {
     std::lock_guard<std::mutex> lock(entry.mu_);
     box = std::move(entry.box_);
+    entry.busy_ = false;  // what the idle stop saw was of this box
   }
+  return StopBoxLocked(entry, std::move(box), "stopped");
+}
+
+bool Registry::StopIfIdle(SandboxEntry& entry) {
+  using Clock = std::chrono::steady_clock;
+  std::unique_lock<std::mutex> lifecycle(entry.lifecycle_mu_, std::try_to_lock);
+  if (!lifecycle.owns_lock()) return false;
+  std::shared_ptr<Sandbox> box;
+  Clock::time_point used;
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    const auto at = entry.IdleCheckAtLocked();
+    if (!at || Clock::now() < *at) return false;
+    box = entry.box_;
+    used = entry.last_used_;
+  }
+  // Read without the entry's lock, which every request takes; a request that began since then
+  // is seen below (a new command needs one).
+  const bool quiet = NothingRunsBesidesInit(box->init_pid());
+  const Clock::time_point now = Clock::now();
+  Clock::time_point since;
+  {
+    std::lock_guard<std::mutex> lock(entry.mu_);
+    if (entry.box_ != box || entry.users_ > 0 || entry.last_used_ != used) return false;
+    if (!quiet || entry.busy_) {
+      // A process of its own, or the first look without one since: idle from now on.
+      entry.busy_ = !quiet;
+      entry.last_busy_ = now;
+      return false;
+    }
+    since = std::max(entry.last_used_, entry.last_busy_);
+    entry.box_.reset();
+  }
+  const auto idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count();
+  (void)StopBoxLocked(entry, std::move(box),
+                      "stopped: idle for " + std::to_string(idle_ms) + " ms (idleStopMs " +
+                          std::to_string(*entry.config_.idle_stop_ms) + ")");
+  return true;
+}
+
+Status Registry::StopBoxLocked(SandboxEntry& entry, std::shared_ptr<Sandbox> box,
+                               const std::string& what) {
   if (box == nullptr) return Ok();
   // Every command first, so that their answers say "stopped"; then nsbox-init itself.
   if (box->client().connected()) {
@@ -1126,7 +1248,7 @@ Status Registry::StopLocked(SandboxEntry& entry) {
   }
   auto st = box->Stop();
   DetachLocked(entry);
-  log::info("sandbox={} stopped", entry.config_.id);
+  log::info("sandbox={} {}", entry.config_.id, what);
   return st;
 }
 

@@ -66,7 +66,16 @@ struct SandboxConfig {
   SandboxLimits limits;
   net::NetworkPolicy network;  // as given at creation, or the last PUT .../network
   std::string created_at;      // "2026-11-30T09:00:00.000Z"
+  // Stopped once idle this long (docs/daemon.md "Idle stop"); none: only by a request.
+  std::optional<uint64_t> idle_stop_ms;
 };
+
+// The bounds of `idleStopMs`: a second (the daemon looks once a second) to 30 days.
+inline constexpr uint64_t kMinIdleStopMs = 1000;
+inline constexpr uint64_t kMaxIdleStopMs = uint64_t{30} * 24 * 3600 * 1000;
+// While the idle stop sees a process of its own in a sandbox, it looks again this often: the idle
+// time counts from when it last saw one.
+inline constexpr std::chrono::seconds kIdleBusyRecheck{1};
 
 // Why `id` is not a valid sandbox id (api.md "Sandbox ids": 1 to 256 bytes of UTF-8 without
 // control characters), or nullopt.
@@ -124,6 +133,15 @@ class SandboxEntry {
   // <dir>/execs: the spill files of the sessions' output.
   std::string execs_dir() const { return dir_ + "/execs"; }
 
+  // A request that uses what runs inside (exec, execs, files, fs, ports) begins and ends: the
+  // idle stop (Registry::StopIfIdle) waits for the last to end, then for idle_stop_ms.
+  void BeginUse();
+  void EndUse();
+  // When the idle stop should look at it next (Registry::StopIfIdle): idle_stop_ms after it was
+  // last used or last seen with a process of its own, or kIdleBusyRecheck after a look that saw
+  // one. None unless it runs, has idle_stop_ms and no request uses it.
+  std::optional<std::chrono::steady_clock::time_point> IdleCheckAt() const;
+
  private:
   friend class Registry;
   const SandboxConfig config_;
@@ -143,6 +161,14 @@ class SandboxEntry {
   net::NetworkPolicy network_;
   std::string address_;  // while attached to nsbox-net
   bool deleted_ = false;
+  // Requests using it now, and when the last one ended (or the entry was made).
+  int users_ = 0;
+  std::chrono::steady_clock::time_point last_used_ = std::chrono::steady_clock::now();
+  // What the idle stop last saw: a process of its own (busy_), and when it last saw one, or
+  // first saw none after seeing one.
+  bool busy_ = false;
+  std::chrono::steady_clock::time_point last_busy_{};
+  std::optional<std::chrono::steady_clock::time_point> IdleCheckAtLocked() const;
   // Thousands when commands are many and short (each kept for --exec-retention): found by hash,
   // and ended in about the order they started, so removed from near the order's front.
   std::unordered_map<std::string, std::shared_ptr<ExecSession>> sessions_;
@@ -193,6 +219,12 @@ class Registry {
   bool WhenAdopted(SandboxEntry& entry, std::function<void()> done);
   // Ends every process (running execs answer "stopped") and nsbox-init; the files stay.
   ApiOutcome<bool> Stop(SandboxEntry& entry);
+  // The idle stop (docs/daemon.md "Idle stop"), once the entry's IdleCheckAt has come: looks for
+  // processes in the sandbox besides nsbox-init and the child it made ahead, and stops it as Stop
+  // does if there are none and it has been idle for its idle_stop_ms, counted from its last use
+  // or the last look that saw one. Never waits for the sandbox's lifecycle lock: a start, stop or
+  // delete under way is left to finish. Whether it stopped it.
+  bool StopIfIdle(SandboxEntry& entry);
   // Stop, then removes the sandbox and all its files. sandbox_not_found when there is none.
   ApiOutcome<bool> Delete(std::string_view id);
   // At shutdown: stops every sandbox.
@@ -233,6 +265,8 @@ class Registry {
   Status Load();
   Status RemoveStaleCgroups();
   Status StopLocked(SandboxEntry& entry);
+  // The rest of a stop, once `box` was taken out of the entry; `what` ends its log line.
+  Status StopBoxLocked(SandboxEntry& entry, std::shared_ptr<Sandbox> box, const std::string& what);
   // Content ids the sandboxes use; the caller holds mu_.
   std::set<std::string> ImageIdsInUseLocked() const;
   // The overlay a sandbox of an imported image runs on.

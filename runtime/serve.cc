@@ -37,6 +37,7 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -90,6 +91,24 @@ using Socket = asio::generic::stream_protocol::socket;
 using Acceptor = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
 using Clock = std::chrono::steady_clock;
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
+
+// How often the idle stop looks at the sandboxes with idleStopMs (docs/daemon.md "Idle stop").
+constexpr auto kIdleCheckPeriod = std::chrono::seconds(1);
+
+// A request's use of what runs in a sandbox (SandboxEntry::BeginUse), from its routing to the end
+// of its answer.
+class SandboxUse {
+ public:
+  explicit SandboxUse(std::shared_ptr<SandboxEntry> entry) : entry_(std::move(entry)) {
+    entry_->BeginUse();
+  }
+  ~SandboxUse() { entry_->EndUse(); }
+  SandboxUse(const SandboxUse&) = delete;
+  SandboxUse& operator=(const SandboxUse&) = delete;
+
+ private:
+  std::shared_ptr<SandboxEntry> entry_;
+};
 
 constexpr size_t kMaxJsonBody = 1u << 20;    // api.md: JSON bodies up to 1 MiB
 constexpr size_t kHeaderLimit = 64u << 10;   // a 4096-byte path percent-encoded fits
@@ -232,6 +251,11 @@ json::object SandboxJson(const SandboxEntry& e) {
   if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
   if (c.limits.disk_bytes) limits["diskBytes"] = *c.limits.disk_bytes;
   o["limits"] = std::move(limits);
+  if (c.idle_stop_ms) {
+    o["idleStopMs"] = *c.idle_stop_ms;
+  } else {
+    o["idleStopMs"] = nullptr;
+  }
   AddNetworkJson(o, e);
   json::object env;
   for (const auto& [k, v] : c.env) env[k] = v;
@@ -1073,6 +1097,10 @@ class Daemon {
   }
   // After the loop has ended and every session is dropped: waits for their spill files' removal.
   void FinishSpills() { spill_pool_.join(); }
+  // The idle stop (docs/daemon.md "Idle stop"): while any sandbox has idleStopMs, once every
+  // kIdleCheckPeriod the running ones idle for that long are stopped (Registry::StopIfIdle).
+  // Started at the daemon's start and by each PUT of such a sandbox; ends when none is left.
+  void ArmIdleStops();
 
  private:
   // What one request's handler works with.
@@ -1265,6 +1293,8 @@ class Daemon {
   std::shared_ptr<size_t> unauthenticated_tcp_ = std::make_shared<size_t>(0);
   Clock::time_point refused_logged_{};  // the last warning about kMaxUnauthenticatedTcp
   bool shutting_down_ = false;
+  bool idle_stops_armed_ = false;  // IdleStops runs (on the loop only)
+  asio::awaitable<void> IdleStops();
   PortForwarder ports_;
   // KeepEndedRing's: the ended sessions in the order they ended, and their rings' bytes counted.
   std::deque<std::weak_ptr<ExecSession>> ended_rings_;
@@ -1351,6 +1381,60 @@ asio::awaitable<void> Daemon::AcceptLoop(Acceptor& acceptor, bool tcp) {
     if (tcp) ++*unauthenticated_tcp_;  // until the session's PendingAuth has passed
     asio::co_spawn(io_, Session(std::move(socket), tcp), asio::detached);
   }
+}
+
+void Daemon::ArmIdleStops() {
+  if (idle_stops_armed_ || shutting_down_) return;
+  idle_stops_armed_ = true;
+  asio::co_spawn(io_, IdleStops(), [this](const std::exception_ptr& failed) {
+    if (failed == nullptr) return;
+    idle_stops_armed_ = false;  // the next PUT with idleStopMs starts it again
+    try {
+      std::rethrow_exception(failed);
+    } catch (const std::exception& e) {
+      log::error("the idle stop's loop failed: {}", e.what());
+    }
+  });
+}
+
+asio::awaitable<void> Daemon::IdleStops() {
+  Clock::duration wait = kIdleCheckPeriod;
+  for (;;) {
+    asio::steady_timer tick(io_, wait);
+    (void)co_await tick.async_wait(kTuple);
+    if (shutting_down_) break;
+    // From the look at the sandboxes to the decision to end, nothing waits: a PUT that makes a
+    // sandbox with idleStopMs either is seen here or finds this loop ended and starts it again.
+    const Clock::time_point now = Clock::now();
+    Clock::time_point next = now + kIdleCheckPeriod;
+    bool any = false;
+    std::vector<std::shared_ptr<SandboxEntry>> due;
+    for (const auto& e : registry_.List()) {
+      if (!e->config().idle_stop_ms) continue;
+      any = true;
+      const auto at = e->IdleCheckAt();
+      if (!at) continue;  // stopped, or in use: looked at again within kIdleCheckPeriod
+      if (*at <= now) {
+        due.push_back(e);
+      } else {
+        next = std::min(next, *at);
+      }
+    }
+    if (!any) break;
+    if (!due.empty()) {
+      auto work = [this, due = std::move(due)] {
+        int stopped = 0;
+        for (const auto& e : due) stopped += registry_.StopIfIdle(*e) ? 1 : 0;
+        return stopped;
+      };
+      // Counted here, on the loop: a worker may still run at the daemon's end, after its metrics.
+      for (int stopped = co_await Blocking(std::move(work)); stopped > 0; --stopped) {
+        metrics_.IdleStop();
+      }
+    }
+    wait = std::max<Clock::duration>(next - Clock::now(), std::chrono::milliseconds(10));
+  }
+  idle_stops_armed_ = false;
 }
 
 void Daemon::Shutdown(std::vector<Acceptor*> acceptors) {
@@ -1657,6 +1741,9 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     co_return co_await ReplyError(c, reply_error);
   }
   std::shared_ptr<SandboxEntry> entry = found.value();
+  // What runs inside is in use until this request's answer has ended: the idle stop waits.
+  std::optional<SandboxUse> use;
+  if (n >= 4 && segs[3] != "stop" && segs[3] != "network") use.emplace(entry);
   if (n == 3) {
     const json::value reply_json = SandboxJson(*entry);
     co_return co_await ReplyJson(c, 200, reply_json);
@@ -2007,6 +2094,9 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> en
 }
 
 asio::awaitable<ApiOutcome<int>> Daemon::InnerSocket(std::shared_ptr<SandboxEntry> entry) {
+  // A connection to an exposed port uses the sandbox as a request does: one that starts it (a
+  // port scanner's, say) gives it its idle time before the idle stop stops it again.
+  SandboxUse use(entry);
   auto running = co_await EnsureRunning(entry);
   if (!running.ok()) co_return running.error();
   std::shared_ptr<Sandbox> box = running.value();
@@ -2451,7 +2541,8 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     co_return co_await ReplyError(c, reply_error);
   }
   const json::object& o = body.value();
-  static constexpr std::string_view kKeys[] = {"image", "cwd", "env", "limits", "network"};
+  static constexpr std::string_view kKeys[] = {"image",  "cwd",     "env",
+                                               "limits", "network", "idleStopMs"};
   if (auto unknown = UnknownKey(o, kKeys, "a sandbox")) {
     const ApiError reply_error = *unknown;
     co_return co_await ReplyError(c, reply_error);
@@ -2611,12 +2702,19 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     }
     config.network = std::move(policy).value();
   }
+  auto idle_stop = f.Count("idleStopMs", kMinIdleStopMs, kMaxIdleStopMs);
+  if (!idle_stop.ok()) {
+    const ApiError reply_error = idle_stop.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  config.idle_stop_ms = idle_stop.value();
   auto work2 = [this, config]() mutable { return registry_.Create(std::move(config)); };
   auto created = co_await Blocking(std::move(work2));
   if (!created.ok()) {
     const ApiError reply_error = created.error();
     co_return co_await ReplyError(c, reply_error);
   }
+  if (created.value().first->config().idle_stop_ms) ArmIdleStops();
   {
     const json::value reply_json = SandboxJson(*created.value().first);
     co_return co_await ReplyJson(c, created.value().second ? 201 : 200, reply_json);
@@ -4206,6 +4304,7 @@ int Serve(const ServeOptions& options) {
                   std::chrono::seconds(options.exec_retention_seconds),
                   std::chrono::seconds(options.auth_timeout_seconds));
     daemon.RestorePorts();
+    daemon.ArmIdleStops();
     std::vector<Acceptor*> acceptors{unix_acceptor->get()};
     asio::co_spawn(io, daemon.AcceptLoop(**unix_acceptor, false), asio::detached);
     if (tcp_acceptor) {

@@ -101,7 +101,8 @@ TEST(Metrics, FreshExpositionHasEveryFamilyAtZero) {
   EXPECT_EQ(e.types.at("nsbox_exec_sessions_retained"), "gauge");
   EXPECT_EQ(e.types.at("nsbox_ports_exposed"), "gauge");
   EXPECT_EQ(e.types.at("nsbox_port_connections_total"), "counter");
-  EXPECT_EQ(e.types.size(), 14u);
+  EXPECT_EQ(e.types.at("nsbox_idle_stops_total"), "counter");
+  EXPECT_EQ(e.types.size(), 15u);
 
   EXPECT_EQ(e.at("nsbox_sandboxes{state=\"running\"}"), "0");
   EXPECT_EQ(e.at("nsbox_sandboxes{state=\"stopped\"}"), "0");
@@ -110,6 +111,7 @@ TEST(Metrics, FreshExpositionHasEveryFamilyAtZero) {
   EXPECT_EQ(e.at("nsbox_exec_sessions_retained"), "0");
   EXPECT_EQ(e.at("nsbox_ports_exposed"), "0");
   EXPECT_EQ(e.at("nsbox_port_connections_total"), "0");
+  EXPECT_EQ(e.at("nsbox_idle_stops_total"), "0");
   EXPECT_EQ(e.at("nsbox_bytes_in_total"), "0");
   EXPECT_EQ(e.at("nsbox_bytes_out_total"), "0");
   for (const char* reason :
@@ -150,8 +152,11 @@ TEST(Metrics, ExactValuesAfterAKnownSequence) {
   m.Request("GET", 200);
   m.Request("POST", 404);
   m.Request("BREW", 400);
+  m.IdleStop();
+  m.IdleStop();
 
   const Exposition e = Parse(m.Render({{"running", 3}, {"stopped", 5}, {"starting", 1}}));
+  EXPECT_EQ(e.at("nsbox_idle_stops_total"), "2");
   EXPECT_EQ(e.at("nsbox_sandboxes{state=\"running\"}"), "3");
   EXPECT_EQ(e.at("nsbox_sandboxes{state=\"stopped\"}"), "5");
   EXPECT_EQ(e.at("nsbox_sandboxes{state=\"starting\"}"), "1");

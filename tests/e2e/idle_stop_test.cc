@@ -1,0 +1,147 @@
+// The idle stop (docs/daemon.md "Idle stop"): a sandbox created with `idleStopMs` is stopped once
+// no request has used it and no process of its own has run for that long; nothing else stops
+// it. Its files stay, and the next call starts it again.
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/e2e/daemon_harness.h"
+
+namespace nsbox::e2e {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+class IdleStopTest : public E2eTest {
+ protected:
+  std::string State(const std::string& id) { return Str(Obj(client().Get(SbPath(id))), "state"); }
+
+  // How long after `from` the sandbox was seen stopped (polled every 50 ms), or nullopt if it
+  // still ran after `limit`.
+  std::optional<milliseconds> StoppedAfter(const std::string& id, Clock::time_point from,
+                                           milliseconds limit) {
+    while (Clock::now() - from < limit) {
+      if (State(id) == "stopped") {
+        return std::chrono::duration_cast<milliseconds>(Clock::now() - from);
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return std::nullopt;
+  }
+
+  // The "idle for N ms" of the daemon's last idle stop of `id`, -1 when it logged none.
+  long IdleMsLogged(const std::string& id) {
+    const std::string log = daemon().Log();
+    const std::string line = "sandbox=" + id + " stopped: idle for ";
+    const size_t at = log.rfind(line);
+    return at == std::string::npos ? -1 : std::stol(log.substr(at + line.size()));
+  }
+
+  // nsbox_idle_stops_total, -1 when missing.
+  long IdleStops() {
+    const std::string body = client().Get("/metrics").body;
+    const std::string name = "\nnsbox_idle_stops_total ";
+    const size_t at = body.find(name);
+    return at == std::string::npos ? -1 : std::stol(body.substr(at + name.size()));
+  }
+};
+
+TEST_F(IdleStopTest, AnIdleSandboxStopsAndTheNextCallStartsItAgain) {
+  const std::string id = NewId("idle");
+  const std::string other = NewId("busy");
+  Response put = Create(id, R"({"idleStopMs": 1500})");
+  ASSERT_EQ(put.status, 201) << put.Describe();
+  EXPECT_EQ(Field(Obj(put), "idleStopMs"), json::value(1500));
+  Response plain = Create(other);
+  EXPECT_EQ(Field(Obj(plain), "idleStopMs"), json::value(nullptr)) << plain.Describe();
+  Sh(other, "true");
+
+  Sh(id, "echo kept > /workspace/k; echo gone > /tmp/t");
+  const auto last_use = Clock::now();
+  ASSERT_EQ(State(id), "running");
+  // A status request is not a use: the polling below does not hold the stop back.
+  const auto stopped = StoppedAfter(id, last_use, milliseconds(15000));
+  ASSERT_TRUE(stopped.has_value()) << "still running 15 s after its last use";
+  // Not before its idle time: the daemon says how long it was idle (this client saw the answer
+  // after the daemon had counted the request as ended), and the stop comes within the daemon's
+  // next look (one a second), with room for a slow machine.
+  EXPECT_GE(IdleMsLogged(id), 1500) << daemon().Log();
+  EXPECT_GE(stopped->count(), 1000);
+  EXPECT_LT(stopped->count(), 8000);
+  EXPECT_EQ(IdleStops(), 1);
+  EXPECT_EQ(State(other), "running") << "a sandbox without idleStopMs is never stopped so";
+
+  // Its files stay, /tmp does not (as after POST .../stop), and it stops again once idle.
+  EXPECT_EQ(Sh(id, "cat /workspace/k; ls -A /tmp"), "kept\n");
+  EXPECT_EQ(State(id), "running");
+  ASSERT_TRUE(StoppedAfter(id, Clock::now(), milliseconds(15000)).has_value());
+  EXPECT_EQ(IdleStops(), 2);
+}
+
+TEST_F(IdleStopTest, AProcessOfItsOwnKeepsItRunning) {
+  const std::string id = NewId("server");
+  ASSERT_EQ(Create(id, R"({"idleStopMs": 2000})").status, 201);
+  // A background process, as a dev server would be: the exec answers at once.
+  const auto t0 = Clock::now();
+  Sh(id, "sleep 3 > /dev/null 2>&1 &");
+  std::this_thread::sleep_for(milliseconds(2500));
+  EXPECT_EQ(State(id), "running") << "stopped while a process of its own ran";
+  const auto stopped = StoppedAfter(id, t0, milliseconds(20000));
+  ASSERT_TRUE(stopped.has_value());
+  // Its idle time counts from when the process was last seen (3 s), not from the last request
+  // (which would stop it at the first look without the process, before 4.2 s).
+  EXPECT_GE(stopped->count(), 5000) << "stopped less than idleStopMs after its process ended";
+}
+
+TEST_F(IdleStopTest, ACommandOrAnUploadLongerThanTheIdleTimeIsNotCutShort) {
+  const std::string id = NewId("long");
+  ASSERT_EQ(Create(id, R"({"idleStopMs": 1000})").status, 201);
+  ExecResult r = Exec(id, "sleep 2.5; echo done");
+  EXPECT_EQ(r.reason(), "exited") << r.Describe();
+  EXPECT_EQ(r.out(), "done\n") << r.Describe();
+
+  // An upload whose body comes slowly: a request in progress, with no process inside.
+  RawConnection c(daemon().endpoint());
+  ASSERT_TRUE(c.connected()) << c.error();
+  ASSERT_TRUE(c.Send("PUT " + SbPath(id, "/files?path=/workspace/up.txt") +
+                     " HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello"));
+  std::this_thread::sleep_for(milliseconds(2500));
+  EXPECT_EQ(State(id), "running") << "stopped in the middle of an upload";
+  ASSERT_TRUE(c.Send("world"));
+  Response up = c.ReadResponse();
+  EXPECT_EQ(up.status, 204) << up.Describe();
+  EXPECT_EQ(GetFile(id, "/workspace/up.txt").body, "helloworld");
+  EXPECT_EQ(IdleStops(), 0);
+}
+
+TEST_F(IdleStopTest, BadValuesAreRefusedAndAGoodOneOutlivesARestart) {
+  const std::string id = NewId("kept");
+  for (const char* bad :
+       {R"({"idleStopMs": 999})", R"({"idleStopMs": 2592000001})", R"({"idleStopMs": "5000"})",
+        R"({"idleStopMs": 1500.5})", R"({"idleStopMs": -1000})", R"({"idleStopMs": true})"}) {
+    Response r = client().Request("PUT", SbPath(id), bad, {{"Content-Type", "application/json"}});
+    EXPECT_EQ(r.status, 400) << bad << "\n" << r.Describe();
+    EXPECT_EQ(r.ErrorCode(), "invalid_request") << bad;
+    EXPECT_NE(r.ErrorMessage().find("idleStopMs"), std::string::npos) << r.ErrorMessage();
+  }
+  EXPECT_EQ(client().Get(SbPath(id)).status, 404) << "a refused PUT created it";
+
+  ASSERT_EQ(Create(id, R"({"idleStopMs": 1000})").status, 201);
+  // Options apply at creation only.
+  EXPECT_EQ(Field(Obj(Create(id, R"({"idleStopMs": 60000})")), "idleStopMs"), json::value(1000));
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  client().Disconnect();
+  EXPECT_EQ(Field(Obj(client().Get(SbPath(id))), "idleStopMs"), json::value(1000));
+  // The next daemon stops it too, once a call has started it.
+  Sh(id, "true");
+  ASSERT_TRUE(StoppedAfter(id, Clock::now(), milliseconds(15000)).has_value())
+      << "not stopped after the daemon's restart";
+}
+
+}  // namespace
+}  // namespace nsbox::e2e
