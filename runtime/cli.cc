@@ -30,6 +30,7 @@
 #include "isolate/disk.h"
 #include "runtime/api_client.h"
 #include "runtime/paths.h"
+#include "runtime/registry.h"
 #include "runtime/terminal.h"
 #include "runtime/units.h"
 #include "runtime/ws_exec.h"
@@ -74,6 +75,7 @@ struct ClientCommands::Options {
   std::optional<std::string> image;
   std::optional<std::string> memory;
   std::optional<std::string> disk;
+  std::optional<std::string> idle_stop;  // create
   std::optional<std::string> pids;
   std::optional<std::string> cpus;
   std::vector<std::string> env;             // create, exec
@@ -373,6 +375,12 @@ int Create(const Options& o, ApiClient& client) {
   }
   if (!limits.empty()) {
     body["limits"] = std::move(limits);
+    options_given = true;
+  }
+  if (o.idle_stop) {
+    auto ms = ParseDurationMs("--idle-stop", *o.idle_stop, kMinIdleStopMs, kMaxIdleStopMs);
+    if (!ms.ok()) return Fail("create", ms.error().message(), kExitUsage);
+    body["idleStopMs"] = *ms;
     options_given = true;
   }
   if (!o.env.empty()) {
@@ -1491,6 +1499,10 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   o.create->add_option("--disk", o.disk,
                        "the sandbox's own disk for its workspace and home (its image's changes), "
                        "e.g. 1G or 20G (16M to 8T), reserved on the host's disk now");
+  o.create->add_option("--idle-stop", o.idle_stop,
+                       "stop it (ending its processes, emptying /tmp; files stay) once it has "
+                       "been idle this long, e.g. 15m or 2h (1s to 30d): no request using it "
+                       "and no process of its own running");
   o.create->add_option("--pids", o.pids, "most processes and threads at once");
   o.create->add_option("--cpus", o.cpus, "CPU time limit in CPUs, e.g. 1.5");
   // allow_extra_args(false): one value per --env, so `--env A=1 ID` leaves ID alone.

@@ -574,6 +574,19 @@ TEST_F(CliTest, CreateWithADiskOfItsOwn) {
   EXPECT_GT(size, 8218 * 4096 / 2);  // less ext4's journal and tables, not the host's disk
 }
 
+TEST_F(CliTest, CreateWithAnIdleStop) {
+  const std::string id = Id();
+  CliResult r = Nsbox({"create", id, "--idle-stop", "15m", "--json"});
+  ASSERT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(json::parse(r.out).at("idleStopMs").to_number<int64_t>(), 15 * 60 * 1000);
+  for (const char* bad : {"500ms", "31d", "1.5h", "soon"}) {
+    r = Nsbox({"create", Id("bad"), "--idle-stop", bad});
+    EXPECT_EQ(r.code, 125) << bad << "\n" << r.Describe();
+    EXPECT_NE(r.err.find(std::string("--idle-stop '") + bad + "'"), std::string::npos)
+        << r.Describe();
+  }
+}
+
 // ---- network ----
 
 TEST_F(CliTest, CreateWithAnAllowlistAndReplaceIt) {
