@@ -39,6 +39,12 @@ export interface SandboxCreateOptions {
   env?: Record<string, string>;
   limits?: SandboxLimits;
   network?: NetworkPolicy;
+  /**
+   * Stop the sandbox once it has been idle this long, 1,000 ms to 30 days: no request using it
+   * and no process of its own running. Its files stay; its processes and /tmp do not; the next
+   * call starts it again (docs/daemon.md "Idle stop").
+   */
+  idleStopMs?: number;
 }
 
 export interface SandboxInfo {
@@ -49,6 +55,8 @@ export interface SandboxInfo {
   createdAt: string;
   limits: SandboxLimits;
   network: NetworkPolicy;
+  /** Its idle stop, or null: stopped only when asked. */
+  idleStopMs?: number | null;
   /** The sandbox's IPv4 address while it runs with a network, else null. */
   address?: string | null;
   env?: Record<string, string>;

@@ -17,9 +17,14 @@ export interface NsboxSandboxOptions extends NsboxClientOptions {
   limits?: SandboxLimits;
   /** Network policy of new sandboxes (default `"none"`: loopback only). */
   network?: NetworkPolicy;
+  /**
+   * New sandboxes stop once idle this long (ms, 1,000 to 30 days): their files stay, their
+   * processes and /tmp do not, and the next call starts them again. Default: never.
+   */
+  idleStopMs?: number;
 }
 
-const KNOWN = new Set(['client', 'socketPath', 'url', 'token', 'idPrefix', 'image', 'cwd', 'env', 'limits', 'network']);
+const KNOWN = new Set(['client', 'socketPath', 'url', 'token', 'idPrefix', 'image', 'cwd', 'env', 'limits', 'network', 'idleStopMs']);
 
 function fail(message: string): never {
   throw new TypeError(`nsbox(): ${message}`);
@@ -50,6 +55,9 @@ function validate(options: unknown): asserts options is NsboxSandboxOptions {
       if (!['memoryBytes', 'pids', 'cpus', 'diskBytes', 'outputBytes'].includes(k)) fail(`option \`limits\`: unknown limit \`${k}\``);
       if (typeof v !== 'number' || !(v > 0) || !Number.isFinite(v)) fail(`option \`limits.${k}\` must be a positive number, got ${JSON.stringify(v)}`);
     }
+  }
+  if (o.idleStopMs !== undefined && (typeof o.idleStopMs !== 'number' || !Number.isInteger(o.idleStopMs) || o.idleStopMs < 1000 || o.idleStopMs > 30 * 24 * 3600 * 1000)) {
+    fail(`option \`idleStopMs\` must be a whole number of milliseconds from 1000 to 30 days, got ${JSON.stringify(o.idleStopMs)}`);
   }
   if (o.client !== undefined && !(o.client instanceof NsboxClient)) fail('option `client` must be an NsboxClient');
   if (o.client !== undefined && (o.socketPath !== undefined || o.url !== undefined || o.token !== undefined)) {
@@ -148,7 +156,7 @@ export function nsboxDriver(client: NsboxClient, id: string): SandboxDriver {
  */
 export function nsbox(options: NsboxSandboxOptions = {}): SandboxFactory {
   validate(options);
-  const { client: given, socketPath, url, token, idPrefix = '', image, cwd, env, limits, network } = options;
+  const { client: given, socketPath, url, token, idPrefix = '', image, cwd, env, limits, network, idleStopMs } = options;
   const clientOptions: NsboxClientOptions = {};
   if (socketPath !== undefined) clientOptions.socketPath = socketPath;
   if (url !== undefined) clientOptions.url = url;
@@ -160,6 +168,7 @@ export function nsbox(options: NsboxSandboxOptions = {}): SandboxFactory {
   if (env !== undefined) create.env = env;
   if (limits !== undefined) create.limits = limits;
   if (network !== undefined) create.network = network;
+  if (idleStopMs !== undefined) create.idleStopMs = idleStopMs;
   return {
     async createSandbox({ id }: { id: string }): Promise<Sandbox> {
       if (typeof id !== 'string' || id === '') throw new TypeError('nsbox(): createSandbox needs a non-empty string id');

@@ -98,6 +98,23 @@ test('limits.diskBytes: a disk of its own, full as a full disk is for Node (ENOS
   assert.equal(await s.readFile('/workspace/small'), 'fits');
 });
 
+test('idleStopMs: an idle sandbox stops; its files stay and the next call starts it again', async () => {
+  const client = new NsboxClient({ socketPath: d.socketPath });
+  const s = await nsbox({ client, idleStopMs: 1000 }).createSandbox({ id: 'idle' });
+  assert.equal((await client.getSandbox('idle')).idleStopMs, 1000);
+  await s.writeFile('kept.txt', 'still here');
+  const deadline = Date.now() + 10000;
+  while ((await client.getSandbox('idle')).state !== 'stopped') {
+    assert.ok(Date.now() < deadline, 'still running 10 s after its last use');
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  assert.equal(await s.readFile('kept.txt'), 'still here');
+  assert.equal((await client.getSandbox('idle')).state, 'running');
+  assert.throws(() => nsbox({ idleStopMs: 999 }), /idleStopMs/);
+  assert.throws(() => nsbox({ idleStopMs: 1500.5 }), /idleStopMs/);
+  client.close();
+});
+
 test('exec: timeoutMs 0 is no deadline, a fraction rounds up, nonsense is a RangeError', async () => {
   const s = await nsbox({ socketPath: d.socketPath }).createSandbox({ id: 'deadlines' });
   assert.deepEqual(await s.exec('sleep 0.3; echo done', { timeoutMs: 0 }), { stdout: 'done\n', stderr: '', exitCode: 0 });
