@@ -36,7 +36,12 @@ class ExecSessionTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  // The sessions' last jobs (a spill file's removal, posted by a session's destructor at the end
+  // of a test) first: remove_all racing one fails on the file it removed.
+  void TearDown() override {
+    pool_.join();
+    std::filesystem::remove_all(dir_);
+  }
 
   // With `held`, the write offload's jobs wait in held_ until RunHeld runs them (on this thread).
   std::unique_ptr<ExecSession> Make(uint64_t ring, uint64_t spill,
