@@ -378,9 +378,16 @@ int Create(const Options& o, ApiClient& client) {
     options_given = true;
   }
   if (o.idle_stop) {
-    auto ms = ParseDurationMs("--idle-stop", *o.idle_stop, kMinIdleStopMs, kMaxIdleStopMs);
-    if (!ms.ok()) return Fail("create", ms.error().message(), kExitUsage);
-    body["idleStopMs"] = *ms;
+    // "never": none, whatever the daemon's --idle-stop says.
+    uint64_t ms = 0;
+    if (*o.idle_stop != "never") {
+      auto parsed = ParseDurationMs("--idle-stop", *o.idle_stop, kMinIdleStopMs, kMaxIdleStopMs);
+      if (!parsed.ok()) {
+        return Fail("create", parsed.error().message() + ", or never", kExitUsage);
+      }
+      ms = *parsed;
+    }
+    body["idleStopMs"] = ms;
     options_given = true;
   }
   if (!o.env.empty()) {
@@ -1502,7 +1509,8 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   o.create->add_option("--idle-stop", o.idle_stop,
                        "stop it (ending its processes, emptying /tmp; files stay) once it has "
                        "been idle this long, e.g. 15m or 2h (1s to 30d): no request using it "
-                       "and no process of its own running");
+                       "and no process of its own running; never: not even by the daemon's "
+                       "--idle-stop");
   o.create->add_option("--pids", o.pids, "most processes and threads at once");
   o.create->add_option("--cpus", o.cpus, "CPU time limit in CPUs, e.g. 1.5");
   // allow_extra_args(false): one value per --env, so `--env A=1 ID` leaves ID alone.

@@ -11,6 +11,7 @@
 #include "isolate/jail.h"
 #include "runtime/cli.h"
 #include "runtime/doctor.h"
+#include "runtime/registry.h"
 #include "runtime/run.h"
 #include "runtime/serve.h"
 #include "runtime/units.h"
@@ -101,6 +102,10 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--dns-upstream", serve.dns_upstreams,
                         "ADDR[:PORT] the sandboxes' resolver asks (repeatable; default: the "
                         "nameservers of /etc/resolv.conf)");
+  std::string idle_stop;
+  serve_cmd->add_option("--idle-stop", idle_stop,
+                        "stop a sandbox created without its own idleStopMs once it has been idle "
+                        "this long, e.g. 15m (1s to 30d; default: never)");
   serve_cmd->add_flag("--leave-cgroup-mount", serve.leave_cgroup_mount, kLeaveCgroupMountHelp);
 
   // create, ls, exec, cp, stop, rm: clients of nsboxd, and --socket / --url / --token.
@@ -138,6 +143,15 @@ int main(int argc, char** argv) {
         return nsbox::isolate::kExitSetupFailed;
       }
       *out = *bytes;
+    }
+    if (!idle_stop.empty()) {
+      auto ms = nsbox::runtime::ParseDurationMs(
+          "--idle-stop", idle_stop, nsbox::runtime::kMinIdleStopMs, nsbox::runtime::kMaxIdleStopMs);
+      if (!ms.ok()) {
+        std::fprintf(stderr, "nsbox serve: %s\n", ms.error().message().c_str());
+        return nsbox::isolate::kExitSetupFailed;
+      }
+      serve.idle_stop_ms = *ms;
     }
     if (serve.output_ring < 4096 || serve.exec_retention_seconds > 7 * 24 * 3600) {
       std::fprintf(stderr,

@@ -244,10 +244,11 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
   if (const json::value* idle = o->if_contains("idleStopMs"); idle != nullptr && !idle->is_null()) {
     boost::system::error_code number_ec;
     uint64_t ms = idle->is_number() ? idle->to_number<uint64_t>(number_ec) : 0;
-    if (!idle->is_number() || number_ec || ms < kMinIdleStopMs || ms > kMaxIdleStopMs) {
-      return Error(EINVAL, "config.json: \"idleStopMs\" is not a whole number of ms from " +
-                               std::to_string(kMinIdleStopMs) + " to " +
-                               std::to_string(kMaxIdleStopMs));
+    if (!idle->is_number() || number_ec || (ms != 0 && ms < kMinIdleStopMs) ||
+        ms > kMaxIdleStopMs) {
+      return Error(EINVAL,
+                   "config.json: \"idleStopMs\" is neither 0 nor a whole number of ms from " +
+                       std::to_string(kMinIdleStopMs) + " to " + std::to_string(kMaxIdleStopMs));
     }
     c.idle_stop_ms = ms;
   }
@@ -256,10 +257,12 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
 
 // ---- SandboxEntry ----
 
-SandboxEntry::SandboxEntry(SandboxConfig config, std::string hash, std::string dir)
+SandboxEntry::SandboxEntry(SandboxConfig config, std::string hash, std::string dir,
+                           uint64_t idle_stop_ms)
     : config_(std::move(config)),
       hash_(std::move(hash)),
       dir_(std::move(dir)),
+      idle_stop_ms_(idle_stop_ms),
       network_(config_.network) {}
 
 net::NetworkPolicy SandboxEntry::network() const {
@@ -284,15 +287,15 @@ void SandboxEntry::EndUse() {
 }
 
 std::optional<std::chrono::steady_clock::time_point> SandboxEntry::IdleCheckAt() const {
-  if (!config_.idle_stop_ms) return std::nullopt;
+  if (idle_stop_ms_ == 0) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);
   return IdleCheckAtLocked();
 }
 
 std::optional<std::chrono::steady_clock::time_point> SandboxEntry::IdleCheckAtLocked() const {
-  if (!config_.idle_stop_ms || deleted_ || box_ == nullptr || users_ > 0) return std::nullopt;
+  if (idle_stop_ms_ == 0 || deleted_ || box_ == nullptr || users_ > 0) return std::nullopt;
   if (busy_) return last_busy_ + kIdleBusyRecheck;
-  return std::max(last_used_, last_busy_) + std::chrono::milliseconds(*config_.idle_stop_ms);
+  return std::max(last_used_, last_busy_) + std::chrono::milliseconds(idle_stop_ms_);
 }
 
 bool SandboxEntry::running() const {
@@ -605,7 +608,9 @@ Status Registry::Load() {
     // Directories made by earlier versions were 0711.
     if (::chmod(path.c_str(), 0700) != 0) return Error::Sys("chmod", path, errno);
     std::string id = config->id;
-    by_id_[id] = std::make_shared<SandboxEntry>(std::move(config).value(), name, path);
+    const uint64_t idle_stop_ms = config->idle_stop_ms.value_or(options_.idle_stop_ms);
+    by_id_[id] =
+        std::make_shared<SandboxEntry>(std::move(config).value(), name, path, idle_stop_ms);
   }
   if (renamed) NSBOX_TRY(FsyncPath(sandboxes_dir_));
   log::info("state directory {}: {} sandboxes", state_dir_, by_id_.size());
@@ -664,7 +669,8 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   // delete comes after it. The directories are the spare's, pinned (open_tree) here, before the
   // rename below, which the thread might come after. Not for a sandbox with a network, which
   // Running attaches after its start.
-  auto entry = std::make_shared<SandboxEntry>(config, hash, dir);
+  auto entry = std::make_shared<SandboxEntry>(config, hash, dir,
+                                              config.idle_stop_ms.value_or(options_.idle_stop_ms));
   std::thread adopter;
   std::future<void> adopter_holds_lifecycle;
   if (!spare.empty() && !config.network.networked() && !config.limits.disk_bytes) {
@@ -1232,7 +1238,7 @@ bool Registry::StopIfIdle(SandboxEntry& entry) {
   const auto idle_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count();
   (void)StopBoxLocked(entry, std::move(box),
                       "stopped: idle for " + std::to_string(idle_ms) + " ms (idleStopMs " +
-                          std::to_string(*entry.config_.idle_stop_ms) + ")");
+                          std::to_string(entry.idle_stop_ms_) + ")");
   return true;
 }
 

@@ -66,11 +66,13 @@ struct SandboxConfig {
   SandboxLimits limits;
   net::NetworkPolicy network;  // as given at creation, or the last PUT .../network
   std::string created_at;      // "2026-11-30T09:00:00.000Z"
-  // Stopped once idle this long (docs/daemon.md "Idle stop"); none: only by a request.
+  // Stopped once idle this long (docs/daemon.md "Idle stop"); 0: never; none: as the daemon's
+  // --idle-stop says (RegistryOptions::idle_stop_ms).
   std::optional<uint64_t> idle_stop_ms;
 };
 
-// The bounds of `idleStopMs`: a second (the daemon looks once a second) to 30 days.
+// The bounds of `idleStopMs` (besides 0, never): a second (the daemon looks once a second) to 30
+// days.
 inline constexpr uint64_t kMinIdleStopMs = 1000;
 inline constexpr uint64_t kMaxIdleStopMs = uint64_t{30} * 24 * 3600 * 1000;
 // While the idle stop sees a process of its own in a sandbox, it looks again this often: the idle
@@ -106,7 +108,8 @@ namespace nsbox::runtime {
 // One sandbox id. Shared by the registry and the requests that use it.
 class SandboxEntry {
  public:
-  SandboxEntry(SandboxConfig config, std::string hash, std::string dir);
+  // `idle_stop_ms`: the idle stop in force, its config's or else the daemon's default; 0: none.
+  SandboxEntry(SandboxConfig config, std::string hash, std::string dir, uint64_t idle_stop_ms = 0);
 
   // The configuration at creation; its `network` may since have been replaced (network()).
   const SandboxConfig& config() const { return config_; }
@@ -137,6 +140,8 @@ class SandboxEntry {
   // idle stop (Registry::StopIfIdle) waits for the last to end, then for idle_stop_ms.
   void BeginUse();
   void EndUse();
+  // The idle stop in force (docs/daemon.md "Idle stop"), in ms; 0: none.
+  uint64_t idle_stop_ms() const { return idle_stop_ms_; }
   // When the idle stop should look at it next (Registry::StopIfIdle): idle_stop_ms after it was
   // last used or last seen with a process of its own, or kIdleBusyRecheck after a look that saw
   // one. None unless it runs, has idle_stop_ms and no request uses it.
@@ -147,6 +152,7 @@ class SandboxEntry {
   const SandboxConfig config_;
   const std::string hash_;
   const std::string dir_;
+  const uint64_t idle_stop_ms_;
   // Serialises start, stop and delete of this sandbox.
   std::mutex lifecycle_mu_;
   mutable std::mutex mu_;
@@ -190,6 +196,9 @@ struct RegistryOptions {
   // Jails of the host image kept started ahead (docs/daemon.md "The pool"): a sandbox that
   // starts adopts one instead of starting its own. 0: none.
   size_t pool_size = 1;
+  // The idle stop of the sandboxes whose config does not say (docs/daemon.md "Idle stop"), in
+  // ms; 0: none.
+  uint64_t idle_stop_ms = 0;
 };
 
 class Registry {

@@ -251,8 +251,8 @@ json::object SandboxJson(const SandboxEntry& e) {
   if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
   if (c.limits.disk_bytes) limits["diskBytes"] = *c.limits.disk_bytes;
   o["limits"] = std::move(limits);
-  if (c.idle_stop_ms) {
-    o["idleStopMs"] = *c.idle_stop_ms;
+  if (e.idle_stop_ms() != 0) {
+    o["idleStopMs"] = e.idle_stop_ms();
   } else {
     o["idleStopMs"] = nullptr;
   }
@@ -1410,7 +1410,7 @@ asio::awaitable<void> Daemon::IdleStops() {
     bool any = false;
     std::vector<std::shared_ptr<SandboxEntry>> due;
     for (const auto& e : registry_.List()) {
-      if (!e->config().idle_stop_ms) continue;
+      if (e->idle_stop_ms() == 0) continue;
       any = true;
       const auto at = e->IdleCheckAt();
       if (!at) continue;  // stopped, or in use: looked at again within kIdleCheckPeriod
@@ -1427,7 +1427,6 @@ asio::awaitable<void> Daemon::IdleStops() {
         for (const auto& e : due) stopped += registry_.StopIfIdle(*e) ? 1 : 0;
         return stopped;
       };
-      // Counted here, on the loop: a worker may still run at the daemon's end, after its metrics.
       for (int stopped = co_await Blocking(std::move(work)); stopped > 0; --stopped) {
         metrics_.IdleStop();
       }
@@ -2702,9 +2701,13 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     }
     config.network = std::move(policy).value();
   }
-  auto idle_stop = f.Count("idleStopMs", kMinIdleStopMs, kMaxIdleStopMs);
-  if (!idle_stop.ok()) {
-    const ApiError reply_error = idle_stop.error();
+  // 0: never, whatever the daemon's --idle-stop says; none: as it says.
+  auto idle_stop = f.Count("idleStopMs", 0, kMaxIdleStopMs);
+  if (!idle_stop.ok() ||
+      (idle_stop.value() && *idle_stop.value() != 0 && *idle_stop.value() < kMinIdleStopMs)) {
+    const ApiError reply_error =
+        ApiError::Invalid("\"idleStopMs\" must be 0 (never) or a whole number of ms from " +
+                          std::to_string(kMinIdleStopMs) + " to " + std::to_string(kMaxIdleStopMs));
     co_return co_await ReplyError(c, reply_error);
   }
   config.idle_stop_ms = idle_stop.value();
@@ -2714,7 +2717,7 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     const ApiError reply_error = created.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  if (created.value().first->config().idle_stop_ms) ArmIdleStops();
+  if (created.value().first->idle_stop_ms() != 0) ArmIdleStops();
   {
     const json::value reply_json = SandboxJson(*created.value().first);
     co_return co_await ReplyJson(c, created.value().second ? 201 : 200, reply_json);
@@ -4261,6 +4264,7 @@ int Serve(const ServeOptions& options) {
   ro.net_binary = options.net_binary;
   ro.log_level = options.log_level;
   ro.pool_size = options.pool_size;
+  ro.idle_stop_ms = options.idle_stop_ms;
   // The loop, and what reads the sandboxes' control channels on it, outlive the registry: the
   // sandboxes that the final StopAll ends are still answered.
   asio::io_context io(1);

@@ -33,6 +33,9 @@ struct ServeOptions {
   // Jails of the host image started ahead for new and restarted sandboxes (docs/daemon.md "The
   // pool"); 0 for none.
   size_t pool_size = 1;
+  // The idle stop of sandboxes created without `idleStopMs` (docs/daemon.md "Idle stop"), in ms;
+  // 0: none.
+  uint64_t idle_stop_ms = 0;
   // Leave the host's cgroup2 mount as it is: by default, on a host that moves jails and commands
   // into v1 cgroups, it is given favordynmods (isolate::FavorMovesIntoV1).
   bool leave_cgroup_mount = false;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -129,6 +130,9 @@ TEST_F(IdleStopTest, BadValuesAreRefusedAndAGoodOneOutlivesARestart) {
     EXPECT_NE(r.ErrorMessage().find("idleStopMs"), std::string::npos) << r.ErrorMessage();
   }
   EXPECT_EQ(client().Get(SbPath(id)).status, 404) << "a refused PUT created it";
+  // 0 is never (as without one, on a daemon without --idle-stop).
+  const std::string never = NewId("never");
+  EXPECT_EQ(Field(Obj(Create(never, R"({"idleStopMs": 0})")), "idleStopMs"), json::value(nullptr));
 
   ASSERT_EQ(Create(id, R"({"idleStopMs": 1000})").status, 201);
   // Options apply at creation only.
@@ -141,6 +145,44 @@ TEST_F(IdleStopTest, BadValuesAreRefusedAndAGoodOneOutlivesARestart) {
   Sh(id, "true");
   ASSERT_TRUE(StoppedAfter(id, Clock::now(), milliseconds(15000)).has_value())
       << "not stopped after the daemon's restart";
+}
+
+// `nsbox serve --idle-stop`: the idle stop of the sandboxes that do not say.
+class IdleStopDefaultTest : public IdleStopTest {
+ protected:
+  std::vector<std::string> DaemonArgs() const override { return {"--idle-stop", "1s"}; }
+};
+
+TEST_F(IdleStopDefaultTest, TheDaemonsDefaultAppliesToSandboxesThatDoNotSay) {
+  const std::string by_default = NewId("default");
+  const std::string own = NewId("own");
+  const std::string never = NewId("never");
+  EXPECT_EQ(Field(Obj(Create(by_default)), "idleStopMs"), json::value(1000));
+  EXPECT_EQ(Field(Obj(Create(own, R"({"idleStopMs": 60000})")), "idleStopMs"), json::value(60000));
+  EXPECT_EQ(Field(Obj(Create(never, R"({"idleStopMs": 0})")), "idleStopMs"), json::value(nullptr));
+  for (const auto& id : {by_default, own, never}) Sh(id, "true");
+  ASSERT_TRUE(StoppedAfter(by_default, Clock::now(), milliseconds(15000)).has_value());
+  EXPECT_GE(IdleMsLogged(by_default), 1000);
+  EXPECT_EQ(State(own), "running");
+  EXPECT_EQ(State(never), "running");
+  // The default is the daemon's, not the sandbox's: a daemon without it leaves them all running.
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  ASSERT_TRUE(daemon().Start({})) << daemon().error();
+  client().Disconnect();
+  EXPECT_EQ(Field(Obj(client().Get(SbPath(by_default))), "idleStopMs"), json::value(nullptr));
+  EXPECT_EQ(Field(Obj(client().Get(SbPath(own))), "idleStopMs"), json::value(60000));
+  Sh(by_default, "true");
+  std::this_thread::sleep_for(milliseconds(2500));
+  EXPECT_EQ(State(by_default), "running");
+}
+
+TEST_F(IdleStopDefaultTest, ABadDefaultIsRefusedAtTheStart) {
+  Daemon other;
+  for (const char* bad : {"500ms", "31d", "soon"}) {
+    EXPECT_EQ(other.RunToExit({"--idle-stop", bad}), 125) << bad << "\n" << other.Log();
+    EXPECT_NE(other.Log().find(std::string("--idle-stop '") + bad + "'"), std::string::npos)
+        << other.Log();
+  }
 }
 
 }  // namespace

@@ -42,7 +42,8 @@ export interface SandboxCreateOptions {
   /**
    * Stop the sandbox once it has been idle this long, 1,000 ms to 30 days: no request using it
    * and no process of its own running. Its files stay; its processes and /tmp do not; the next
-   * call starts it again (docs/daemon.md "Idle stop").
+   * call starts it again (docs/daemon.md "Idle stop"). 0: never; without it, as the daemon's
+   * `--idle-stop` says.
    */
   idleStopMs?: number;
 }
@@ -55,7 +56,7 @@ export interface SandboxInfo {
   createdAt: string;
   limits: SandboxLimits;
   network: NetworkPolicy;
-  /** Its idle stop, or null: stopped only when asked. */
+  /** The idle stop in force (its own, or the daemon's default), or null: stopped only when asked. */
   idleStopMs?: number | null;
   /** The sandbox's IPv4 address while it runs with a network, else null. */
   address?: string | null;

@@ -19,7 +19,8 @@ export interface NsboxSandboxOptions extends NsboxClientOptions {
   network?: NetworkPolicy;
   /**
    * New sandboxes stop once idle this long (ms, 1,000 to 30 days): their files stay, their
-   * processes and /tmp do not, and the next call starts them again. Default: never.
+   * processes and /tmp do not, and the next call starts them again. 0: never. Default: as the
+   * daemon's `--idle-stop` says (never without it).
    */
   idleStopMs?: number;
 }
@@ -56,8 +57,8 @@ function validate(options: unknown): asserts options is NsboxSandboxOptions {
       if (typeof v !== 'number' || !(v > 0) || !Number.isFinite(v)) fail(`option \`limits.${k}\` must be a positive number, got ${JSON.stringify(v)}`);
     }
   }
-  if (o.idleStopMs !== undefined && (typeof o.idleStopMs !== 'number' || !Number.isInteger(o.idleStopMs) || o.idleStopMs < 1000 || o.idleStopMs > 30 * 24 * 3600 * 1000)) {
-    fail(`option \`idleStopMs\` must be a whole number of milliseconds from 1000 to 30 days, got ${JSON.stringify(o.idleStopMs)}`);
+  if (o.idleStopMs !== undefined && (typeof o.idleStopMs !== 'number' || !Number.isInteger(o.idleStopMs) || (o.idleStopMs !== 0 && o.idleStopMs < 1000) || o.idleStopMs > 30 * 24 * 3600 * 1000)) {
+    fail(`option \`idleStopMs\` must be 0 (never) or a whole number of milliseconds from 1000 to 30 days, got ${JSON.stringify(o.idleStopMs)}`);
   }
   if (o.client !== undefined && !(o.client instanceof NsboxClient)) fail('option `client` must be an NsboxClient');
   if (o.client !== undefined && (o.socketPath !== undefined || o.url !== undefined || o.token !== undefined)) {

@@ -112,6 +112,7 @@ test('idleStopMs: an idle sandbox stops; its files stay and the next call starts
   assert.equal((await client.getSandbox('idle')).state, 'running');
   assert.throws(() => nsbox({ idleStopMs: 999 }), /idleStopMs/);
   assert.throws(() => nsbox({ idleStopMs: 1500.5 }), /idleStopMs/);
+  nsbox({ idleStopMs: 0 }); // never: accepted
   client.close();
 });
 
