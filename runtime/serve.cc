@@ -1281,9 +1281,11 @@ class Daemon {
   asio::io_context& io_;
   Registry& registry_;
   const std::string token_;  // empty: no TCP listener
+  // Before the pools: their threads may still run jobs that count (the /metrics scrape renders
+  // on a worker) while the daemon is destroyed, and a pool joins its threads in its destructor.
+  Metrics metrics_;
   asio::thread_pool pool_{kWorkerThreads};
   asio::thread_pool spill_pool_{1};
-  Metrics metrics_;
   std::atomic<int> running_execs_{0};    // requests and sockets that started an exec, still on
   std::atomic<int> running_imports_{0};  // image imports not yet answered
   const ExecLogLimits log_limits_;
