@@ -378,9 +378,9 @@ int Create(const Options& o, ApiClient& client) {
     options_given = true;
   }
   if (o.idle_stop) {
-    // "never": none, whatever the daemon's --idle-stop says.
+    // "never" (or 0, as the API takes it): none, whatever the daemon's --idle-stop says.
     uint64_t ms = 0;
-    if (*o.idle_stop != "never") {
+    if (*o.idle_stop != "never" && *o.idle_stop != "0") {
       auto parsed = ParseDurationMs("--idle-stop", *o.idle_stop, kMinIdleStopMs, kMaxIdleStopMs);
       if (!parsed.ok()) {
         return Fail("create", parsed.error().message() + ", or never", kExitUsage);

@@ -4323,6 +4323,10 @@ int Serve(const ServeOptions& options) {
       log::info("{} received", SignalName(sig));
       daemon.Shutdown(acceptors);
     });
+    if (options.idle_stop_ms != 0) {
+      log::info("sandboxes that do not say are stopped once idle for {} ms (--idle-stop)",
+                options.idle_stop_ms);
+    }
     log::info("nsboxd {} listening on {}{}; state in {}", kVersion, socket_path,
               options.listen.empty() ? "" : " and tcp " + options.listen, (*registry)->state_dir());
     try {

@@ -579,9 +579,11 @@ TEST_F(CliTest, CreateWithAnIdleStop) {
   CliResult r = Nsbox({"create", id, "--idle-stop", "15m", "--json"});
   ASSERT_EQ(r.code, 0) << r.Describe();
   EXPECT_EQ(json::parse(r.out).at("idleStopMs").to_number<int64_t>(), 15 * 60 * 1000);
-  r = Nsbox({"create", Id("never"), "--idle-stop", "never", "--json"});
-  ASSERT_EQ(r.code, 0) << r.Describe();
-  EXPECT_TRUE(json::parse(r.out).at("idleStopMs").is_null()) << r.out;
+  for (const char* never : {"never", "0"}) {
+    r = Nsbox({"create", Id(std::string("never-") + never), "--idle-stop", never, "--json"});
+    ASSERT_EQ(r.code, 0) << r.Describe();
+    EXPECT_TRUE(json::parse(r.out).at("idleStopMs").is_null()) << r.out;
+  }
   for (const char* bad : {"500ms", "31d", "1.5h", "soon"}) {
     r = Nsbox({"create", Id("bad"), "--idle-stop", bad});
     EXPECT_EQ(r.code, 125) << bad << "\n" << r.Describe();

@@ -34,20 +34,32 @@ class IdleStopTest : public E2eTest {
     return std::nullopt;
   }
 
-  // The "idle for N ms" of the daemon's last idle stop of `id`, -1 when it logged none.
+  // The "idle for N ms" of the daemon's last idle stop of `id`, -1 when it logged none in 5 s (the
+  // state says "stopped" before the stop has ended and been logged).
   long IdleMsLogged(const std::string& id) {
-    const std::string log = daemon().Log();
     const std::string line = "sandbox=" + id + " stopped: idle for ";
-    const size_t at = log.rfind(line);
-    return at == std::string::npos ? -1 : std::stol(log.substr(at + line.size()));
+    const auto deadline = Clock::now() + milliseconds(5000);
+    for (;;) {
+      const std::string log = daemon().Log();
+      const size_t at = log.rfind(line);
+      if (at != std::string::npos) return std::stol(log.substr(at + line.size()));
+      if (Clock::now() > deadline) return -1;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
   }
 
-  // nsbox_idle_stops_total, -1 when missing.
-  long IdleStops() {
-    const std::string body = client().Get("/metrics").body;
-    const std::string name = "\nnsbox_idle_stops_total ";
-    const size_t at = body.find(name);
-    return at == std::string::npos ? -1 : std::stol(body.substr(at + name.size()));
+  // nsbox_idle_stops_total once it is at least `least` (within 5 s: it is counted once the stop
+  // has ended), -1 when missing.
+  long IdleStops(long least = 0) {
+    const auto deadline = Clock::now() + milliseconds(5000);
+    for (;;) {
+      const std::string body = client().Get("/metrics").body;
+      const std::string name = "\nnsbox_idle_stops_total ";
+      const size_t at = body.find(name);
+      const long n = at == std::string::npos ? -1 : std::stol(body.substr(at + name.size()));
+      if (n >= least || Clock::now() > deadline) return n;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
   }
 };
 
@@ -73,14 +85,14 @@ TEST_F(IdleStopTest, AnIdleSandboxStopsAndTheNextCallStartsItAgain) {
   EXPECT_GE(IdleMsLogged(id), 1500) << daemon().Log();
   EXPECT_GE(stopped->count(), 1000);
   EXPECT_LT(stopped->count(), 8000);
-  EXPECT_EQ(IdleStops(), 1);
+  EXPECT_EQ(IdleStops(1), 1);
   EXPECT_EQ(State(other), "running") << "a sandbox without idleStopMs is never stopped so";
 
   // Its files stay, /tmp does not (as after POST .../stop), and it stops again once idle.
   EXPECT_EQ(Sh(id, "cat /workspace/k; ls -A /tmp"), "kept\n");
   EXPECT_EQ(State(id), "running");
   ASSERT_TRUE(StoppedAfter(id, Clock::now(), milliseconds(15000)).has_value());
-  EXPECT_EQ(IdleStops(), 2);
+  EXPECT_EQ(IdleStops(2), 2);
 }
 
 TEST_F(IdleStopTest, AProcessOfItsOwnKeepsItRunning) {
@@ -174,6 +186,14 @@ TEST_F(IdleStopDefaultTest, TheDaemonsDefaultAppliesToSandboxesThatDoNotSay) {
   Sh(by_default, "true");
   std::this_thread::sleep_for(milliseconds(2500));
   EXPECT_EQ(State(by_default), "running");
+  // 0 is kept in its config.json: under a daemon with the flag again, that one still never stops.
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  ASSERT_TRUE(daemon().Start(DaemonArgs())) << daemon().error();
+  client().Disconnect();
+  EXPECT_EQ(Field(Obj(client().Get(SbPath(never))), "idleStopMs"), json::value(nullptr));
+  Sh(never, "true");
+  std::this_thread::sleep_for(milliseconds(2500));
+  EXPECT_EQ(State(never), "running");
 }
 
 TEST_F(IdleStopDefaultTest, ABadDefaultIsRefusedAtTheStart) {
