@@ -728,13 +728,13 @@ bool CgroupKnownEmpty(int cgroup_fd) { return PopulatedZero(cgroup_fd).value_or(
 std::vector<pid_t> ParsePids(std::string_view procs) {
   std::vector<pid_t> pids;
   while (!procs.empty()) {
-    size_t nl = procs.find('\n');
-    std::string_view line = procs.substr(0, nl);
+    size_t sep = procs.find_first_of(" \n");
+    std::string_view word = procs.substr(0, sep);
     pid_t pid = 0;
-    auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), pid);
-    if (ec == std::errc() && end == line.data() + line.size() && pid > 0) pids.push_back(pid);
-    if (nl == std::string_view::npos) break;
-    procs.remove_prefix(nl + 1);
+    auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), pid);
+    if (ec == std::errc() && end == word.data() + word.size() && pid > 0) pids.push_back(pid);
+    if (sep == std::string_view::npos) break;
+    procs.remove_prefix(sep + 1);
   }
   return pids;
 }

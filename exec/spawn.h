@@ -223,7 +223,8 @@ bool CgroupEmpty(int cgroup_fd);
 // file must not make (a set passed on to the next command).
 bool CgroupKnownEmpty(int cgroup_fd);
 
-// The pids of a cgroup.procs text.
+// The pids of a cgroup.procs text (one per line) or of a /proc/<pid>/task/<tid>/children one
+// (separated by spaces): words that are not a positive number are skipped.
 std::vector<pid_t> ParsePids(std::string_view procs);
 // The `oom_kill` counter of a memory.events text (0 when absent).
 uint64_t ParseOomKills(std::string_view memory_events);

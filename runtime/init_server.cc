@@ -29,6 +29,7 @@
 #include "base/worker_pool.h"
 #include "exec/command.h"
 #include "exec/direct.h"
+#include "exec/spawn.h"
 #include "isolate/mount_plan.h"
 
 namespace nsbox::runtime {
@@ -217,15 +218,9 @@ void InitServer::ReapOrphans() {
   std::snprintf(path, sizeof path, "/proc/self/task/%d/children", static_cast<int>(::gettid()));
   auto children = ReadFile(path);
   if (!children.ok()) return;
-  const char* p = children->c_str();
-  while (*p != '\0') {
-    char* end;
-    long pid = std::strtol(p, &end, 10);
-    if (end == p) break;
-    p = end;
-    while (*p == ' ') ++p;
-    if (command_pids_.count(static_cast<pid_t>(pid)) != 0) continue;
-    if (runner_ != nullptr && runner_->OwnsIdleChild(static_cast<pid_t>(pid))) continue;
+  for (pid_t pid : exec::ParsePids(*children)) {
+    if (command_pids_.count(pid) != 0) continue;
+    if (runner_ != nullptr && runner_->OwnsIdleChild(pid)) continue;
     siginfo_t info{};
     ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
   }

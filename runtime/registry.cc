@@ -26,6 +26,7 @@
 #include "base/strings.h"
 #include "base/utf8.h"
 #include "exec/runner.h"
+#include "exec/spawn.h"
 #include "images/image.h"
 #include "isolate/cgroup.h"
 #include "isolate/idmap.h"
@@ -57,40 +58,35 @@ bool NothingRunsBesidesInit(pid_t init_pid) {
   const std::string proc = "/proc/" + std::to_string(init_pid);
   struct stat init_exe {};
   if (::stat((proc + "/exe").c_str(), &init_exe) != 0) return false;
-  DIR* tasks = ::opendir((proc + "/task").c_str());
-  if (tasks == nullptr) return false;
-  bool quiet = true;
+  std::unique_ptr<DIR, int (*)(DIR*)> tasks(::opendir((proc + "/task").c_str()), ::closedir);
+  if (!tasks) return false;
   int made_ahead = 0;
-  while (dirent* d = ::readdir(tasks)) {
+  while (dirent* d = ::readdir(tasks.get())) {
     if (d->d_name[0] == '.') continue;
     const std::string task = proc + "/task/" + d->d_name;
     auto children = ReadFile(task + "/children");
     if (!children.ok()) {
+      // A thread that ended has no directory any more; a kernel without CONFIG_PROC_CHILDREN has
+      // the directory but not the file.
       struct stat st {};
       if (children.error().code() == ENOENT && ::stat(task.c_str(), &st) != 0 && errno == ENOENT) {
-        continue;  // a thread that ended (not a kernel without CONFIG_PROC_CHILDREN)
+        continue;
       }
-      quiet = false;
-      break;
+      return false;
     }
-    for (std::string_view pid : Split(*children, ' ')) {
-      if (pid.empty() || pid == "\n") continue;
-      if (pid.back() == '\n') pid.remove_suffix(1);
+    for (pid_t pid : exec::ParsePids(*children)) {
       // A child without an executable to stat is one that exited but may still hold children
       // (in exit_mm they are not re-parented yet) or threads (a leader that ended before
       // them): something lives. A zombie nsbox-init has not reaped yet is such a case too, for
       // the moment before it does; the next look sees it gone.
       struct stat exe {};
-      if (::stat(("/proc/" + std::string(pid) + "/exe").c_str(), &exe) != 0 ||
+      if (::stat(("/proc/" + std::to_string(pid) + "/exe").c_str(), &exe) != 0 ||
           exe.st_dev != init_exe.st_dev || exe.st_ino != init_exe.st_ino || ++made_ahead > 1) {
-        quiet = false;
-        break;
+        return false;
       }
     }
-    if (!quiet) break;
   }
-  ::closedir(tasks);
-  return quiet;
+  return true;
 }
 
 }  // namespace

@@ -51,6 +51,8 @@ TEST(ParsePids, OnePerLine) {
   EXPECT_EQ(ParsePids("7"), (std::vector<pid_t>{7}));
   EXPECT_TRUE(ParsePids("").empty());
   EXPECT_EQ(ParsePids("1\nx\n-3\n4\n"), (std::vector<pid_t>{1, 4}));
+  // /proc/<pid>/task/<tid>/children: separated by spaces, one after the last.
+  EXPECT_EQ(ParsePids("12 345 "), (std::vector<pid_t>{12, 345}));
 }
 
 TEST(EndReasonName, MatchesApi) {
