@@ -240,8 +240,7 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
   if (const json::value* idle = o->if_contains("idleStopMs"); idle != nullptr && !idle->is_null()) {
     boost::system::error_code number_ec;
     uint64_t ms = idle->is_number() ? idle->to_number<uint64_t>(number_ec) : 0;
-    if (!idle->is_number() || number_ec || (ms != 0 && ms < kMinIdleStopMs) ||
-        ms > kMaxIdleStopMs) {
+    if (!idle->is_number() || number_ec || !ValidIdleStopMs(ms)) {
       return Error(EINVAL,
                    "config.json: \"idleStopMs\" is neither 0 nor a whole number of ms from " +
                        std::to_string(kMinIdleStopMs) + " to " + std::to_string(kMaxIdleStopMs));

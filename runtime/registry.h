@@ -75,6 +75,10 @@ struct SandboxConfig {
 // days.
 inline constexpr uint64_t kMinIdleStopMs = 1000;
 inline constexpr uint64_t kMaxIdleStopMs = uint64_t{30} * 24 * 3600 * 1000;
+// 0 (never), or within those bounds.
+inline constexpr bool ValidIdleStopMs(uint64_t ms) {
+  return ms == 0 || (ms >= kMinIdleStopMs && ms <= kMaxIdleStopMs);
+}
 // While the idle stop sees a process of its own in a sandbox, it looks again this often: the idle
 // time counts from when it last saw one.
 inline constexpr std::chrono::seconds kIdleBusyRecheck{1};

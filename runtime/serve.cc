@@ -96,13 +96,17 @@ constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 constexpr auto kIdleCheckPeriod = std::chrono::seconds(1);
 
 // A request's use of what runs in a sandbox (SandboxEntry::BeginUse), from its routing to the end
-// of its answer.
+// of its answer. Only an idle stop reads it: a sandbox without one is not locked for it.
 class SandboxUse {
  public:
-  explicit SandboxUse(std::shared_ptr<SandboxEntry> entry) : entry_(std::move(entry)) {
+  explicit SandboxUse(std::shared_ptr<SandboxEntry> entry) {
+    if (entry->idle_stop_ms() == 0) return;
+    entry_ = std::move(entry);
     entry_->BeginUse();
   }
-  ~SandboxUse() { entry_->EndUse(); }
+  ~SandboxUse() {
+    if (entry_ != nullptr) entry_->EndUse();
+  }
   SandboxUse(const SandboxUse&) = delete;
   SandboxUse& operator=(const SandboxUse&) = delete;
 
@@ -2705,8 +2709,7 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
   }
   // 0: never, whatever the daemon's --idle-stop says; none: as it says.
   auto idle_stop = f.Count("idleStopMs", 0, kMaxIdleStopMs);
-  if (!idle_stop.ok() ||
-      (idle_stop.value() && *idle_stop.value() != 0 && *idle_stop.value() < kMinIdleStopMs)) {
+  if (!idle_stop.ok() || (idle_stop.value() && !ValidIdleStopMs(*idle_stop.value()))) {
     const ApiError reply_error =
         ApiError::Invalid("\"idleStopMs\" must be 0 (never) or a whole number of ms from " +
                           std::to_string(kMinIdleStopMs) + " to " + std::to_string(kMaxIdleStopMs));
