@@ -55,6 +55,7 @@ using nsbox::bench::Clock;
 using nsbox::bench::KernelGrowth;
 using nsbox::bench::KernelKb;
 using nsbox::bench::MemInfo;
+using nsbox::bench::PssKb;
 using nsbox::bench::Micros;
 using nsbox::bench::Stats;
 using nsbox::bench::Summarize;
@@ -82,15 +83,6 @@ long StatusKb(pid_t pid, const char* key) {
     if (line.compare(0, n, key) == 0) return std::atol(line.c_str() + n);
   }
   return -1;
-}
-
-long PssKb(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Pss:", 0) == 0) return std::atol(line.c_str() + 4);
-  }
-  return 0;  // the process is gone
 }
 
 long FdCount(pid_t pid) {

@@ -113,21 +113,37 @@ class KernelGrowth {
   double grown_ = 0, held_ = 0;
 };
 
-// KiB of the kernel's slab objects in use (active objects times their size, /proc/slabinfo)
-// plus its per-CPU memory: unlike the slab pages KernelKb counts, it does not miss objects that
-// land in the free room of partly used slab pages.
-inline long SlabObjectsKb() {
+// KiB of each slab cache's objects in use (active objects times their size, /proc/slabinfo).
+inline std::map<std::string, double> SlabCachesKb() {
   std::ifstream in("/proc/slabinfo");
+  std::map<std::string, double> out;
   std::string line;
-  long long bytes = 0;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#' || line.starts_with("slabinfo")) continue;
     std::istringstream words(line);
     std::string name;
-    long long active = 0, total = 0, size = 0;
-    if (words >> name >> active >> total >> size) bytes += active * size;
+    double active = 0, total = 0, size = 0;
+    if (words >> name >> active >> total >> size) out[name] += active * size / 1024;
   }
-  return static_cast<long>(bytes / 1024) + MemInfo()["Percpu"];
+  return out;
+}
+
+// KiB of the kernel's slab objects in use plus its per-CPU memory: unlike the slab pages
+// KernelKb counts, it does not miss objects that land in the free room of partly used slab pages.
+inline long SlabObjectsKb() {
+  double kb = 0;
+  for (const auto& [name, cache_kb] : SlabCachesKb()) kb += cache_kb;
+  return static_cast<long>(kb) + MemInfo()["Percpu"];
+}
+
+// A process's proportional set size (smaps_rollup), KiB; 0 once it is gone.
+inline long PssKb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.starts_with("Pss:")) return std::atol(line.c_str() + 4);
+  }
+  return 0;
 }
 
 // KiB of kernel memory that one empty memory cgroup holds on this host now, from the growth of

@@ -42,6 +42,7 @@ namespace {
 using nsbox::bench::Clock;
 using nsbox::bench::KernelGrowth;
 using nsbox::bench::Micros;
+using nsbox::bench::PssKb;
 using nsbox::bench::Stats;
 using nsbox::bench::Summarize;
 using nsbox::bench::VforkExecTrue;
@@ -49,15 +50,6 @@ using nsbox::fs::proto::ExecRequest;
 
 void Print(const char* what, const Stats& s, const char* unit = "us") {
   std::printf("| %s | %.1f | %.1f | %.1f | %s |\n", what, s.median, s.p10, s.p90, unit);
-}
-
-long PssKb(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/smaps_rollup");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("Pss:", 0) == 0) return std::atol(line.c_str() + 4);
-  }
-  return -1;
 }
 
 // Outside the workspace (which every sandbox sees): the shared /etc, as nsboxd lays it out
