@@ -211,9 +211,15 @@ uint64_t InitClient::Register(Handler handler) {
 }
 
 FsOutcome<InitClient::RawReply> InitClient::Call(Type type, std::string_view payload, UniqueFd* fd,
-                                                 uint64_t tag) {
+                                                 uint64_t tag, PartHandler part) {
   auto slot = std::make_shared<Slot>();
   Handler handler = FillSlot(slot);
+  if (part != nullptr) {
+    handler = [part = std::move(part), last = std::move(handler)](
+                  const proto::FrameReader::FrameView& frame, UniqueFd received) {
+      return !part(frame) && last(frame, std::move(received));
+    };
+  }
   if (tag == 0) {
     tag = Register(std::move(handler));
   } else {
@@ -666,13 +672,41 @@ FsOutcome<proto::StatReply> InitClient::Stat(const std::string& path) {
 
 FsOutcome<proto::ReaddirReply> InitClient::Readdir(const std::string& path, bool with_types) {
   if (auto bad = TooLongToSend(path, "scandir")) return *bad;
-  auto r = Call(Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}));
+  // A large directory comes in parts (kReaddirPart frames, then the kReaddirResult), gathered on
+  // the thread that reads the channel; the caller reads them once the last has come.
+  struct Parts {
+    proto::ReaddirReply listing;
+    size_t bytes = 0;
+    bool malformed = false;
+  };
+  auto parts = std::make_shared<Parts>();
+  auto r = Call(Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}), nullptr, 0,
+                [parts](const proto::FrameReader::FrameView& frame) {
+                  if (frame.header.type != Type::kReaddirPart) return false;
+                  parts->bytes += frame.payload.size();
+                  proto::ReaddirReply part;
+                  // Bytes from inside the sandbox: no more than nsbox-init may send in all.
+                  if (parts->malformed || parts->bytes > proto::kMaxReaddirBytes ||
+                      !proto::Decode(frame.payload, &part)) {
+                    parts->malformed = true;
+                    return true;
+                  }
+                  for (auto& e : part.entries) parts->listing.entries.push_back(std::move(e));
+                  return true;
+                });
   if (!r.ok()) return r.error();
-  proto::ReaddirReply d;
-  if (r.value().type != Type::kReaddirResult || !proto::Decode(r.value().payload, &d)) {
+  proto::ReaddirReply last;
+  if (r.value().type != Type::kReaddirResult || !proto::Decode(r.value().payload, &last)) {
     return ReplyError(r.value(), "readdir-result");
   }
-  return d;
+  if (parts->malformed) {
+    FsError e;
+    e.err = EPROTO;
+    e.message = "nsbox-init sent a malformed or oversized listing of '" + path + "'";
+    return e;
+  }
+  for (auto& e : last.entries) parts->listing.entries.push_back(std::move(e));
+  return std::move(parts->listing);
 }
 
 FsOutcome<bool> InitClient::Exists(const std::string& path) {

@@ -174,8 +174,11 @@ class InitClient {
   // channel is closed), `fail` runs at once with why, unless FailAll has answered it already.
   void SendAsync(proto::Type type, std::string_view payload, Handler handler,
                  const std::function<void(const FsError&)>& fail);
+  // `part`: for an answer in several frames, takes each frame before the last (returns true for
+  // those); the last completes the call.
+  using PartHandler = std::function<bool(const proto::FrameReader::FrameView& frame)>;
   FsOutcome<RawReply> Call(proto::Type type, std::string_view payload, UniqueFd* fd = nullptr,
-                           uint64_t tag = 0);
+                           uint64_t tag = 0, PartHandler part = nullptr);
   // Reads frames and dispatches them. `wait`: until the channel closes (the reader thread); else
   // until nothing more has arrived (ReadReady). False once the channel has closed.
   bool Receive(bool wait);

@@ -106,6 +106,8 @@ std::string_view TypeName(Type type) {
       return "readdir-result";
     case Type::kBool:
       return "bool";
+    case Type::kReaddirPart:
+      return "readdir-part";
     case Type::kPong:
       return "pong";
   }

@@ -32,6 +32,11 @@ inline constexpr uint32_t kMaxOutputChunk = 256u << 10;   // exec output per fra
 inline constexpr uint64_t kInlineFileLimit = 256u << 10;  // readFile inline up to this
 inline constexpr uint32_t kMaxPathBytes = 64u << 10;      // decoding bound, not PATH_MAX
 inline constexpr uint32_t kMaxListEntries = 1u << 20;
+// A directory's listing goes in frames of up to kReaddirPartBytes (kReaddirPart, then the last
+// as kReaddirResult), and all of them together carry at most kMaxReaddirBytes: beyond that
+// (millions of names) nsbox-init answers E2BIG instead of handing the host that much memory.
+inline constexpr size_t kReaddirPartBytes = 1u << 20;
+inline constexpr size_t kMaxReaddirBytes = 64u << 20;
 inline constexpr uint32_t kMaxInputChunk = 256u << 10;  // exec input per kExecInput frame
 inline constexpr uint16_t kMaxTtyDimension = 4096;      // rows and cols of a terminal, 1..this
 
@@ -64,8 +69,9 @@ enum class Type : uint16_t {
   kFileFd = 121,         // U64 size; an O_RDONLY fd of the file rides along
   kWriteReady = 122,     // an O_WRONLY fd of the temp file rides along
   kStatResult = 123,     // StatReply
-  kReaddirResult = 124,  // ReaddirReply
+  kReaddirResult = 124,  // ReaddirReply: the last entries (all of them, for most directories)
   kBool = 125,           // one byte
+  kReaddirPart = 126,  // ReaddirReply: some entries; more frames follow, the last a kReaddirResult
   kPong = 130,
 };
 

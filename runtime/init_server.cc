@@ -645,21 +645,38 @@ void InitServer::HandleFileVerb(const proto::FrameReader::Frame& frame) {
           reply([this, tag, e = entries.error()] { SendError(tag, e); });
           return;
         }
-        proto::ReaddirReply r;
+        // In frames of up to kReaddirPartBytes: a directory of any size up to kMaxReaddirBytes of
+        // listing, never one frame over kMaxPayload.
+        std::vector<std::string> parts;
+        proto::ReaddirReply part;
+        size_t part_bytes = 4, total = 0;  // as Encode writes them: a count, then the entries
         for (auto& e : entries.value()) {
-          r.entries.push_back({std::move(e.name), static_cast<uint8_t>(e.type)});
+          const size_t entry_bytes = 4 + e.name.size() + 1;
+          total += entry_bytes;
+          if (total > proto::kMaxReaddirBytes) {
+            reply([this, tag, n = entries.value().size(), path = req.path] {
+              SendError(tag, fs::FsError{E2BIG, "scandir", path,
+                                         "E2BIG: the directory has too many entries for one "
+                                         "listing (" +
+                                             std::to_string(n) + ", over " +
+                                             std::to_string(proto::kMaxReaddirBytes >> 20) +
+                                             " MiB of names), scandir '" + path +
+                                             "'; list it with a command (ls, find)"});
+            });
+            return;
+          }
+          if (part_bytes + entry_bytes > proto::kReaddirPartBytes) {
+            parts.push_back(proto::Encode(part));
+            part.entries.clear();
+            part_bytes = 4;
+          }
+          part.entries.push_back({std::move(e.name), static_cast<uint8_t>(e.type)});
+          part_bytes += entry_bytes;
         }
-        std::string payload = proto::Encode(r);
-        if (payload.size() > proto::kMaxPayload) {
-          reply([this, tag, n = r.entries.size()] {
-            SendProtocolError(
-                tag, E2BIG,
-                "the directory has too many entries to list (" + std::to_string(n) + ")");
-          });
-          return;
-        }
-        reply([this, tag, payload = std::move(payload)] {
-          Send(Type::kReaddirResult, tag, payload);
+        parts.push_back(proto::Encode(part));
+        reply([this, tag, parts = std::move(parts)] {
+          for (size_t i = 0; i + 1 < parts.size(); ++i) Send(Type::kReaddirPart, tag, parts[i]);
+          Send(Type::kReaddirResult, tag, parts.back());
         });
       });
       return;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -296,6 +297,29 @@ TEST_F(FilesTest, ReaddirSortedWithTypes) {
   // A symlink to a directory is followed.
   Sh(id_, "ln -s top/dir dl; touch top/dir/x");
   EXPECT_EQ(Names(Fs(id_, "readdir", json::object{{"path", "dl"}})), std::vector<std::string>{"x"});
+}
+
+// A listing larger than one frame of the control channel (4 MiB) comes in parts: 40,000 names
+// of 120 bytes are ≈ 5 MiB of names.
+TEST_F(FilesTest, ReaddirOfADirectoryLargerThanAFrame) {
+  Sh(id_,
+     "mkdir big && cd big && seq -f '%0120g' 1 40000 | xargs touch && mkdir "
+     "zzzz-a-directory-last");
+  for (bool typed : {false, true}) {
+    Response r = Fs(id_, "readdir", json::object{{"path", "big"}, {"withTypes", typed}});
+    ASSERT_EQ(r.status, 200) << r.Describe().substr(0, 500);
+    const std::vector<std::string> names = Names(r);
+    ASSERT_EQ(names.size(), 40001u);
+    EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+    EXPECT_EQ(names.front(), std::string(119, '0') + "1");
+    EXPECT_EQ(names[39999], std::string(115, '0') + "40000");
+    EXPECT_EQ(std::set<std::string>(names.begin(), names.end()).size(), names.size());
+    if (typed) {
+      EXPECT_EQ(Str(Arr(r, "entries").back().as_object(), "type"), "directory");
+      EXPECT_EQ(Str(Arr(r, "entries").front().as_object(), "type"), "file");
+    }
+  }
+  ExpectDaemonHealthy();
 }
 
 TEST_F(FilesTest, NonUtf8NamesViaBase64) {
