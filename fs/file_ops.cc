@@ -128,7 +128,10 @@ int FindWriteTarget(int root, const std::string& path, WriteTarget& t) {
     if (S_ISDIR(st.st_mode)) return EISDIR;
     // A FIFO, socket or device is not replaced by a regular file (nor written into, which could
     // block): the same refusal as readFile's.
-    if (!S_ISREG(st.st_mode)) return EINVAL;
+    if (!S_ISREG(st.st_mode)) {
+      t.st = st;
+      return EINVAL;
+    }
     t.dir = std::move(dir);
     t.name = std::move(name);
     t.exists = true;
@@ -174,6 +177,19 @@ EntryType TypeOf(int dir, const struct dirent* e) {
   }
 }
 
+// EINVAL for a FIFO, socket or device, saying which: reading one could block for ever, and
+// writing one is not a file's replacement.
+FsError NotARegularFile(mode_t mode, const std::string& path) {
+  FsError e = MakeFsError(EINVAL, "open", path);
+  const char* what = S_ISFIFO(mode)   ? "a FIFO"
+                     : S_ISSOCK(mode) ? "a socket"
+                     : S_ISCHR(mode)  ? "a character device"
+                     : S_ISBLK(mode)  ? "a block device"
+                                      : "not a regular file";
+  e.message += std::string(" (") + what + ": the file API reads and writes regular files only)";
+  return e;
+}
+
 }  // namespace
 
 void SetOpenat2ForTesting(bool enabled) { SetUseOpenat2(enabled); }
@@ -194,7 +210,7 @@ FsOutcome<OpenedFile> OpenForRead(int root, const std::string& path) {
       e.message = "EISDIR: illegal operation on a directory, read";
       return e;
     }
-    if (!S_ISREG(st.st_mode)) return MakeFsError(EINVAL, "open", path);
+    if (!S_ISREG(st.st_mode)) return NotARegularFile(st.st_mode, path);
     OpenedFile file;
     int err = ReopenForRead(root, path, opath.get(), st, file.fd);
     if (err == EAGAIN && attempt < kMaxReopenRetries) continue;  // swapped under us: look again
@@ -253,6 +269,9 @@ FsOutcome<PendingWrite> BeginWrite(int root, const std::string& path,
     if (!made.ok()) return made.error();
     err = FindWriteTarget(root, path, target);
   }
+  if (err == EINVAL && (target.st.st_mode & S_IFMT) != 0) {
+    return NotARegularFile(target.st.st_mode, path);
+  }
   if (err != 0) return MakeFsError(err, "open", path);
 
   PendingWrite write;
@@ -270,7 +289,16 @@ FsOutcome<PendingWrite> BeginWrite(int root, const std::string& path,
                             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (write.fd.valid() || errno != EEXIST) break;
   }
-  if (!write.fd.valid()) return MakeFsError(errno, "open", path);
+  if (!write.fd.valid()) {
+    if (!target.exists || errno != ENOENT) return MakeFsError(errno, "open", path);
+    // The file is there, but its directory takes no new file (/proc, /sys): ENOENT would say
+    // the file is missing.
+    FsError e = MakeFsError(EPERM, "open", path);
+    e.message +=
+        " (its file system makes no new file beside it, and the file API writes a new file and "
+        "renames it over the old one: it cannot write into this one; a command can)";
+    return e;
+  }
   write.dir = std::move(target.dir);
   write.final = std::move(target.name);
   write.path = path;

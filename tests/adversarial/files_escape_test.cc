@@ -374,9 +374,10 @@ TEST_F(FilesEscapeTest, ReadOnlyPlacesRefuseEveryWrite) {
       // Missing parents are made as Node's mkdir -p does, which answers the stat of the first
       // one it could not make.
       {"write", "/usr/lib/x/y", 404, "ENOENT"},
-      {"write", "/proc/sysrq-trigger", 404, "ENOENT"},
-      {"write", "/proc/sys/kernel/core_pattern", 404, "ENOENT"},
-      {"write", "/proc/1/oom_score_adj", 404, "ENOENT"},
+      {"write", "/proc/sysrq-trigger", 404, "ENOENT"},  // masked
+      // Files of /proc that are there: no new file can be made beside them to replace them with.
+      {"write", "/proc/sys/kernel/core_pattern", 403, "EPERM"},
+      {"write", "/proc/1/oom_score_adj", 403, "EPERM"},
       {"mkdir", "/usr/nsbox-adv", 403, "EROFS"},
       {"mkdir", "/etc/nsbox-adv", 403, "EROFS"},
       {"mkdir -p", "/usr/nsbox-adv/x", 404, "ENOENT"},

@@ -220,6 +220,27 @@ TEST_F(FilesTest, ErrorStatusesAndCodes) {
   ExpectDaemonHealthy();
 }
 
+// Where a file exists but the file API will not use it, the error says why: a model reads it.
+TEST_F(FilesTest, ErrorsSayWhyAnExistingFileCannotBeUsed) {
+  Sh(id_, "mkfifo fifo");
+  Response fifo = GetFile(id_, "fifo");
+  ExpectFsError(fifo, 400, "EINVAL", "/workspace/fifo", "GET a FIFO");
+  EXPECT_NE(fifo.ErrorMessage().find("a FIFO: the file API reads and writes regular files only"),
+            std::string::npos)
+      << fifo.Describe();
+  Response dev = PutFile(id_, "/dev/null", "x");
+  ExpectFsError(dev, 400, "EINVAL", "/dev/null", "PUT a device");
+  EXPECT_NE(dev.ErrorMessage().find("a character device"), std::string::npos) << dev.Describe();
+  // A file of /proc is there (stat says so), but no new file can be made beside it to replace it
+  // with: EPERM, not the ENOENT of the temporary file's open.
+  ASSERT_EQ(Stat("/proc/self/comm").status, 200);
+  Response proc = PutFile(id_, "/proc/self/comm", "x");
+  ExpectFsError(proc, 403, "EPERM", "/proc/self/comm", "PUT a /proc file");
+  EXPECT_NE(proc.ErrorMessage().find("cannot write into this one"), std::string::npos)
+      << proc.Describe();
+  ExpectDaemonHealthy();
+}
+
 // ---- fs verbs ----
 
 TEST_F(FilesTest, StatDescribesTargetAndLink) {

@@ -77,7 +77,14 @@ TEST_F(InitFilesTest, ReadFileRefusesFifoSocketAndDevicesWithoutHanging) {
                                                 [this, path] { return client().ReadFile(path); });
     ASSERT_TRUE(r.has_value()) << "readFile " << path << " did not answer within 1 s";
     EXPECT_LT(Since(start).count(), 1000) << path;
-    EXPECT_TRUE(FailsWith(*r, EINVAL, "EINVAL: invalid argument, open '" + path + "'")) << path;
+    // Which kind of file it is, so that a model reading the error knows why.
+    const std::string kind = path.find("fifo") != std::string::npos ? "a FIFO"
+                             : path.ends_with("sock")               ? "a socket"
+                                                                    : "a character device";
+    EXPECT_TRUE(FailsWith(*r, EINVAL,
+                          "EINVAL: invalid argument, open '" + path + "' (" + kind +
+                              ": the file API reads and writes regular files only)"))
+        << path;
   }
   // Nothing was opened for writing: a writer on the FIFO would still block (no reader came).
   EXPECT_EQ(Sh("stat -c %F fifo"), "fifo\n");

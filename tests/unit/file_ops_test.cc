@@ -143,8 +143,12 @@ TEST_P(FileOpsTest, ReadFileErrorsAreNodes) {
 TEST_P(FileOpsTest, ReadFileRefusesFifoSocketAndDeviceWithoutBlocking) {
   ASSERT_EQ(::mkfifo(Host("/fifo").c_str(), 0644), 0);
   Link("fifo", "/fifo-link");
-  EXPECT_EQ(Read("/fifo"), "ERR EINVAL: invalid argument, open '/fifo'");
-  EXPECT_EQ(Read("/fifo-link"), "ERR EINVAL: invalid argument, open '/fifo-link'");
+  EXPECT_EQ(Read("/fifo"),
+            "ERR EINVAL: invalid argument, open '/fifo' (a FIFO: the file API reads and writes "
+            "regular files only)");
+  EXPECT_EQ(Read("/fifo-link"),
+            "ERR EINVAL: invalid argument, open '/fifo-link' (a FIFO: the file API reads and "
+            "writes regular files only)");
 
   UniqueFd sock(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASSERT_TRUE(sock.valid());
@@ -155,10 +159,14 @@ TEST_P(FileOpsTest, ReadFileRefusesFifoSocketAndDeviceWithoutBlocking) {
   sock_path.copy(addr.sun_path, sock_path.size());
   // SAFETY: addr is a complete sockaddr_un.
   ASSERT_EQ(::bind(sock.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)), 0);
-  EXPECT_EQ(Read("/sock"), "ERR EINVAL: invalid argument, open '/sock'");
+  EXPECT_EQ(Read("/sock"),
+            "ERR EINVAL: invalid argument, open '/sock' (a socket: the file API reads and writes "
+            "regular files only)");
 
   if (::mknod(Host("/null").c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {
-    EXPECT_EQ(Read("/null"), "ERR EINVAL: invalid argument, open '/null'");
+    EXPECT_EQ(Read("/null"),
+              "ERR EINVAL: invalid argument, open '/null' (a character device: the file API reads "
+              "and writes regular files only)");
   } else {
     std::cerr << "SKIPPED the device case: mknod: " << strerror(errno) << "\n";
   }
@@ -322,7 +330,9 @@ TEST_P(FileOpsTest, WriteFileErrorsAreNodes) {
   EXPECT_EQ(Write("/dangling-dir/x", "x"),
             "ENOENT: no such file or directory, mkdir '/dangling-dir'");
   ASSERT_EQ(::mkfifo(Host("/fifo").c_str(), 0644), 0);
-  EXPECT_EQ(Write("/fifo", "x"), "EINVAL: invalid argument, open '/fifo'");
+  EXPECT_EQ(Write("/fifo", "x"),
+            "EINVAL: invalid argument, open '/fifo' (a FIFO: the file API reads and writes regular "
+            "files only)");
 }
 
 TEST_P(FileOpsTest, StreamedWriteIsInvisibleUntilCommitAndAbortLeavesNothing) {
