@@ -33,11 +33,9 @@ using Clock = std::chrono::steady_clock;
 // large address space in well under a second; a D-state process on NFS may take longer).
 constexpr std::chrono::milliseconds kDestroyTimeout{2000};
 
-// The kernel's bounds: pids.max must be < PID_MAX_LIMIT + 1 (pids_max_write), and a CFS quota
-// below 1 ms is refused (tg_set_cfs_bandwidth, min_cfs_quota_period).
-constexpr uint64_t kMaxPids = 4194304;
+// The kernel's bounds: pids.max must be < PID_MAX_LIMIT + 1 (pids_max_write, kMaxPids), and a
+// CFS quota below 1 ms is refused (tg_set_cfs_bandwidth, min_cfs_quota_period).
 constexpr uint64_t kMinCpuQuotaUs = 1000;
-constexpr double kMaxCpus = 4096;
 
 // The controllers nsbox limits, in the order their writes are planned.
 constexpr const char* kControllers[] = {"memory", "pids", "cpu"};

@@ -27,6 +27,7 @@
 #include "base/files.h"
 #include "base/unique_fd.h"
 #include "images/store.h"
+#include "isolate/cgroup.h"
 #include "isolate/disk.h"
 #include "runtime/api_client.h"
 #include "runtime/paths.h"
@@ -364,12 +365,12 @@ int Create(const Options& o, ApiClient& client) {
     limits["diskBytes"] = *bytes;
   }
   if (o.pids) {
-    auto pids = ParseCount("--pids", *o.pids, 1, 4194304);
+    auto pids = ParseCount("--pids", *o.pids, isolate::kMinPids, isolate::kMaxPids);
     if (!pids.ok()) return Fail("create", pids.error().message(), kExitUsage);
     limits["pids"] = *pids;
   }
   if (o.cpus) {
-    auto cpus = ParseDecimal("--cpus", *o.cpus, 0.01, 4096);  // the API's range
+    auto cpus = ParseDecimal("--cpus", *o.cpus, isolate::kMinCpus, isolate::kMaxCpus);
     if (!cpus.ok()) return Fail("create", cpus.error().message(), kExitUsage);
     limits["cpus"] = *cpus;
   }

@@ -113,14 +113,16 @@ Result<isolate::CgroupLimits> ParseLimits(const JailOptions& o) {
     limits.memory_bytes = bytes;
   }
   if (o.pids) {
-    NSBOX_ASSIGN_OR_RETURN(uint64_t pids, ParseCount("--pids", *o.pids, 2, 4194304));
+    NSBOX_ASSIGN_OR_RETURN(uint64_t pids,
+                           ParseCount("--pids", *o.pids, isolate::kMinPids, isolate::kMaxPids));
     limits.pids = pids;
   } else {
     // A default that stops a fork bomb long before the host feels it.
     limits.pids = kDefaultPids;
   }
   if (o.cpus) {
-    NSBOX_ASSIGN_OR_RETURN(double cpus, ParseDecimal("--cpus", *o.cpus, 0.01, 1024));
+    NSBOX_ASSIGN_OR_RETURN(double cpus,
+                           ParseDecimal("--cpus", *o.cpus, isolate::kMinCpus, isolate::kMaxCpus));
     limits.cpus = cpus;
   }
   return limits;

@@ -231,7 +231,8 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
     if (const json::value* cpu = l.if_contains("cpus"); cpu != nullptr && !cpu->is_null()) {
       boost::system::error_code number_ec;
       double cpus = cpu->is_number() ? cpu->to_number<double>(number_ec) : 0;
-      if (!cpu->is_number() || number_ec || !(cpus >= 0.01 && cpus <= 4096)) {
+      if (!cpu->is_number() || number_ec ||
+          !(cpus >= isolate::kMinCpus && cpus <= isolate::kMaxCpus)) {
         return Error(EINVAL, "config.json: limits.cpus is not a number of CPUs from 0.01 to 4096");
       }
       c.limits.cpus = CanonicalCpus(cpus);

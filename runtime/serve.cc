@@ -2645,7 +2645,7 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
       co_return co_await ReplyError(c, reply_error);
     }
     config.limits.memory_bytes = memory.value();
-    auto pids = lf.Count("pids", 1, 4194304);
+    auto pids = lf.Count("pids", isolate::kMinPids, isolate::kMaxPids);
     if (!pids.ok()) {
       const ApiError reply_error = pids.error();
       co_return co_await ReplyError(c, reply_error);
@@ -2662,7 +2662,7 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
     if (const json::value* cpus = l.if_contains("cpus"); cpus != nullptr && !cpus->is_null()) {
       boost::system::error_code ec;
       double value = cpus->is_number() ? cpus->to_number<double>(ec) : 0;
-      if (!cpus->is_number() || ec || !(value >= 0.01 && value <= 4096)) {
+      if (!cpus->is_number() || ec || !(value >= isolate::kMinCpus && value <= isolate::kMaxCpus)) {
         {
           const ApiError reply_error =
               ApiError::Invalid("\"cpus\" must be a number of CPUs from 0.01 to 4096");

@@ -406,6 +406,28 @@ TEST_F(ApiTest, UnknownOptionsAreRefusedNotIgnored) {
   EXPECT_EQ(Sh(id, "ls /workspace"), "keep\n") << "a refused request did something";
 }
 
+// A limit the API takes is one a sandbox can start with: pids 1 (nsbox-init alone) is refused
+// at the PUT, not accepted and then answered 503 at every use; the largest CPU limit starts.
+TEST_F(ApiTest, LimitsThePutTakesAreLimitsASandboxStartsWith) {
+  const std::string refused = NewId();
+  Response one = client().Request("PUT", SbPath(refused),
+                                  json::serialize(json::object{{"limits", {{"pids", 1}}}}),
+                                  {{"Content-Type", "application/json"}});
+  EXPECT_EQ(one.status, 400) << one.Describe();
+  EXPECT_EQ(one.ErrorCode(), "invalid_request");
+  EXPECT_NE(one.ErrorMessage().find("\"pids\""), std::string::npos) << one.Describe();
+  EXPECT_EQ(client().Get(SbPath(refused)).status, 404) << "a refused PUT created nothing";
+  for (const json::object& limits :
+       {json::object{{"pids", 2}}, json::object{{"cpus", 4096}}, json::object{{"cpus", 0.01}}}) {
+    const std::string id = NewId();
+    Response put =
+        client().Request("PUT", SbPath(id), json::serialize(json::object{{"limits", limits}}),
+                         {{"Content-Type", "application/json"}});
+    ASSERT_EQ(put.status, 201) << json::serialize(limits) << ": " << put.Describe();
+    EXPECT_EQ(Sh(id, "echo started"), "started\n") << json::serialize(limits);
+  }
+}
+
 // ---- malformed input ----
 
 TEST_F(ApiTest, MalformedJsonIs400) {
