@@ -432,11 +432,27 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
   ForgetEnded(tag);
   auto id = runner_->Start(spec, std::move(events));
   if (!id.ok()) {
-    SendProtocolError(tag, id.error().code(), id.error().message());
+    EndUnstarted(tag, id.error());
     return;
   }
   // on_exit may already have run (a spawn failure completes at once); keep the map true.
   if (*pid == 0 || command_pids_.count(*pid) != 0) execs_[tag] = *id;
+}
+
+// api.md: a command that cannot be started is still an exec that ends, with exit code 1 and the
+// reason on stderr, as one whose cwd is missing: here its process could not be made (the
+// sandbox's pids limit reached: clone's EAGAIN; its pipes or cgroups could not be made).
+void InitServer::EndUnstarted(uint64_t tag, const Error& error) {
+  RememberEnded(tag);
+  Send(Type::kExecStarted, tag, proto::Encode(proto::ExecStarted{0}));
+  std::string line = "nsbox: the command could not be started: " + error.message();
+  if (error.code() == EAGAIN) line += " (the sandbox may have as many processes as its pids limit)";
+  line += "\n";
+  Queue({proto::EncodeExecOutputFrame(tag, 2, line), UniqueFd(), 0});
+  proto::ExecExit exit;
+  exit.exit_code = 1;
+  exit.reason = static_cast<uint8_t>(exec::EndReason::kExited);
+  Send(Type::kExecExit, tag, proto::Encode(exit));
 }
 
 void InitServer::RememberEnded(uint64_t tag) {

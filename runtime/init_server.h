@@ -53,6 +53,8 @@ class InitServer {
   void HandleExec(uint64_t tag, std::string_view payload);
   void HandleExecInput(uint64_t tag, std::string_view payload);
   void HandleExecResize(uint64_t tag, std::string_view payload);
+  // Answers an exec whose command could not be started as one that ran and failed.
+  void EndUnstarted(uint64_t tag, const Error& error);
   // Tags of execs whose end was reported: input for them is EPIPE, not ESRCH (bounded FIFO).
   void RememberEnded(uint64_t tag);
   void ForgetEnded(uint64_t tag);

@@ -512,6 +512,63 @@ TEST_F(ExecTest, StreamTimeout) {
   EXPECT_NE(err.find("nsbox: command timed out after 300 ms"), std::string::npos) << err;
 }
 
+// A command whose process cannot be made (the sandbox's pids limit is reached) is answered as
+// api.md says of a command that cannot be started: 200, exit code 1, the reason on stderr; not
+// reason "stopped", which says the sandbox was stopped under it.
+TEST_F(ExecTest, ACommandThatCannotStartAtThePidsLimitSaysWhy) {
+  const std::string id = NewId();
+  Response put =
+      client().Request("PUT", SbPath(id), json::serialize(json::object{{"limits", {{"pids", 8}}}}),
+                       {{"Content-Type", "application/json"}});
+  ASSERT_EQ(put.status, 201) << put.Describe();
+  // Takes every free pid of the sandbox, and again whenever one frees (nsbox-init's own threads
+  // count too, and come and go).
+  NdjsonStream holder(
+      daemon().endpoint(), "POST", SbPath(id, "/exec"),
+      json::serialize(json::object{
+          {"command",
+           "perl -e '$| = 1; my $said = 0; while (1) { my $p = fork(); if (!defined $p) { "
+           "print \"holding\\n\" unless $said++; select(undef, undef, undef, 0.005); next } "
+           "if ($p == 0) { sleep 30; exit } }'"},
+          {"timeoutMs", 20000}}));
+  ASSERT_EQ(holder.status(), 200) << holder.error();
+  std::string out;
+  while (out.find("holding") == std::string::npos) {
+    auto e = holder.Next(milliseconds(10000));
+    ASSERT_TRUE(e.has_value()) << holder.error() << out;
+    if (Str(*e, "type") == "stdout") out += Str(*e, "data");
+  }
+  int unstarted = 0;
+  for (int i = 0; i < 30 && unstarted < 3; ++i) {
+    // The pid an ended command frees goes back to the holder (which tries every 5 ms), not to the
+    // next command.
+    std::this_thread::sleep_for(milliseconds(50));
+    ExecResult r = Exec(id, "echo ran");
+    ASSERT_EQ(r.response.status, 200) << r.Describe();
+    ASSERT_NE(r.reason(), "stopped") << r.Describe();
+    if (r.exit_code() == 0) continue;  // a pid was free at that moment
+    EXPECT_EQ(r.exit_code(), 1) << r.Describe();
+    EXPECT_EQ(r.reason(), "exited") << r.Describe();
+    EXPECT_EQ(r.out(), "");
+    EXPECT_NE(r.err().find("could not be started"), std::string::npos) << r.Describe();
+    EXPECT_NE(r.err().find("pids limit"), std::string::npos) << r.Describe();
+    ++unstarted;
+  }
+  EXPECT_GT(unstarted, 0) << "no exec met the pids limit";
+  // The stream of one says the same, its start first.
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+    NdjsonStream s(daemon().endpoint(), "POST", SbPath(id, "/exec"),
+                   json::serialize(json::object{{"command", "echo ran"}}));
+    auto events = s.ReadAll(milliseconds(10000));
+    ASSERT_GE(events.size(), 2u) << s.error();
+    EXPECT_EQ(Str(events.front(), "type"), "start");
+    EXPECT_EQ(Str(events.back(), "type"), "exit");
+    if (Field(events.back(), "exitCode") == json::value(1)) break;
+  }
+  ASSERT_EQ(client().Request("POST", SbPath(id, "/stop"), "").status, 200);
+}
+
 TEST_F(ExecTest, CancelByDeleteListsThenKillsTheTree) {
   NdjsonStream s(daemon().endpoint(), "POST", SbPath(id_, "/exec"),
                  json::serialize(json::object{{"command", TreeCommand("/workspace/pids")}}));
