@@ -843,7 +843,7 @@ Result<json::object> ExecBody(const Options& o, std::string command) {
     body["env"] = std::move(env);
   }
   if (o.timeout) {
-    NSBOX_ASSIGN_OR_RETURN(auto ms, ParseCount("--timeout", *o.timeout, 1, uint64_t{1} << 53));
+    NSBOX_ASSIGN_OR_RETURN(auto ms, ParseCount("--timeout", *o.timeout, 0, kMaxExecTimeoutMs));
     body["timeoutMs"] = ms;
   }
   return body;
@@ -1543,7 +1543,7 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   o.exec->add_option("--env,-e", o.env, "set a variable, NAME=VALUE (repeatable)")
       ->allow_extra_args(false);
   o.exec->add_option("--timeout", o.timeout,
-                     "kill the command after this many milliseconds (exit code 124)");
+                     "kill the command after this many milliseconds (exit code 124; 0: never)");
   o.exec->add_flag("--interactive,-i", o.interactive,
                    "stream standard input to the command until EOF (over a WebSocket)");
   o.exec->add_flag("--tty,-t", o.tty,

@@ -76,6 +76,7 @@
 #include "runtime/ports.h"
 #include "runtime/registry.h"
 #include "runtime/serve.h"
+#include "runtime/units.h"
 #include "runtime/version.h"
 
 namespace nsbox::runtime {
@@ -578,7 +579,7 @@ ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry&
   auto stdin_text = f.String("stdin");
   if (!stdin_text.ok()) return stdin_text.error();
   spec.stdin_text = stdin_text.value();
-  auto timeout = f.Count("timeoutMs", 0, uint64_t{1} << 40);
+  auto timeout = f.Count("timeoutMs", 0, kMaxExecTimeoutMs);
   if (!timeout.ok()) return timeout.error();
   spec.timeout_ms = timeout.value().value_or(0);
   auto encoding = f.String("encoding");

@@ -8,6 +8,10 @@
 
 namespace nsbox::runtime {
 
+// The longest exec timeout the API takes ("timeoutMs", api.md; 0 is none): ≈ 34 years, a bound
+// that keeps every deadline computed from it far from overflowing.
+inline constexpr uint64_t kMaxExecTimeoutMs = uint64_t{1} << 40;
+
 // "512M", "1G", "1048576", "64KiB", "1.5G": a byte count with an optional binary suffix (K, M, G,
 // T, optionally followed by "i", "iB" or "B"); a fraction of the unit is rounded down to a whole
 // byte. Errors name `flag` and the value.

@@ -779,6 +779,13 @@ TEST_F(CliTest, ExecCwdEnvAndTimeout) {
   r = Nsbox({"exec", id, "--timeout", "soon", "--", "true"});
   EXPECT_EQ(r.code, 125) << r.Describe();
   EXPECT_EQ(r.err, "nsbox: exec: --timeout 'soon': not a whole number\n");
+  // The API's range, checked by the CLI: a usage error naming the flag, not the API's field.
+  r = Nsbox({"exec", id, "--timeout", "99999999999999", "--", "true"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: exec: --timeout '99999999999999': out of range (0 to 1099511627776)\n");
+  r = Nsbox({"exec", id, "--timeout", "0", "--", "echo never"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out, "never\n");
 }
 
 // Ctrl-C on `nsbox exec` ends the command for real: closing the connection kills its process
