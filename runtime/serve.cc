@@ -2905,6 +2905,9 @@ asio::awaitable<void> Daemon::PumpExec(std::shared_ptr<SandboxEntry> entry,
     x.exit_code = 128 + SIGKILL;
     x.signal = SIGKILL;
     x.reason = static_cast<uint8_t>(exec::EndReason::kStopped);
+    // How long it ran as the daemon saw it: nsbox-init's own figure went with it. Its usage
+    // stays unknown (null), never a made-up zero.
+    x.duration_ms = static_cast<uint64_t>(SecondsSince(started) * 1000);
   }
   const std::string reason(exec::EndReasonName(static_cast<exec::EndReason>(x.reason)));
   metrics_.ExecFinished(reason, SecondsSince(started));

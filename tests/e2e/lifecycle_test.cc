@@ -234,6 +234,35 @@ TEST_F(LifecycleTest, StopEndsARunningExec) {
   EXPECT_EQ(Field(exit, "cancelled"), json::value(false)) << json::serialize(exit);
 }
 
+// nsbox-init killed from the host under a running exec: the exec ends as stopped, with how long
+// it ran as the daemon saw it (nsbox-init's own figure went with it), its usage unknown (null).
+TEST_F(LifecycleTest, AnExecWhoseInitDiesSaysHowLongItRan) {
+  const std::string id = NewId();
+  Create(id);
+  NdjsonStream s(daemon().endpoint(), "POST", SbPath(id, "/exec"),
+                 R"({"command":"echo go; sleep 1000"})");
+  ASSERT_EQ(s.status(), 200) << s.error();
+  ASSERT_TRUE(s.Next(milliseconds(10000)).has_value()) << s.error();  // start
+  ASSERT_TRUE(s.Next(milliseconds(10000)).has_value()) << s.error();  // "go"
+  std::vector<pid_t> inits;
+  for (const auto& p : Descendants(daemon().pid())) {
+    if (p.comm == "nsbox-init") inits.push_back(p.pid);
+  }
+  ASSERT_EQ(inits.size(), 1u);
+  std::this_thread::sleep_for(milliseconds(1000));
+  ASSERT_EQ(kill(inits[0], SIGKILL), 0);
+  auto events = s.ReadAll(milliseconds(10000));
+  ASSERT_FALSE(events.empty()) << s.error();
+  const json::object& exit = events.back();
+  EXPECT_EQ(Str(exit, "reason"), "stopped") << json::serialize(exit);
+  ASSERT_TRUE(Field(exit, "durationMs").is_number()) << json::serialize(exit);
+  EXPECT_GE(Field(exit, "durationMs").to_number<int64_t>(), 1000) << json::serialize(exit);
+  EXPECT_TRUE(Field(Field(exit, "usage").as_object(), "cpuUserMs").is_null())
+      << json::serialize(exit);
+  // The sandbox starts again at its next use.
+  EXPECT_EQ(Sh(id, "echo again"), "again\n");
+}
+
 // Whether a cgroup, or one below it, holds one of `procs`.
 bool HoldsAny(const std::filesystem::path& cgroup, const std::vector<ProcessId>& procs) {
   std::ifstream f(cgroup / "cgroup.procs");
