@@ -3554,15 +3554,6 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
   bool failed = false;
   bool closed = false;
   for (;;) {
-    while (!st->control.empty() && !failed) {
-      const std::string text = std::move(st->control.front());
-      st->control.pop_front();
-      ws.text(true);
-      auto [ec, n] = co_await ws.async_write(asio::buffer(text), kTuple);
-      (void)n;
-      if (ec) failed = true;
-    }
-    if (failed || st->reader_done || s->dropped()) break;
     if (!start_sent && s->started()) {
       json::object o;
       o["type"] = "start";
@@ -3575,6 +3566,17 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
       if (ec) break;
       start_sent = true;
     }
+    // The answers to the client's control messages come after the start (docs/exec.md: the
+    // server's first message is "start"), even to one sent before the command started.
+    while ((start_sent || s->ended()) && !st->control.empty() && !failed) {
+      const std::string text = std::move(st->control.front());
+      st->control.pop_front();
+      ws.text(true);
+      auto [ec, n] = co_await ws.async_write(asio::buffer(text), kTuple);
+      (void)n;
+      if (ec) failed = true;
+    }
+    if (failed || st->reader_done || s->dropped()) break;
     auto pieces = co_await s->ReadLog(offset, kStreamChunk);
     if (!pieces.empty()) {
       for (const ExecSession::Piece& p : pieces) {

@@ -762,6 +762,28 @@ TEST_F(AttachTest, WebSocketStdinEchoAndControlMessages) {
   EXPECT_EQ(out[1], "hello socket\n");
 }
 
+// The server's first message is the start, even when a bad message came before the command
+// started: its error follows the start (docs/exec.md "WebSocket").
+TEST_F(AttachTest, WebSocketStartComesBeforeTheAnswerToAnEarlyBadMessage) {
+  for (int round = 0; round < 5; ++round) {
+    WsClient ws(daemon().socket_path(), SbPath(id_, "/exec"));
+    ASSERT_TRUE(ws.ok()) << ws.error();
+    ASSERT_TRUE(ws.SendJson(json::object{{"command", "sleep 0.3; echo x"}}));
+    ASSERT_TRUE(ws.Send(std::string("\x07zz", 3), false));
+    std::string out[3];
+    auto first = ws.NextControl(out);
+    ASSERT_TRUE(first.has_value()) << ws.error();
+    EXPECT_EQ(Str(*first, "type"), "start") << json::serialize(*first);
+    auto second = ws.NextControl(out);
+    ASSERT_TRUE(second.has_value()) << ws.error();
+    EXPECT_EQ(Str(*second, "type"), "error") << json::serialize(*second);
+    auto exit = ws.NextControl(out);
+    ASSERT_TRUE(exit.has_value()) << ws.error();
+    EXPECT_EQ(Str(*exit, "type"), "exit") << json::serialize(*exit);
+    EXPECT_EQ(out[1], "x\n");
+  }
+}
+
 TEST_F(AttachTest, WebSocketTerminalAndHangUpKillsUnlessDetached) {
   WsClient ws(daemon().socket_path(), SbPath(id_, "/exec"));
   ASSERT_TRUE(ws.ok()) << ws.error();
