@@ -24,8 +24,8 @@
 
 namespace nsbox::fs::proto {
 
-inline constexpr uint32_t kVersion =
-    3;  // 2: one tmpfs size in an adoption; 3: modes in stat and write
+// 2: one tmpfs size in an adoption; 3: modes in stat and write; 4: a listing in ReaddirPart frames
+inline constexpr uint32_t kVersion = 4;
 inline constexpr size_t kHeaderSize = 16;
 inline constexpr uint32_t kMaxPayload = 4u << 20;         // 4 MiB
 inline constexpr uint32_t kMaxOutputChunk = 256u << 10;   // exec output per frame
