@@ -680,26 +680,29 @@ FsOutcome<proto::ReaddirReply> InitClient::Readdir(const std::string& path, bool
     bool malformed = false;
   };
   auto parts = std::make_shared<Parts>();
-  auto r = Call(Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}), nullptr, 0,
-                [parts](const proto::FrameReader::FrameView& frame) {
-                  if (frame.header.type != Type::kReaddirPart) return false;
-                  parts->bytes += frame.payload.size();
-                  proto::ReaddirReply part;
-                  // Bytes from inside the sandbox: no more than nsbox-init may send in all.
-                  if (parts->malformed || parts->bytes > proto::kMaxReaddirBytes ||
-                      !proto::Decode(frame.payload, &part)) {
-                    parts->malformed = true;
-                    return true;
-                  }
-                  for (auto& e : part.entries) parts->listing.entries.push_back(std::move(e));
-                  return true;
-                });
+  auto r =
+      Call(Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}), nullptr, 0,
+           [parts](const proto::FrameReader::FrameView& frame) {
+             if (frame.header.type != Type::kReaddirPart) return false;
+             parts->bytes += frame.payload.size();
+             proto::ReaddirReply part;
+             // Bytes from inside the sandbox: no more than nsbox-init may send in all.
+             if (parts->malformed || parts->bytes > proto::kMaxReaddirBytes ||
+                 !proto::Decode(frame.payload, &part) ||
+                 parts->listing.entries.size() + part.entries.size() > proto::kMaxListEntries) {
+               parts->malformed = true;
+               return true;
+             }
+             for (auto& e : part.entries) parts->listing.entries.push_back(std::move(e));
+             return true;
+           });
   if (!r.ok()) return r.error();
   proto::ReaddirReply last;
   if (r.value().type != Type::kReaddirResult || !proto::Decode(r.value().payload, &last)) {
     return ReplyError(r.value(), "readdir-result");
   }
-  if (parts->malformed) {
+  if (parts->malformed || parts->bytes + r.value().payload.size() > proto::kMaxReaddirBytes ||
+      parts->listing.entries.size() + last.entries.size() > proto::kMaxListEntries) {
     FsError e;
     e.err = EPROTO;
     e.message = "nsbox-init sent a malformed or oversized listing of '" + path + "'";

@@ -570,6 +570,11 @@ bool Decode(std::string_view payload, ReaddirReply* m) {
   for (uint32_t i = 0; i < n; ++i) {
     ReaddirReply::Entry e;
     if (!r.Bytes(&e.name, 255) || !r.U8(&e.type) || e.type > 3) return false;
+    // What no directory holds: from a compromised nsbox-init, a way to list more than it could.
+    if (e.name.empty() || e.name == "." || e.name == ".." ||
+        e.name.find_first_of(std::string_view("/\0", 2)) != std::string::npos) {
+      return false;
+    }
     m->entries.push_back(std::move(e));
   }
   return r.Done();

@@ -33,8 +33,9 @@ inline constexpr uint64_t kInlineFileLimit = 256u << 10;  // readFile inline up 
 inline constexpr uint32_t kMaxPathBytes = 64u << 10;      // decoding bound, not PATH_MAX
 inline constexpr uint32_t kMaxListEntries = 1u << 20;
 // A directory's listing goes in frames of up to kReaddirPartBytes (kReaddirPart, then the last
-// as kReaddirResult), and all of them together carry at most kMaxReaddirBytes: beyond that
-// (millions of names) nsbox-init answers E2BIG instead of handing the host that much memory.
+// as kReaddirResult), and all of them together carry at most kMaxReaddirBytes and
+// kMaxListEntries names: beyond that nsbox-init answers E2BIG instead of handing the host that
+// much memory (the daemon holds a listing whole, and its JSON).
 inline constexpr size_t kReaddirPartBytes = 1u << 20;
 inline constexpr size_t kMaxReaddirBytes = 64u << 20;
 inline constexpr uint32_t kMaxInputChunk = 256u << 10;  // exec input per kExecInput frame

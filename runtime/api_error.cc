@@ -31,8 +31,6 @@ int StatusForErrno(int err) {
     case ENOSPC:
     case EDQUOT:
       return 507;
-    case E2BIG:  // a listing the API does not carry (fs/protocol.h kMaxReaddirBytes)
-      return 422;
     default:
       return 500;
   }

@@ -444,6 +444,7 @@ void InitServer::HandleExec(uint64_t tag, std::string_view payload) {
 // sandbox's pids limit reached: clone's EAGAIN; its pipes or cgroups could not be made).
 void InitServer::EndUnstarted(uint64_t tag, const Error& error) {
   RememberEnded(tag);
+  if (closed_) return;
   Send(Type::kExecStarted, tag, proto::Encode(proto::ExecStarted{0}));
   std::string line = "nsbox: the command could not be started: " + error.message();
   if (error.code() == EAGAIN) line += " (the sandbox may have as many processes as its pids limit)";
@@ -669,14 +670,15 @@ void InitServer::HandleFileVerb(const proto::FrameReader::Frame& frame) {
         for (auto& e : entries.value()) {
           const size_t entry_bytes = 4 + e.name.size() + 1;
           total += entry_bytes;
-          if (total > proto::kMaxReaddirBytes) {
+          if (total > proto::kMaxReaddirBytes || entries.value().size() > proto::kMaxListEntries) {
             reply([this, tag, n = entries.value().size(), path = req.path] {
               SendError(tag, fs::FsError{E2BIG, "scandir", path,
                                          "E2BIG: the directory has too many entries for one "
                                          "listing (" +
-                                             std::to_string(n) + ", over " +
+                                             std::to_string(n) + "; at most " +
+                                             std::to_string(proto::kMaxListEntries) + " names, " +
                                              std::to_string(proto::kMaxReaddirBytes >> 20) +
-                                             " MiB of names), scandir '" + path +
+                                             " MiB of them), scandir '" + path +
                                              "'; list it with a command (ls, find)"});
             });
             return;

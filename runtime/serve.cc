@@ -2980,7 +2980,9 @@ asio::awaitable<Daemon::LogSent> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSes
     // A dropped session (its sandbox deleted) still ends, "stopped", and that end is sent: its
     // log reads empty from then on.
     if (watch->hung_up) co_return LogSent{};
-    if (!start_sent && s->started()) {
+    // The start comes first (api.md), also for an exec that ended without one (its nsbox-init
+    // went away before it started: pid 0).
+    if (!start_sent && (s->started() || s->ended())) {
       json::object o;
       o["type"] = "start";
       o["execId"] = s->id();
@@ -3554,7 +3556,7 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
   bool failed = false;
   bool closed = false;
   for (;;) {
-    if (!start_sent && s->started()) {
+    if (!start_sent && (s->started() || s->ended())) {  // as the NDJSON stream's
       json::object o;
       o["type"] = "start";
       o["execId"] = s->id();
@@ -4095,6 +4097,13 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     }
     if (verb == "readdir") {
       auto r = box->client().Readdir(p, typed);
+      if (!r.ok() && r.error().err == E2BIG) {
+        // A listing larger than the API carries (fs/protocol.h kMaxReaddirBytes).
+        ApiError e = fail(r.error());
+        e.status = 422;
+        e.code = "unsupported";
+        return e;
+      }
       if (!r.ok()) return fail(r.error());
       auto& entries = r.value().entries;
       std::sort(entries.begin(), entries.end(),

@@ -555,8 +555,9 @@ TEST_F(ExecTest, ACommandThatCannotStartAtThePidsLimitSaysWhy) {
     ++unstarted;
   }
   EXPECT_GT(unstarted, 0) << "no exec met the pids limit";
-  // The stream of one says the same, its start first.
-  for (int i = 0; i < 10; ++i) {
+  // The stream of one says the same: its start first (pid 0), the reason, the exit.
+  bool streamed = false;
+  for (int i = 0; i < 30 && !streamed; ++i) {
     std::this_thread::sleep_for(milliseconds(50));
     NdjsonStream s(daemon().endpoint(), "POST", SbPath(id, "/exec"),
                    json::serialize(json::object{{"command", "echo ran"}}));
@@ -564,8 +565,17 @@ TEST_F(ExecTest, ACommandThatCannotStartAtThePidsLimitSaysWhy) {
     ASSERT_GE(events.size(), 2u) << s.error();
     EXPECT_EQ(Str(events.front(), "type"), "start");
     EXPECT_EQ(Str(events.back(), "type"), "exit");
-    if (Field(events.back(), "exitCode") == json::value(1)) break;
+    if (Field(events.back(), "exitCode") != json::value(1)) continue;  // it could start
+    streamed = true;
+    EXPECT_EQ(Field(events.front(), "pid"), json::value(0)) << json::serialize(events.front());
+    std::string err;
+    for (const auto& e : events) {
+      if (Str(e, "type") == "stderr") err += Str(e, "data");
+    }
+    EXPECT_NE(err.find("could not be started"), std::string::npos) << err;
+    EXPECT_EQ(Str(events.back(), "reason"), "exited");
   }
+  EXPECT_TRUE(streamed) << "no streamed exec met the pids limit";
   ASSERT_EQ(client().Request("POST", SbPath(id, "/stop"), "").status, 200);
 }
 

@@ -238,5 +238,65 @@ TEST(InitClient, MoreFdsThanOneReadTakesEndTheChannel) {
   EXPECT_FALSE(client.connected());
 }
 
+// A listing in parts (kReaddirPart frames, then kReaddirResult) is gathered whole, in order; a
+// part that no directory could hold, or a channel lost half-way, is an error, never a listing
+// cut short.
+proto::ReaddirReply Names(std::initializer_list<std::string> names) {
+  proto::ReaddirReply r;
+  for (const auto& n : names) r.entries.push_back({n, 0});
+  return r;
+}
+
+FsOutcome<proto::ReaddirReply> ReaddirAnsweredWith(
+    int init, InitClient& client, const std::vector<std::pair<proto::Type, std::string>>& frames,
+    bool then_close = false) {
+  FsOutcome<proto::ReaddirReply> listed = FsError{};
+  std::thread lister([&] { listed = client.Readdir("/big", false); });
+  proto::Header request = ReadRequest(init);
+  EXPECT_EQ(request.type, proto::Type::kReaddir);
+  std::string bytes;
+  for (const auto& [type, payload] : frames)
+    bytes += proto::EncodeFrame(type, request.tag, payload);
+  EXPECT_TRUE(WriteInPieces(init, bytes, 7));
+  if (then_close) ::shutdown(init, SHUT_RDWR);
+  lister.join();
+  return listed;
+}
+
+TEST(InitClient, AListingInPartsIsGatheredWholeAndChecked) {
+  {
+    Pair p = SocketPair();
+    InitClient client(std::move(p.host));
+    auto listed =
+        ReaddirAnsweredWith(p.init.get(), client,
+                            {{proto::Type::kReaddirPart, proto::Encode(Names({"a", "b"}))},
+                             {proto::Type::kReaddirPart, proto::Encode(Names({"c"}))},
+                             {proto::Type::kReaddirResult, proto::Encode(Names({"d", "e"}))}});
+    ASSERT_TRUE(listed.ok()) << listed.error().message;
+    std::vector<std::string> got;
+    for (const auto& e : listed.value().entries) got.push_back(e.name);
+    EXPECT_EQ(got, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+  }
+  for (const std::string& bad :
+       std::vector<std::string>{"..", ".", "", "a/b", std::string("a\0b", 3)}) {
+    Pair p = SocketPair();
+    InitClient client(std::move(p.host));
+    auto listed =
+        ReaddirAnsweredWith(p.init.get(), client,
+                            {{proto::Type::kReaddirPart, proto::Encode(Names({"a", bad}))},
+                             {proto::Type::kReaddirResult, proto::Encode(Names({"z"}))}});
+    ASSERT_FALSE(listed.ok()) << "a part holding '" << bad << "' was taken";
+    EXPECT_EQ(listed.error().err, EPROTO) << listed.error().message;
+  }
+  {
+    Pair p = SocketPair();
+    InitClient client(std::move(p.host));
+    auto listed = ReaddirAnsweredWith(
+        p.init.get(), client, {{proto::Type::kReaddirPart, proto::Encode(Names({"a"}))}}, true);
+    ASSERT_FALSE(listed.ok()) << "a listing cut short by the channel's end was taken";
+    EXPECT_EQ(listed.error().err, EPIPE) << listed.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace nsbox::fs

@@ -40,8 +40,9 @@ TEST(RunProgram, NoOtherFdOfThisProcessReachesIt) {
   const int fd = ::open("/dev/null", O_RDONLY);
   ASSERT_GE(fd, 3);
   // No pipeline: the shell would hold a pipe's ends for a moment while it starts one, and ls
-  // could see them (the test failed once under ctest -j2).
-  auto run = RunProgram({"/bin/sh", "-c", "ls /proc/$$/fd"}, nullptr, 1024);
+  // could see them (the test failed once under ctest -j2). The ":" after it keeps a shell that
+  // execs a lone last command (bash, busybox) from becoming ls, whose own fds differ.
+  auto run = RunProgram({"/bin/sh", "-c", "ls /proc/$$/fd; :"}, nullptr, 1024);
   ::close(fd);
   ASSERT_TRUE(run.ok()) << run.error().message();
   // The shell's ($$, not ls's): /dev/null as stdin, the output pipe as stdout and stderr.
