@@ -18,8 +18,6 @@
 
 namespace nsbox::isolate {
 
-// What a sandbox may use. An unset limit is not enforced (and needs no hierarchy). The explicit
-// initializers let callers write {.pids = 64} under -Wmissing-field-initializers.
 // The limits a sandbox can be given, checked where they are asked for (the API's PUT, the CLI)
 // as where a jail starts with them: nsbox-init is one of its pids, so a command needs a second;
 // the CPU limit is a share of CPU time per period (cpu.max, cpu.cfs_quota_us).
@@ -28,6 +26,8 @@ inline constexpr uint64_t kMaxPids = 4194304;  // the kernel's PID_MAX_LIMIT
 inline constexpr double kMinCpus = 0.01;
 inline constexpr double kMaxCpus = 4096;
 
+// What a sandbox may use. An unset limit is not enforced (and needs no hierarchy). The explicit
+// initializers let callers write {.pids = 64} under -Wmissing-field-initializers.
 struct CgroupLimits {
   std::optional<uint64_t> memory_bytes = std::nullopt;
   std::optional<uint64_t> pids = std::nullopt;
