@@ -2503,13 +2503,20 @@ asio::awaitable<ApiOutcome<json::object>> Daemon::ReadJson(Ctx& c, bool optional
     co_return ApiError::Invalid("the request needs a JSON body");
   }
   boost::system::error_code ec;
-  json::value v = json::parse(body, ec);
+  // A stream parser, for where it stopped: a model that wrote the body can find its mistake.
+  json::stream_parser parser;
+  const size_t used = parser.write(body.data(), body.size(), ec);
+  if (!ec) parser.finish(ec);
   if (ec) {
     // JSON is UTF-8 (RFC 8259 8.1): say so rather than Boost's "syntax error" at such a byte.
     if (!utf8::IsValid(body))
       co_return ApiError::Invalid("the body is not valid JSON: it is not UTF-8");
-    co_return ApiError::Invalid("the body is not valid JSON: " + ec.message());
+    co_return ApiError::Invalid("the body is not valid JSON: " + ec.message() +
+                                (used < body.size()
+                                     ? " at byte " + std::to_string(used)
+                                     : " at its end (byte " + std::to_string(body.size()) + ")"));
   }
+  json::value v = parser.release();
   if (!v.is_object()) co_return ApiError::Invalid("the body must be a JSON object");
   co_return std::move(v.as_object());
 }
