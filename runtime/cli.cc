@@ -1325,7 +1325,14 @@ Status CopyToSandbox(ApiClient& client, const std::string& src, const CpSide& ds
     return Error(EINVAL, src + ": not a regular file, directory or FIFO");
   }
   std::string remote = dst.path;
-  if (target.is_dir || EndsWithSlash(dst.path)) remote = JoinPath(dst.path, BaseName(src));
+  if (target.is_dir) {
+    remote = JoinPath(dst.path, BaseName(src));
+  } else if (EndsWithSlash(dst.path)) {
+    // As docker cp, and as a copy to the host: a path that ends with '/' names a directory that
+    // must be there.
+    return target.exists ? Error(ENOTDIR, dst.id + ":" + dst.path + ": not a directory")
+                         : Error(ENOENT, dst.id + ":" + dst.path + ": no such directory");
+  }
   NSBOX_ASSIGN_OR_RETURN(UniqueFd file, OpenAt(AT_FDCWD, src, O_RDONLY));
   return PutFile(client, dst.id, remote, file.get(), src, progress, /*keep_mode=*/true);
 }
