@@ -1156,6 +1156,20 @@ TEST_F(CliTest, CpErrors) {
                        ":x: stat(\"/nonexistent-host-file\"): ENOENT (No such file or "
                        "directory)\n");
 
+  // A destination that ends with '/' names a directory that must be there, both ways (docker cp).
+  r = Nsbox({"cp", "/etc/hostname", id + ":newdir/"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: cp /etc/hostname " + id + ":newdir/: " + id + ":newdir/: no such directory\n");
+  EXPECT_EQ(Nsbox({"exec", id, "--", "ls -A /workspace"}).out, "") << "the copy made newdir";
+  ASSERT_EQ(Nsbox({"cp", "-", id + ":afile"}, "x").code, 0);
+  r = Nsbox({"cp", "/etc/hostname", id + ":afile/"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_NE(r.err.find(":afile/: not a directory"), std::string::npos) << r.Describe();
+  r = Nsbox({"cp", id + ":afile", dir_ + "/nodir/"});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("no such directory"), std::string::npos) << r.Describe();
+
   r = Nsbox({"cp", "/etc/hostname", "/tmp/x"});
   EXPECT_EQ(r.code, 125) << r.Describe();
   EXPECT_EQ(r.err,
