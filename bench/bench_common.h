@@ -146,6 +146,20 @@ inline long PssKb(pid_t pid) {
   return 0;
 }
 
+// Where to make memory cgroups of one's own: a v1 memory mount, or the cgroup2 root when its
+// subtree_control has memory. Empty when there is neither.
+inline std::string MemoryCgroupRoot() {
+  struct stat st {};
+  if (stat("/sys/fs/cgroup/memory/memory.usage_in_bytes", &st) == 0) {
+    return "/sys/fs/cgroup/memory";
+  }
+  std::ifstream control("/sys/fs/cgroup/cgroup.subtree_control");
+  for (std::string w; control >> w;) {
+    if (w == "memory") return "/sys/fs/cgroup";
+  }
+  return "";
+}
+
 // KiB of kernel memory that one empty memory cgroup holds on this host now, from the growth of
 // the slab objects in use while `n` are made side by side (then removed); -1 where there is no
 // memory controller to make them in, or no /proc/slabinfo to read (not root).
@@ -154,17 +168,8 @@ inline long PssKb(pid_t pid) {
 // peak number of jails a host has held (docs/benchmarks.md "What an idle sandbox costs the
 // kernel"). Every idle sandbox holds one.
 inline double MemoryCgroupKb(int n = 50) {
-  std::string parent = "/sys/fs/cgroup/memory";
-  struct stat st {};
-  if (stat((parent + "/memory.usage_in_bytes").c_str(), &st) != 0) {
-    parent = "/sys/fs/cgroup";
-    std::ifstream control(parent + "/cgroup.subtree_control");
-    std::string words((std::istreambuf_iterator<char>(control)), std::istreambuf_iterator<char>());
-    std::istringstream in(words);
-    bool memory = false;
-    for (std::string w; in >> w;) memory = memory || w == "memory";
-    if (!memory) return -1;
-  }
+  const std::string parent = MemoryCgroupRoot();
+  if (parent.empty()) return -1;
   std::vector<std::string> made;
   DropReclaimableCaches();
   const long before = SlabObjectsKb();

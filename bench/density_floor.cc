@@ -65,20 +65,6 @@
 namespace nsbox::bench {
 namespace {
 
-// The memory hierarchy to make the memcg kind's cgroups in: a v1 memory mount, or the cgroup2
-// root when its subtree_control has memory. Empty when there is neither.
-std::string MemoryCgroupRoot() {
-  struct stat st {};
-  if (stat("/sys/fs/cgroup/memory/memory.usage_in_bytes", &st) == 0) {
-    return "/sys/fs/cgroup/memory";
-  }
-  std::ifstream control("/sys/fs/cgroup/cgroup.subtree_control");
-  for (std::string w; control >> w;) {
-    if (w == "memory") return "/sys/fs/cgroup";
-  }
-  return "";
-}
-
 // The child's side of a bare or memcg sandbox: waits for its id maps (and its cgroup), builds its
 // root and execs the pause program. Any failure exits with the step's number, which the parent
 // reports.

@@ -673,43 +673,28 @@ FsOutcome<proto::StatReply> InitClient::Stat(const std::string& path) {
 FsOutcome<proto::ReaddirReply> InitClient::Readdir(const std::string& path, bool with_types) {
   if (auto bad = TooLongToSend(path, "scandir")) return *bad;
   // A large directory comes in parts (kReaddirPart frames, then the kReaddirResult), gathered on
-  // the thread that reads the channel; the caller reads them once the last has come.
+  // the thread that reads the channel; the caller adds the last once it has come. Bytes from
+  // inside the sandbox: within the listing's bounds, or refused.
   struct Parts {
-    proto::ReaddirReply listing;
-    size_t bytes = 0;
+    proto::ReaddirGatherer listing;
     bool malformed = false;
   };
   auto parts = std::make_shared<Parts>();
-  auto r =
-      Call(Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}), nullptr, 0,
-           [parts](const proto::FrameReader::FrameView& frame) {
-             if (frame.header.type != Type::kReaddirPart) return false;
-             parts->bytes += frame.payload.size();
-             proto::ReaddirReply part;
-             // Bytes from inside the sandbox: no more than nsbox-init may send in all.
-             if (parts->malformed || parts->bytes > proto::kMaxReaddirBytes ||
-                 !proto::Decode(frame.payload, &part) ||
-                 parts->listing.entries.size() + part.entries.size() > proto::kMaxListEntries) {
-               parts->malformed = true;
-               return true;
-             }
-             for (auto& e : part.entries) parts->listing.entries.push_back(std::move(e));
-             return true;
-           });
+  auto r = Call(Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}), nullptr, 0,
+                [parts](const proto::FrameReader::FrameView& frame) {
+                  if (frame.header.type != Type::kReaddirPart) return false;
+                  if (!parts->malformed) parts->malformed = !parts->listing.Add(frame.payload);
+                  return true;
+                });
   if (!r.ok()) return r.error();
-  proto::ReaddirReply last;
-  if (r.value().type != Type::kReaddirResult || !proto::Decode(r.value().payload, &last)) {
-    return ReplyError(r.value(), "readdir-result");
-  }
-  if (parts->malformed || parts->bytes + r.value().payload.size() > proto::kMaxReaddirBytes ||
-      parts->listing.entries.size() + last.entries.size() > proto::kMaxListEntries) {
+  if (r.value().type != Type::kReaddirResult) return ReplyError(r.value(), "readdir-result");
+  if (parts->malformed || !parts->listing.Add(r.value().payload)) {
     FsError e;
     e.err = EPROTO;
     e.message = "nsbox-init sent a malformed or oversized listing of '" + path + "'";
     return e;
   }
-  for (auto& e : last.entries) parts->listing.entries.push_back(std::move(e));
-  return std::move(parts->listing);
+  return parts->listing.Take();
 }
 
 FsOutcome<bool> InitClient::Exists(const std::string& path) {

@@ -580,6 +580,38 @@ bool Decode(std::string_view payload, ReaddirReply* m) {
   return r.Done();
 }
 
+std::vector<std::string> EncodeReaddirParts(std::vector<ReaddirReply::Entry> entries) {
+  if (entries.size() > kMaxListEntries) return {};
+  std::vector<std::string> parts;
+  ReaddirReply part;
+  size_t part_bytes = 4, total = 0;  // as Encode writes them: a count, then the entries
+  for (auto& e : entries) {
+    const size_t entry_bytes = 4 + e.name.size() + 1;
+    total += entry_bytes;
+    if (total > kMaxReaddirBytes) return {};
+    if (part_bytes + entry_bytes > kReaddirPartBytes) {
+      parts.push_back(Encode(part));
+      part.entries.clear();
+      part_bytes = 4;
+    }
+    part.entries.push_back(std::move(e));
+    part_bytes += entry_bytes;
+  }
+  parts.push_back(Encode(part));
+  return parts;
+}
+
+bool ReaddirGatherer::Add(std::string_view payload) {
+  bytes_ += payload.size();
+  ReaddirReply part;
+  if (bytes_ > kMaxReaddirBytes || !Decode(payload, &part) ||
+      listing_.entries.size() + part.entries.size() > kMaxListEntries) {
+    return false;
+  }
+  for (auto& e : part.entries) listing_.entries.push_back(std::move(e));
+  return true;
+}
+
 bool DecodeExecOutputView(std::string_view payload, uint8_t* stream, std::string_view* data) {
   Reader r(payload);
   uint32_t n = 0;

@@ -332,6 +332,23 @@ bool Decode(std::string_view payload, RmRequest* m);
 bool Decode(std::string_view payload, ErrorReply* m);
 bool Decode(std::string_view payload, StatReply* m);
 bool Decode(std::string_view payload, ReaddirReply* m);
+
+// A directory's listing as the payloads of the frames that carry it, each a ReaddirReply of at
+// most kReaddirPartBytes: the last is sent as kReaddirResult, the others before it as
+// kReaddirPart. Empty when the listing is over kMaxReaddirBytes or kMaxListEntries names.
+std::vector<std::string> EncodeReaddirParts(std::vector<ReaddirReply::Entry> entries);
+
+// Gathers a listing from the payloads of its frames, in order, within the same bounds: Add is
+// false for a payload that does not decode or that takes the listing over them.
+class ReaddirGatherer {
+ public:
+  bool Add(std::string_view payload);
+  ReaddirReply Take() { return std::move(listing_); }
+
+ private:
+  ReaddirReply listing_;
+  size_t bytes_ = 0;
+};
 bool DecodeU64(std::string_view payload, uint64_t* v);
 // ExecOutput without copying its data: `data` points into `payload`.
 bool DecodeExecOutputView(std::string_view payload, uint8_t* stream, std::string_view* data);

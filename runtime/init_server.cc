@@ -662,36 +662,27 @@ void InitServer::HandleFileVerb(const proto::FrameReader::Frame& frame) {
           reply([this, tag, e = entries.error()] { SendError(tag, e); });
           return;
         }
-        // In frames of up to kReaddirPartBytes: a directory of any size up to kMaxReaddirBytes of
-        // listing, never one frame over kMaxPayload.
-        std::vector<std::string> parts;
-        proto::ReaddirReply part;
-        size_t part_bytes = 4, total = 0;  // as Encode writes them: a count, then the entries
+        const size_t n = entries.value().size();
+        std::vector<proto::ReaddirReply::Entry> listing;
+        listing.reserve(n);
         for (auto& e : entries.value()) {
-          const size_t entry_bytes = 4 + e.name.size() + 1;
-          total += entry_bytes;
-          if (total > proto::kMaxReaddirBytes || entries.value().size() > proto::kMaxListEntries) {
-            reply([this, tag, n = entries.value().size(), path = req.path] {
-              SendError(tag, fs::FsError{E2BIG, "scandir", path,
-                                         "E2BIG: the directory has too many entries for one "
-                                         "listing (" +
-                                             std::to_string(n) + "; at most " +
-                                             std::to_string(proto::kMaxListEntries) + " names, " +
-                                             std::to_string(proto::kMaxReaddirBytes >> 20) +
-                                             " MiB of them), scandir '" + path +
-                                             "'; list it with a command (ls, find)"});
-            });
-            return;
-          }
-          if (part_bytes + entry_bytes > proto::kReaddirPartBytes) {
-            parts.push_back(proto::Encode(part));
-            part.entries.clear();
-            part_bytes = 4;
-          }
-          part.entries.push_back({std::move(e.name), static_cast<uint8_t>(e.type)});
-          part_bytes += entry_bytes;
+          listing.push_back({std::move(e.name), static_cast<uint8_t>(e.type)});
         }
-        parts.push_back(proto::Encode(part));
+        // In frames of up to 1 MiB, never one over kMaxPayload; none beyond the listing's bounds.
+        std::vector<std::string> parts = proto::EncodeReaddirParts(std::move(listing));
+        if (parts.empty()) {
+          reply([this, tag, n, path = req.path] {
+            SendError(tag,
+                      fs::FsError{E2BIG, "scandir", path,
+                                  "E2BIG: the directory has too many entries for one listing (" +
+                                      std::to_string(n) + "; at most " +
+                                      std::to_string(proto::kMaxListEntries) + " names, " +
+                                      std::to_string(proto::kMaxReaddirBytes >> 20) +
+                                      " MiB of them), scandir '" + path +
+                                      "'; list it with a command (ls, find)"});
+          });
+          return;
+        }
         reply([this, tag, parts = std::move(parts)] {
           for (size_t i = 0; i + 1 < parts.size(); ++i) Send(Type::kReaddirPart, tag, parts[i]);
           Send(Type::kReaddirResult, tag, parts.back());
