@@ -659,7 +659,7 @@ struct Runner::Impl {
   void MaybeMakeWarm();
   void DropWarm();
   Status OpenDevNull();  // dev_null and pipe_size, once
-  void Anticipate();
+  void Anticipate(bool hold);
   std::unique_ptr<char[]> TakeBuffer();
   void KeepBuffer(std::unique_ptr<char[]> buf);
   void MaybeRetire(const CommandPtr& cmd);
@@ -705,6 +705,8 @@ struct Runner::Impl {
   // looked up when the runner is made and again whenever it goes idle.
   uint64_t reset_signals = ~uint64_t{0};
   OpId idle_op = 0;
+  // Anticipate(hold): nothing made ahead is released before the first command (ArmIdle waits).
+  bool hold_for_first = false;
   // A child made ahead for the next command, in its own set (WarmChild): made while commands
   // come in a row, dropped when the runner idles. `warm_off` once one failed a step.
   std::unique_ptr<WarmChild> warm;
@@ -738,7 +740,11 @@ Status Runner::Impl::OpenDevNull() {
   return Ok();
 }
 
-void Runner::Impl::Anticipate() {
+void Runner::Impl::Anticipate(bool hold) {
+  if (hold && last_start == Clock::time_point{}) {
+    hold_for_first = true;
+    if (idle_op != 0) reactor.Cancel(idle_op);  // the constructor's, for the cgroups made ahead
+  }
   if (shutting_down || spares.empty() || warm != nullptr) return;
   if (auto opened = OpenDevNull(); !opened.ok()) {
     log::warn("exec: a child made ahead for the first command: {}", opened.error().message());
@@ -759,6 +765,7 @@ void Runner::Impl::Anticipate() {
 Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents events) {
   if (spec.argv.empty()) return Error::Msg("start command: empty argv");
   if (shutting_down) return Error::Msg("start command: the runner is shutting down");
+  hold_for_first = false;  // from now on, idle is idle (Anticipate)
   if (stack == nullptr) {
     auto created = ChildStack::Create(kChildStackSize);
     if (!created.ok()) return std::move(created).error().Context("start command");
@@ -1561,7 +1568,7 @@ void Runner::Impl::RequestSpare() {
 }
 
 void Runner::Impl::ArmIdle() {
-  if (idle_op != 0 || shutting_down) return;
+  if (idle_op != 0 || shutting_down || hold_for_first) return;
   idle_op = reactor.Timer(kIdleRelease, [this, alive = alive](int res) {
     if (!*alive) return;  // the runner is gone; `this` must not be touched
     idle_op = 0;
@@ -1844,7 +1851,7 @@ void Runner::PauseOutput(bool paused) { impl_->PauseOutput(paused); }
 
 size_t Runner::running() const { return impl_->running; }
 
-void Runner::Anticipate() { impl_->Anticipate(); }
+void Runner::Anticipate(bool hold) { impl_->Anticipate(hold); }
 
 void Runner::NoChildrenMadeAhead() {
   impl_->warm_never = true;

@@ -155,8 +155,10 @@ class Runner {
   void PauseOutput(bool paused);
   // A command is expected soon (the sandbox has just started): where the cgroups made ahead are
   // there (PremadeCgroups), the first command's child is made now, as for commands in a row, and
-  // dropped after 2 s idle as any. That command still counts as a lone one.
-  void Anticipate();
+  // dropped after 2 s idle as any. That command still counts as a lone one. `hold`: kept, with
+  // the cgroups made ahead, until the first command comes, however long that takes (a jail of
+  // nsboxd's pool, adopted ahead of the sandbox it will serve).
+  void Anticipate(bool hold = false);
   // Whether `pid` is the runner's child made ahead for the next command (no command yet): a
   // child of the caller's thread that the caller must not reap.
   bool OwnsIdleChild(pid_t pid) const;

@@ -270,6 +270,7 @@ std::string Encode(const Hello& m) {
     w.Bytes(m.adoption->etc_hosts);
     w.Bytes(m.adoption->etc_hostname);
     w.U64(m.adoption->tmpfs_size);
+    w.U8(m.adoption->ahead ? 1 : 0);
   }
   return w.Take();
 }
@@ -292,7 +293,7 @@ bool Decode(std::string_view payload, Hello* m) {
   if (adopt) {
     Adoption& a = m->adoption.emplace();
     if (!r.Bytes(&a.hostname, 64) || a.hostname.empty() || !r.Bytes(&a.etc_hosts, kMaxEtcFile) ||
-        !r.Bytes(&a.etc_hostname, kMaxEtcFile) || !r.U64(&a.tmpfs_size)) {
+        !r.Bytes(&a.etc_hostname, kMaxEtcFile) || !r.U64(&a.tmpfs_size) || !r.Bool(&a.ahead)) {
       return false;
     }
   }

@@ -24,8 +24,9 @@
 
 namespace nsbox::fs::proto {
 
-// 2: one tmpfs size in an adoption; 3: modes in stat and write; 4: a listing in ReaddirPart frames
-inline constexpr uint32_t kVersion = 4;
+// 2: one tmpfs size in an adoption; 3: modes in stat and write; 4: a listing in ReaddirPart frames;
+// 5: an adoption made ahead of its sandbox
+inline constexpr uint32_t kVersion = 5;
 inline constexpr size_t kHeaderSize = 16;
 inline constexpr uint32_t kMaxPayload = 4u << 20;         // 4 MiB
 inline constexpr uint32_t kMaxOutputChunk = 256u << 10;   // exec output per frame
@@ -146,6 +147,10 @@ struct Adoption {
   std::string etc_hosts;     // at most kMaxEtcFile bytes
   std::string etc_hostname;  // the same
   uint64_t tmpfs_size = 0;   // /tmp and /dev/shm together, in bytes; 0: the kernel's default
+  // Made ahead of the sandbox it will serve (nsboxd's spare directories; the hostname and files
+  // are placeholders the daemon rewrites): what nsbox-init makes ahead for the first command
+  // waits for it, however long (exec::Runner::Anticipate's hold).
+  bool ahead = false;
 };
 inline constexpr uint32_t kMaxEtcFile = 64u << 10;
 

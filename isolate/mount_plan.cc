@@ -765,10 +765,6 @@ int ApplyMountPlan(const MountPlan& plan, size_t* failed_op, int* held_fd) noexc
   return err;
 }
 
-namespace {
-
-// Replaces the content of `name` in the jail's own /etc directory, which the procfs covers: the
-// write goes through the directory's fd, held from before it was covered (kHoldDir).
 Status RewriteOwnEtcFile(int own_etc_dir, const std::string& name, const std::string& content) {
   const std::string path = std::string(kOwnEtcDir + 1) + "/" + name;
   UniqueFd fd(::openat(own_etc_dir, name.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC));
@@ -782,6 +778,8 @@ Status RewriteOwnEtcFile(int own_etc_dir, const std::string& name, const std::st
   }
   return Ok();
 }
+
+namespace {
 
 Status ResizeTmpfs(const char* path, unsigned long flags, uint64_t size) {
   if (size == 0) return Ok();
@@ -813,6 +811,15 @@ Status ApplyAdoption(const AdoptionSpec& spec) {
   NSBOX_TRY(ResizeTmpfs("/dev", MS_NOSUID | MS_NOEXEC, spec.tmpfs_size));
   if (::sethostname(spec.hostname.data(), spec.hostname.size()) < 0) {
     return Error::Sys("sethostname", spec.hostname, errno);
+  }
+  if (spec.ahead) {
+    // SAFETY: open_tree only reads the fd and returns a new one.
+    UniqueFd clone(
+        sys::OpenTree(spec.own_etc_dir, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH));
+    if (!clone.valid()) return Error::Sys("open_tree", kOwnEtcDir, errno);
+    if (::dup3(clone.get(), spec.own_etc_dir, O_CLOEXEC) < 0) {
+      return Error::Sys("dup3", kOwnEtcDir, errno);
+    }
   }
   if (::mount(nullptr, "/", nullptr, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
               nullptr) < 0) {

@@ -183,6 +183,11 @@ struct AdoptionSpec {
   // The jail's own /etc directory (kOwnEtcDir), held (kHoldDir) from before the procfs covered
   // it: hosts and hostname are rewritten through it.
   int own_etc_dir = -1;
+  // Adopted ahead of its sandbox, whose hosts and hostname the host writes later: `own_etc_dir`
+  // is replaced (same fd number) by a clone of that directory's mount made before the root is
+  // read-only, which stays writable (only that directory is reachable through it), for the host
+  // to open through /proc/PID/fd.
+  bool ahead = false;
 };
 
 // Run inside such a jail, by a process that still holds CAP_SYS_ADMIN in its namespaces: attaches
@@ -190,6 +195,11 @@ struct AdoptionSpec {
 // the tmpfs of /tmp and /dev/shm, sets the hostname and makes the root read-only, as PlanMounts
 // would have. Errors name the step and the path.
 Status ApplyAdoption(const AdoptionSpec& spec);
+
+// Replaces the content of `name` ("hosts", "hostname") in a jail's own /etc directory (kOwnEtcDir),
+// which its procfs covers: through `own_etc_dir`, an fd of that directory held from before it was
+// covered (kHoldDir), by nsbox-init during ApplyAdoption or by the host for a jail adopted ahead.
+Status RewriteOwnEtcFile(int own_etc_dir, const std::string& name, const std::string& content);
 
 // Reads which allowlisted /etc entries the host has (lstat + readlink), for JailFsConfig.
 Result<std::vector<JailFsConfig::EtcEntry>> ScanHostEtc(const std::string& host_etc_dir);

@@ -180,7 +180,7 @@ Status InitServer::Run() {
   // A sandbox starts because a request needs it, most often a command: the first one finds its
   // child made ahead, as commands in a row do (a jail of the pool, whose cgroups are made; not in
   // a sandbox with a memory limit, above).
-  runner_->Anticipate();
+  runner_->Anticipate(hello_.adoption.has_value() && hello_.adoption->ahead);
   // Start-up ran deeper than the loop goes: its stack pages go back (8 of the 24 KiB of dirty
   // stack an idle nsbox-init held; the rest is above the loop's frame, docs/benchmarks.md).
   ReleaseUnusedMainStack();
@@ -871,13 +871,16 @@ int InitMain(int argc, char** argv) {
     spec.etc_hostname = hello->adoption->etc_hostname;
     spec.tmpfs_size = hello->adoption->tmpfs_size;
     spec.own_etc_dir = own_etc_fd;
+    spec.ahead = hello->adoption->ahead;
     if (auto st = isolate::ApplyAdoption(spec); !st.ok()) {
       Die("adopt the sandbox: " + st.error().message());
     }
     if (::chdir("/workspace") < 0) Die("chdir /workspace: " + ErrnoText(errno));
   }
   passed.clear();
-  if (own_etc_fd >= 0) ::close(own_etc_fd);  // of use to the adoption only
+  // Of use to the adoption only; adopted ahead, it is the writable clone the daemon opens through
+  // /proc to write the sandbox's hosts and hostname (isolate::AdoptionSpec::ahead), kept.
+  if (own_etc_fd >= 0 && !(adopt && hello->adoption->ahead)) ::close(own_etc_fd);
 
   int root = ::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (root < 0) Die("open /: " + ErrnoText(errno));

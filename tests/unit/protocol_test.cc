@@ -113,6 +113,10 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_EQ(h2.adoption->etc_hosts, "127.0.1.1\tbox-1\n");
   EXPECT_EQ(h2.adoption->etc_hostname, "box-1\n");
   EXPECT_EQ(h2.adoption->tmpfs_size, 32u << 20);
+  EXPECT_FALSE(h2.adoption->ahead);
+  h.adoption->ahead = true;
+  ASSERT_TRUE(Decode(Encode(h), &h2));
+  EXPECT_TRUE(h2.adoption->ahead);
   // An adoption names its sandbox: an empty hostname, or one over 64 bytes, is malformed.
   h.adoption->hostname = "";
   EXPECT_FALSE(Decode(Encode(h), &h2));
