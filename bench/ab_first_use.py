@@ -37,15 +37,20 @@ BWRAP = ["/usr/bin/bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/
 
 
 def wait_pool_full(conn, timeout=10.0):
-    """Until nsbox_pool_ready equals nsbox_pool_size; a build without a pool has neither."""
+    """Until nsbox_pool_ready equals nsbox_pool_size, and with a pool a jail is adopted ahead;
+    a build without a pool has none of them, one without adoption ahead not the last."""
     deadline = time.monotonic() + timeout
     while True:
         metrics = {}
         for line in call(conn, "GET", "/metrics").decode().splitlines():
-            if line.startswith(("nsbox_pool_ready ", "nsbox_pool_size ")):
+            if line.startswith(("nsbox_pool_ready ", "nsbox_pool_size ",
+                                "nsbox_pool_adopted_ahead ")):
                 name, value = line.split()
                 metrics[name] = int(value)
-        if metrics.get("nsbox_pool_ready") == metrics.get("nsbox_pool_size"):
+        size = metrics.get("nsbox_pool_size")
+        ahead = metrics.get("nsbox_pool_adopted_ahead")
+        if metrics.get("nsbox_pool_ready") == size and (
+                ahead is None or ahead == (1 if size else 0)):
             return
         if time.monotonic() > deadline:
             sys.exit("the daemon's pool did not fill within 10 s")

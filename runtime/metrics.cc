@@ -309,13 +309,16 @@ std::string Metrics::Render(const std::map<std::string, uint64_t>& sandboxes_by_
   return out;
 }
 
-std::string RenderPool(size_t ready, size_t size) {
+std::string RenderPool(size_t ready, size_t size, size_t adopted_ahead) {
   std::string out;
   AppendFamilyHeader(out, "nsbox_pool_ready", "gauge",
                      "Jails of the host image started ahead and waiting for a sandbox.");
   AppendSample(out, "nsbox_pool_ready", "", ready);
   AppendFamilyHeader(out, "nsbox_pool_size", "gauge", "Jails the pool keeps ready (--pool).");
   AppendSample(out, "nsbox_pool_size", "", size);
+  AppendFamilyHeader(out, "nsbox_pool_adopted_ahead", "gauge",
+                     "Jails of the pool adopted ahead for the next new sandbox's directory.");
+  AppendSample(out, "nsbox_pool_adopted_ahead", "", adopted_ahead);
   return out;
 }
 

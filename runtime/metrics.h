@@ -102,7 +102,8 @@ struct NetworkConnections {
 };
 std::string RenderNetworkConnections(const std::map<std::string, NetworkConnections>& by_sandbox);
 
-// nsbox_pool_ready and nsbox_pool_size: the jails started ahead (docs/daemon.md "The pool").
-std::string RenderPool(size_t ready, size_t size);
+// nsbox_pool_ready, nsbox_pool_size and nsbox_pool_adopted_ahead: the jails started ahead
+// (docs/daemon.md "The pool").
+std::string RenderPool(size_t ready, size_t size, size_t adopted_ahead);
 
 }  // namespace nsbox::runtime

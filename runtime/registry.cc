@@ -656,7 +656,28 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   lock.unlock();
   bool made_dir = false;
   bool from_spare = false;
-  std::string spare = image ? std::string() : TakeSpareDir();
+  Spare taken = image ? Spare() : TakeSpare();
+  std::string spare = std::move(taken.dir);
+  // A directory made ahead with a jail adopted ahead for it: the jail becomes the sandbox's here,
+  // from the host (Sandbox::Assign: its limits, hosts, hostname), with no work of nsbox-init's
+  // on this request's or its first command's path. One that does not fit is stopped on the
+  // pool's thread, and the sandbox goes the usual way.
+  std::unique_ptr<Sandbox> assigned;
+  if (taken.jail != nullptr) {
+    if (!config.network.networked() && !config.limits.disk_bytes) {
+      const SandboxOptions o = OptionsFor(config, hash, spare);
+      if (auto st = taken.jail->Assign(o.jail); st.ok()) {
+        assigned = std::move(taken.jail);
+      } else {
+        const int err = st.error().code();
+        log::log(err == EOPNOTSUPP || err == ENOENT || err == ESTALE ? spdlog::level::info
+                                                                     : spdlog::level::warn,
+                 "sandbox={} did not take the jail adopted ahead (pid {}): {}", config.id,
+                 taken.jail->init_pid(), st.error().message());
+      }
+    }
+    if (taken.jail != nullptr) RetireJail(std::move(taken.jail));
+  }
   // A host-image sandbox adopts a pooled jail while its config.json is made durable, on a thread
   // of its own: the PUT's fdatasync is most of its time, and the adoption (≈ 0.8 ms, most of it
   // nsbox-init's work) would otherwise be on its first command's path. The thread holds the
@@ -669,7 +690,11 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
                                               config.idle_stop_ms.value_or(options_.idle_stop_ms));
   std::thread adopter;
   std::future<void> adopter_holds_lifecycle;
-  if (!spare.empty() && !config.network.networked() && !config.limits.disk_bytes) {
+  pid_t ahead_pid = 0;
+  if (assigned != nullptr) {
+    ahead_pid = assigned->init_pid();
+    entry->box_ = std::move(assigned);  // not yet published: nobody else sees it
+  } else if (!spare.empty() && !config.network.networked() && !config.limits.disk_bytes) {
     if (std::unique_ptr<Sandbox> pooled = TakePooled()) {
       SandboxOptions o = OptionsFor(config, hash, spare);
       auto workspace = PinDirectory(o.jail.workspace);
@@ -794,15 +819,13 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     return WriteFileAtomic(dir, "config.json", EncodeConfig(config));
   }();
   if (!made.ok()) {
-    if (adopter.joinable()) {
-      adopter.join();
-      std::shared_ptr<Sandbox> box;
-      {
-        std::lock_guard<std::mutex> entry_lock(entry->mu_);
-        box = std::move(entry->box_);
-      }
-      if (box != nullptr) (void)box->Stop();
+    if (adopter.joinable()) adopter.join();
+    std::shared_ptr<Sandbox> box;
+    {
+      std::lock_guard<std::mutex> entry_lock(entry->mu_);
+      box = std::move(entry->box_);
     }
+    if (box != nullptr) (void)box->Stop();        // adopted, or assigned, for nothing
     if (!spare.empty()) (void)RemoveTree(spare);  // not used, or its config.json half-written
     if (made_dir) (void)RemoveTree(dir);
     if (!image) AskForSpareDir();
@@ -833,7 +856,12 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   }
   lock.lock();
   by_id_[config.id] = entry;
-  log::info("sandbox={} created in {}", config.id, dir);
+  if (ahead_pid > 0) {
+    log::info("sandbox={} created in {} with the jail adopted ahead (pid {})", config.id, dir,
+              ahead_pid);
+  } else {
+    log::info("sandbox={} created in {}", config.id, dir);
+  }
   return std::pair{entry, true};
 }
 
@@ -883,13 +911,21 @@ Result<std::string> Registry::MakeSpareDir() const {
   return spare;
 }
 
-std::string Registry::TakeSpareDir() {
-  std::string spare;
+Registry::Spare Registry::TakeSpare() {
+  Spare spare;
   {
     std::lock_guard<std::mutex> lock(janitor_mu_);
     if (spares_.empty()) return spare;
-    spare = std::move(spares_.front());
-    spares_.erase(spares_.begin());
+    // One whose jail is adopted ahead; else one the pool's thread is not adopting a jail for
+    // (that jail would be stopped as soon as it is ready); else the first.
+    auto it = std::find_if(spares_.begin(), spares_.end(),
+                           [](const Spare& s) { return s.jail != nullptr; });
+    if (it == spares_.end()) {
+      it = std::find_if(spares_.begin(), spares_.end(), [](const Spare& s) { return !s.adopting; });
+    }
+    if (it == spares_.end()) it = spares_.begin();
+    spare = std::move(*it);
+    spares_.erase(it);
     if (!spares_.empty()) return spare;  // the next one after this creation (AskForSpareDir)
     // Creations in a burst: the next one now, beside this creation's fsyncs.
     janitor_spare_ = true;
@@ -1118,6 +1154,71 @@ size_t Registry::PoolReady() const {
   return pool_.size();
 }
 
+size_t Registry::AdoptedAheadReady() const {
+  std::lock_guard<std::mutex> lock(janitor_mu_);
+  return static_cast<size_t>(std::count_if(spares_.begin(), spares_.end(),
+                                           [](const Spare& s) { return s.jail != nullptr; }));
+}
+
+void Registry::RetireJail(std::unique_ptr<Sandbox> jail) {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    retired_.push_back(std::move(jail));
+  }
+  pool_cv_.notify_one();
+}
+
+bool Registry::AdoptAheadOnce() {
+  std::string dir;
+  {
+    std::lock_guard<std::mutex> lock(janitor_mu_);
+    // One jail adopted ahead at most: the next creation's; a burst's second takes the pool's.
+    for (const Spare& s : spares_) {
+      if (s.jail != nullptr || s.adopting) return false;
+    }
+    if (spares_.empty()) return false;
+    spares_.front().adopting = true;
+    dir = spares_.front().dir;
+  }
+  auto adopted = [&]() -> Result<std::unique_ptr<Sandbox>> {
+    NSBOX_ASSIGN_OR_RETURN(std::unique_ptr<Sandbox> jail, StartPooled());
+    // As OptionsFor has a host-image sandbox's, less what names it and its limits.
+    JailOptions o;
+    o.workspace = dir + "/workspace";
+    o.home = dir + "/home";
+    o.shared_etc_dir = SharedEtcDir();
+    o.hostname = kAheadHostname;
+    o.nameserver = nameserver_;
+    o.warn_unwritable_workspace = false;
+    NSBOX_ASSIGN_OR_RETURN(PinnedDir workspace, PinDirectory(o.workspace));
+    NSBOX_ASSIGN_OR_RETURN(PinnedDir home, PinDirectory(o.home));
+    NSBOX_TRY(jail->AdoptAhead(o, std::move(workspace), std::move(home)));
+    return jail;
+  }();
+  std::unique_ptr<Sandbox> stray;
+  {
+    std::lock_guard<std::mutex> lock(janitor_mu_);
+    auto it = std::find_if(spares_.begin(), spares_.end(),
+                           [&dir](const Spare& s) { return s.dir == dir; });
+    if (it == spares_.end()) {
+      // A creation took the directory meanwhile (it went the usual way): the jail has its
+      // directories attached, and no command ever runs in it.
+      if (adopted.ok()) stray = std::move(adopted).value();
+    } else {
+      it->adopting = false;
+      if (adopted.ok()) it->jail = std::move(adopted).value();
+    }
+  }
+  if (stray != nullptr) (void)stray->Stop();
+  if (!adopted.ok()) {
+    constexpr std::chrono::seconds kAgain(30);
+    log::warn("the pool could not adopt a jail ahead for {}: {} (again in {} s)", dir,
+              adopted.error().message(), kAgain.count());
+    ahead_not_before_ = std::chrono::steady_clock::now() + kAgain;
+  }
+  return true;
+}
+
 Result<std::unique_ptr<Sandbox>> Registry::StartPooled() {
   SandboxOptions o;
   o.jail.adopt_later = true;
@@ -1144,16 +1245,52 @@ void Registry::PoolLoop() {
   auto retry = kFirstRetry;
   std::unique_lock<std::mutex> lock(pool_mu_);
   while (!pool_stop_) {
+    if (!retired_.empty()) {
+      std::vector<std::unique_ptr<Sandbox>> retired = std::move(retired_);
+      retired_.clear();
+      lock.unlock();
+      for (auto& jail : retired) (void)jail->Stop();
+      lock.lock();
+      continue;
+    }
     if (pool_taken_) {
       pool_taken_ = false;
       pool_cv_.wait_for(lock, kAfterTake, [this] { return pool_stop_; });
       continue;
     }
     if (pool_.size() >= options_.pool_size) {
-      // Full: looked at again every few seconds, so that a jail whose nsbox-init died while it
+      // Full. Then a jail adopted ahead for the next creation's directory (none with --pool 0).
+      pool_spare_made_ = false;
+      if (options_.pool_size > 0 && std::chrono::steady_clock::now() >= ahead_not_before_) {
+        lock.unlock();
+        const bool tried = AdoptAheadOnce();
+        lock.lock();
+        if (tried) continue;
+      }
+      // Looked at again every few seconds, so that a jail whose nsbox-init died while it
       // waited (killed from the host, the OOM killer) is replaced before a sandbox needs it.
-      if (pool_cv_.wait_for(lock, kCheckAlive, [this] { return pool_stop_ || pool_taken_; })) {
+      if (pool_cv_.wait_for(lock, kCheckAlive, [this] {
+            return pool_stop_ || pool_taken_ || pool_spare_made_ || !retired_.empty();
+          })) {
         continue;
+      }
+      {
+        // The same for a jail adopted ahead: dropped, and adopted again at the next turn.
+        std::unique_ptr<Sandbox> dead;
+        {
+          std::lock_guard<std::mutex> spares_lock(janitor_mu_);
+          for (Spare& spare : spares_) {
+            if (spare.jail != nullptr && !spare.jail->client().connected()) {
+              dead = std::move(spare.jail);
+            }
+          }
+        }
+        if (dead != nullptr) {
+          lock.unlock();
+          log::warn("the jail adopted ahead (pid {}) is gone; adopting another", dead->init_pid());
+          (void)dead->Stop();
+          lock.lock();
+        }
       }
       std::vector<std::unique_ptr<Sandbox>> dead;
       for (auto it = pool_.begin(); it != pool_.end();) {
@@ -1187,7 +1324,15 @@ void Registry::PoolLoop() {
   }
   std::vector<std::unique_ptr<Sandbox>> boxes = std::move(pool_);
   pool_.clear();
+  for (auto& jail : retired_) boxes.push_back(std::move(jail));
+  retired_.clear();
   lock.unlock();
+  {
+    std::lock_guard<std::mutex> spares_lock(janitor_mu_);
+    for (Spare& spare : spares_) {
+      if (spare.jail != nullptr) boxes.push_back(std::move(spare.jail));
+    }
+  }
   for (auto& box : boxes) (void)box->Stop();
 }
 
@@ -1592,19 +1737,32 @@ void Registry::JanitorLoop() {
       }
     }
     lock.lock();
+    bool for_pool = false;
     if (!made.empty()) {
       if (spares_.size() < kSpares) {
         log::debug("sandbox directory made ahead: {}", made);
-        spares_.push_back(std::move(made));
+        spares_.push_back(Spare{std::move(made), nullptr, false});
+        for_pool = true;
       } else {
         (void)RemoveTree(made);
       }
     }
+    if (for_pool) {
+      // The pool's thread adopts a jail ahead for it (AdoptAheadOnce).
+      lock.unlock();
+      {
+        std::lock_guard<std::mutex> pool_lock(pool_mu_);
+        pool_spare_made_ = true;
+      }
+      pool_cv_.notify_one();
+      lock.lock();
+    }
     // Until there are kSpares; after a failure, at the next creation's request.
     if (spare && !failed && spares_.size() < kSpares) janitor_spare_ = true;
   }
-  // The skeletons nobody took: removed now, or by the next start.
-  for (const std::string& spare : spares_) (void)RemoveTree(spare);
+  // The skeletons nobody took: removed now, or by the next start. (Their jails adopted ahead
+  // were stopped by the pool's thread, which ended before this one was asked to.)
+  for (const Spare& spare : spares_) (void)RemoveTree(spare.dir);
 }
 
 namespace {

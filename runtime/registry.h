@@ -271,6 +271,9 @@ class Registry {
   std::string SharedEtcDir() const { return state_dir_ + "/host-etc"; }
   // Jails of the pool started and waiting for a sandbox, and how many it keeps.
   size_t PoolReady() const;
+  // Whether a directory made ahead has a jail of the pool adopted ahead for it (0 or 1): the next
+  // creation of a host-image sandbox takes both (docs/daemon.md "The pool").
+  size_t AdoptedAheadReady() const;
   size_t pool_size() const { return options_.pool_size; }
 
  private:
@@ -297,6 +300,15 @@ class Registry {
   void PoolLoop();
   Result<std::unique_ptr<Sandbox>> StartPooled();
   std::unique_ptr<Sandbox> TakePooled();
+  // Starts a jail for the pool and adopts it ahead for the first directory made ahead, if none
+  // has one (or is getting one): the pool's thread. Whether it tried.
+  bool AdoptAheadOnce();
+  // Stops, on the pool's thread, a jail taken from the pool and not used: off a request's path.
+  void RetireJail(std::unique_ptr<Sandbox> jail);
+  std::vector<std::unique_ptr<Sandbox>> retired_;           // under pool_mu_
+  std::chrono::steady_clock::time_point ahead_not_before_;  // after a failure; pool thread's
+  // The placeholder hostname of a jail adopted ahead, until its sandbox's (Sandbox::Assign).
+  static constexpr char kAheadHostname[] = "nsbox-ahead";
   // Adoptions at creation under way (Create), each on a detached thread of its own.
   std::mutex adopting_mu_;
   std::condition_variable adopting_cv_;
@@ -347,15 +359,22 @@ class Registry {
   Result<std::vector<isolate::DiskDir>> TopDirs(const SandboxConfig& config) const;
   // Makes them in `parent` on the host: each new (mkdir), then its owner, then its mode.
   static Status MakeTopDirs(const std::string& parent, const std::vector<isolate::DiskDir>& dirs);
-  // "" when none is ready. Taking the last one has the janitor make the next at once.
-  std::string TakeSpareDir();
+  // A directory made ahead, and the jail of the pool adopted ahead for it, if any.
+  struct Spare {
+    std::string dir;
+    std::unique_ptr<Sandbox> jail;  // Sandbox::AdoptAhead
+    bool adopting = false;          // the pool's thread adopts a jail ahead for it
+  };
+  // One with a jail adopted ahead first; an empty `dir` when none is ready. Taking the last one
+  // has the janitor make the next at once.
+  Spare TakeSpare();
   // Has the janitor make the next skeleton, kSpareDelay from now if one is still ready: after a
   // creation's fsyncs and, most often, its first command, which it would otherwise compete with.
   void AskForSpareDir();
   static constexpr size_t kSpares = 2;  // two: creations in a burst of two find one each
   static constexpr std::chrono::milliseconds kSpareDelay{50};
   std::chrono::steady_clock::time_point spare_not_before_;  // under janitor_mu_
-  std::mutex janitor_mu_;
+  mutable std::mutex janitor_mu_;
   std::condition_variable janitor_cv_;
   bool janitor_work_ = false;
   // .trash- directories of DELETEs a previous daemon did not finish: removed by the janitor, so
@@ -363,7 +382,7 @@ class Registry {
   std::vector<std::string> janitor_trash_;
   bool janitor_spare_ = false;
   bool janitor_stop_ = false;
-  std::vector<std::string> spares_;  // under janitor_mu_, oldest first
+  std::vector<Spare> spares_;  // under janitor_mu_, oldest first
   std::thread janitor_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<SandboxEntry>, std::less<>> by_id_;
@@ -374,7 +393,8 @@ class Registry {
   std::condition_variable pool_cv_;
   std::vector<std::unique_ptr<Sandbox>> pool_;
   bool pool_stop_ = false;
-  bool pool_taken_ = false;  // since the loop last looked: it lets the taker's first exec run
+  bool pool_taken_ = false;       // since the loop last looked: it lets the taker's first exec run
+  bool pool_spare_made_ = false;  // the janitor made a directory, for AdoptAheadOnce
   uint64_t pool_seq_ = 0;
   std::thread pool_thread_;
 };

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "base/files.h"
+#include "base/log.h"
 #include "isolate/capabilities.h"
 #include "isolate/seccomp.h"
 #include "policy/capabilities.h"
@@ -177,12 +179,83 @@ Status Sandbox::Adopt(const JailOptions& jail) {
 }
 
 Status Sandbox::Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir home) {
+  return Adopt(jail, std::move(workspace), std::move(home), false);
+}
+
+Status Sandbox::AdoptAhead(const JailOptions& jail, PinnedDir workspace, PinnedDir home) {
+  if (!pooled()) return Error(EINVAL, "this sandbox was not started for the pool");
+  if (jail.memory || jail.pids || jail.cpus) {
+    return Error(EINVAL, "a jail adopted ahead gets its sandbox's limits when it is assigned");
+  }
+  auto ahead = std::make_unique<Ahead>(Ahead{*pool_, UniqueFd(), UniqueFd()});
+  NSBOX_TRY(Adopt(jail, std::move(workspace), std::move(home), true));
+  // nsbox-init now holds, at the same fd, a writable clone of its own /etc directory's mount (its
+  // root is read-only, and its /proc covers the path inside): opened from here, as a root of the
+  // host may open another process's fds.
+  const std::string proc = "/proc/" + std::to_string(jail_.pid());
+  const std::string own_etc = proc + "/fd/" + std::to_string(isolate::kInitOwnEtcFd);
+  ahead->own_etc.reset(::open(own_etc.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!ahead->own_etc.valid()) {
+    return Error::Sys("open", own_etc, errno).Context("the jail's own /etc directory");
+  }
+  const std::string uts = proc + "/ns/uts";
+  ahead->uts.reset(::open(uts.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ahead->uts.valid()) return Error::Sys("open", uts, errno);
+  ahead_ = std::move(ahead);
+  return Ok();
+}
+
+namespace {
+
+// Sets the hostname of the UTS namespace `uts` from this thread, which joins it for the call and
+// then goes back to its own.
+Status SetHostnameIn(int uts, const std::string& hostname) {
+  constexpr char kOwn[] = "/proc/thread-self/ns/uts";
+  UniqueFd own(::open(kOwn, O_RDONLY | O_CLOEXEC));
+  if (!own.valid()) return Error::Sys("open", kOwn, errno);
+  if (::setns(uts, CLONE_NEWUTS) != 0) {
+    return Error::Sys("setns", "the jail's UTS namespace", errno);
+  }
+  const int err = ::sethostname(hostname.data(), hostname.size()) == 0 ? 0 : errno;
+  if (::setns(own.get(), CLONE_NEWUTS) != 0) {
+    // Only this thread's uname() would say the jail's name: nothing of the daemon asks it.
+    log::error("setns {}: {} (a thread of the daemon stays in a jail's UTS namespace)", kOwn,
+               ErrnoText(errno));
+  }
+  if (err != 0) return Error::Sys("sethostname", hostname, err);
+  return Ok();
+}
+
+}  // namespace
+
+Status Sandbox::Assign(const JailOptions& jail) {
+  if (ahead_ == nullptr) return Error(EINVAL, "this jail was not adopted ahead");
+  const PoolFacts& facts = ahead_->facts;
+  NSBOX_TRY(facts.Fits(jail));
+  NSBOX_TRY(CheckHostname(jail.hostname));
+  NSBOX_ASSIGN_OR_RETURN(auto limits, ParseLimits(jail));
+  if (limits.memory_bytes) {
+    return Error(EOPNOTSUPP, "a memory limit sizes /tmp and /dev/shm, which only an adoption does");
+  }
+  NSBOX_ASSIGN_OR_RETURN(auto cgroup_plan,
+                         isolate::PlanCgroups(facts.layout, limits, facts.cgroup_name));
+  NSBOX_TRY_CTX(cgroups_.CheckLimitTargets(cgroup_plan), "assign a jail adopted ahead");
+  NSBOX_TRY(facts.CheckEtcCurrent());
+  NSBOX_TRY_CTX(cgroups_.ApplyLimits(cgroup_plan), "assign a jail adopted ahead");
+  for (const auto& file : isolate::GeneratedEtcFiles(jail.hostname, facts.nameserver)) {
+    if (file.name == "hosts" || file.name == "hostname") {
+      NSBOX_TRY(isolate::RewriteOwnEtcFile(ahead_->own_etc.get(), file.name, file.content));
+    }
+  }
+  NSBOX_TRY(SetHostnameIn(ahead_->uts.get(), jail.hostname));
+  ahead_.reset();
+  return Ok();
+}
+
+Status Sandbox::Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir home, bool ahead) {
   if (!pooled()) return Error(EINVAL, "this sandbox was not started for the pool");
   const PoolFacts& pool = *pool_;
-  if (jail.image != "host" || jail.overlay || jail.shared_etc_dir != pool.shared_etc_dir ||
-      jail.nameserver != pool.nameserver) {
-    return Error(EINVAL, "a pooled jail is of the host image, with the daemon's /etc and resolver");
-  }
+  NSBOX_TRY(pool.Fits(jail));
   NSBOX_TRY(CheckHostname(jail.hostname));
   NSBOX_ASSIGN_OR_RETURN(auto limits, ParseLimits(jail));
   NSBOX_ASSIGN_OR_RETURN(auto cgroup_plan,
@@ -210,19 +283,32 @@ Status Sandbox::Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir ho
     // As PlanMounts sizes it: /tmp and /dev/shm together half the memory.
     adoption.tmpfs_size = *limits.memory_bytes / 2;
   }
+  adoption.ahead = ahead;
   const std::unique_ptr<PoolFacts> facts = std::move(pool_);
   auto started = client_->SendHello(hello, {workspace.tree.get(), home.tree.get()});
   if (!started.ok()) return std::move(started).error().Context("adopt a pooled jail");
-  // The host's /etc as it is now: a jail made before a change would show the old one. Checked
-  // while nsbox-init adopts, before the adoption is confirmed: a jail found stale here never
-  // runs a command (the caller stops it, and the sandbox starts a jail of its own).
+  // Checked while nsbox-init adopts, before the adoption is confirmed: a jail found stale here
+  // never runs a command (the caller stops it, and the sandbox starts a jail of its own).
+  NSBOX_TRY(facts->CheckEtcCurrent());
+  return Confirm(*started, HelloLimit(limits));
+}
+
+Status Sandbox::PoolFacts::Fits(const JailOptions& jail) const {
+  if (jail.image != "host" || jail.overlay || jail.shared_etc_dir != shared_etc_dir ||
+      jail.nameserver != nameserver) {
+    return Error(EINVAL, "a pooled jail is of the host image, with the daemon's /etc and resolver");
+  }
+  return Ok();
+}
+
+Status Sandbox::PoolFacts::CheckEtcCurrent() const {
+  // The host's /etc as it is now: a jail made before a change would show the old one.
   NSBOX_ASSIGN_OR_RETURN(auto host_etc, isolate::ScanHostEtc("/etc"));
-  NSBOX_ASSIGN_OR_RETURN(std::string etc, SharedEtcFor(facts->shared_etc_dir, host_etc,
-                                                       facts->nameserver, facts->ids));
-  if (etc != facts->shared_etc) {
+  NSBOX_ASSIGN_OR_RETURN(std::string etc, SharedEtcFor(shared_etc_dir, host_etc, nameserver, ids));
+  if (etc != shared_etc) {
     return Error(ESTALE, "the host's /etc changed since this pooled jail was made");
   }
-  return Confirm(*started, HelloLimit(limits));
+  return Ok();
 }
 
 Sandbox::~Sandbox() { (void)Stop(); }

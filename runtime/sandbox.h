@@ -51,7 +51,23 @@ class Sandbox {
   // paths in `jail` are then not used): a caller that renames their directory while the adoption
   // runs pins them first.
   Status Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir home);
+  // Adoption ahead, for nsboxd's directories made ahead of their sandbox: Adopt with `jail`'s
+  // directories (pinned by the caller) and a placeholder hostname, no limits, before any sandbox
+  // asks for it. Assign then makes it the sandbox's with no work of nsbox-init's: what names the
+  // sandbox is written from the host. Until then no command has run in it, and nsbox-init keeps
+  // what it made ahead for the first command (Adoption::ahead).
+  Status AdoptAhead(const JailOptions& jail, PinnedDir workspace, PinnedDir home);
+  // Makes a jail adopted ahead the sandbox `jail` describes, whose directories must be the ones
+  // it was adopted with (renamed since, maybe): its limits into its cgroups, its `hosts` and
+  // `hostname` files (through the jail's own /etc directory, opened by AdoptAhead), its hostname
+  // (set by this thread in the jail's UTS namespace, which it then leaves). Refused, the jail
+  // unchanged, where only an adoption could do it (EOPNOTSUPP: a memory limit sizes /tmp and
+  // /dev/shm; ENOENT: a limit needs a cgroup the jail has not) or the jail is stale (ESTALE: the
+  // host's /etc changed since it was made): the caller stops it and starts the sandbox the usual
+  // way, as it does on any other error.
+  Status Assign(const JailOptions& jail);
   bool pooled() const { return pending_hello_.has_value(); }
+  bool adopted_ahead() const { return ahead_ != nullptr; }
   // Stop(), if it was not called.
   ~Sandbox();
   Sandbox(const Sandbox&) = delete;
@@ -88,8 +104,21 @@ class Sandbox {
     std::string cgroup_name;
     isolate::CgroupLayout layout;
     isolate::IdMapping ids;
+    // EINVAL unless `jail` is of the host image, with this /etc and resolver.
+    Status Fits(const JailOptions& jail) const;
+    // ESTALE when the host's /etc is no longer the version the jail attached.
+    Status CheckEtcCurrent() const;
   };
   std::unique_ptr<PoolFacts> pool_;
+  // Adopted ahead, until Assign: what the jail was made with, and the host's handles on what
+  // names the sandbox.
+  struct Ahead {
+    PoolFacts facts;
+    UniqueFd own_etc;  // the jail's own /etc directory (isolate::kOwnEtcDir), O_PATH
+    UniqueFd uts;      // its UTS namespace
+  };
+  std::unique_ptr<Ahead> ahead_;
+  Status Adopt(const JailOptions& jail, PinnedDir workspace, PinnedDir home, bool ahead);
   bool stopped_ = false;
 };
 

@@ -1666,7 +1666,8 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
     {
       auto work = [this] {
         return metrics_.Render(registry_.CountByState()) +
-               RenderPool(registry_.PoolReady(), registry_.pool_size()) +
+               RenderPool(registry_.PoolReady(), registry_.pool_size(),
+                          registry_.AdoptedAheadReady()) +
                RenderNetworkConnections(registry_.NetworkCounters());
       };
       std::string reply_body = co_await Blocking(std::move(work));

@@ -160,7 +160,10 @@ uint16_t FreeTcpPort() {
   return port;
 }
 
-bool IsPooledJail(pid_t pid) {
+namespace {
+
+// Whether `pid` is in cgroups of a daemon's pool (nsbox-*-pool-N).
+bool InPoolCgroup(pid_t pid) {
   std::ifstream cgroup("/proc/" + std::to_string(pid) + "/cgroup");
   std::string line;
   bool pool = false;
@@ -168,7 +171,21 @@ bool IsPooledJail(pid_t pid) {
     const size_t at = line.find("/nsbox-");
     pool = pool || (at != std::string::npos && line.find("-pool-", at) != std::string::npos);
   }
-  if (!pool) return false;
+  return pool;
+}
+
+}  // namespace
+
+bool IsJailAdoptedAhead(pid_t pid) {
+  if (!InPoolCgroup(pid)) return false;
+  std::ifstream hostname("/proc/" + std::to_string(pid) + "/root/etc/hostname");
+  std::string name;
+  return std::getline(hostname, name) && name == "nsbox-ahead";
+}
+
+bool IsPooledJail(pid_t pid) {
+  if (!InPoolCgroup(pid)) return false;
+  std::string line;
   std::ifstream mounts("/proc/" + std::to_string(pid) + "/mountinfo");
   if (!mounts) return false;
   while (std::getline(mounts, line)) {
@@ -202,7 +219,9 @@ std::vector<ProcessId> Descendants(pid_t root, bool include_pool) {
     for (auto it = begin; it != end; ++it) {
       // Not only nsbox-init: a jail being made for the pool is the daemon's clone until it
       // executes nsbox-init, and already in its pool cgroup (CLONE_INTO_CGROUP).
-      if (!include_pool && IsPooledJail(it->second.pid)) continue;
+      if (!include_pool && (IsPooledJail(it->second.pid) || IsJailAdoptedAhead(it->second.pid))) {
+        continue;
+      }
       out.push_back(it->second);
       todo.push_back(it->second.pid);
     }
@@ -256,7 +275,7 @@ std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before) {
       pid_t pid;
       while (f >> pid) {
         populated[pool] = true;
-        if (IsPooledJail(pid)) pooled[pool] = true;
+        if (IsPooledJail(pid) || IsJailAdoptedAhead(pid)) pooled[pool] = true;
       }
     }
   }

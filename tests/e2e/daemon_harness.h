@@ -37,13 +37,18 @@ struct ProcessId {
   bool operator<(const ProcessId& o) const { return pid < o.pid; }
 };
 // Every process under `root` (not `root` itself). A daemon's pool (docs/daemon.md "The pool")
-// keeps jails started ahead of any sandbox; their nsbox-init (IsPooledJail) is part of the
-// daemon's standing state, not of a sandbox, and is left out unless `include_pool`.
+// keeps jails started ahead of any sandbox; their nsbox-init (IsPooledJail, IsJailAdoptedAhead)
+// and its children are part of the daemon's standing state, not of a sandbox, and are left out
+// unless `include_pool`.
 std::vector<ProcessId> Descendants(pid_t root, bool include_pool = false);
 // Whether `pid` is the nsbox-init of a jail of a daemon's pool that no sandbox adopted yet (or
 // that jail's PID 1 still being made): its cgroup is one of the pool's (nsbox-*-pool-N) and it
 // has no /workspace mounted.
 bool IsPooledJail(pid_t pid);
+// Whether `pid` is the nsbox-init of a jail of a daemon's pool adopted ahead for a directory made
+// ahead, that no sandbox took yet: a pool's cgroup, and the placeholder hostname
+// (Registry::kAheadHostname) in its /etc/hostname.
+bool IsJailAdoptedAhead(pid_t pid);
 // Whether that process (same pid and start time) is still alive (zombies count as gone).
 bool StillAlive(const ProcessId& p);
 
@@ -52,7 +57,8 @@ bool StillAlive(const ProcessId& p);
 std::set<std::string> FindNsboxCgroups();
 // The nsbox-* cgroups that are in FindNsboxCgroups() but not in `before`, leaving out the
 // nsbox-run-* of concurrent `nsbox run`s whose process is alive (not the daemon's) and those of a
-// jail of a daemon's pool that is not adopted: its cgroups hold a pooled jail (IsPooledJail), or
+// jail of a daemon's pool that no sandbox took: its cgroups hold a pooled jail (IsPooledJail,
+// IsJailAdoptedAhead), or
 // they are the daemon's newest pool's and hold no process yet (the jail is being made).
 std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before);
 

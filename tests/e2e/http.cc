@@ -567,6 +567,7 @@ bool WaitPoolFull(Client& client, milliseconds timeout) {
     Response r = client.Get("/metrics");
     long ready = -1;
     long size = -2;
+    long ahead = -1;
     std::istringstream lines(r.body);
     std::string line;
     while (std::getline(lines, line)) {
@@ -574,8 +575,11 @@ bool WaitPoolFull(Client& client, milliseconds timeout) {
         ready = std::strtol(line.c_str() + 17, nullptr, 10);
       if (line.rfind("nsbox_pool_size ", 0) == 0)
         size = std::strtol(line.c_str() + 16, nullptr, 10);
+      if (line.rfind("nsbox_pool_adopted_ahead ", 0) == 0)
+        ahead = std::strtol(line.c_str() + 25, nullptr, 10);
     }
-    if (ready == size) return true;
+    // With a pool, one jail is also adopted ahead for the next creation's directory.
+    if (ready == size && ahead == (size > 0 ? 1 : 0)) return true;
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(milliseconds(10));
   }

@@ -164,7 +164,8 @@ std::string PctEncode(std::string_view s);
 std::string JsonQuoteRaw(std::string_view s);
 
 // Waits until the daemon's pool (docs/daemon.md "The pool") holds every jail it keeps
-// (GET /metrics: nsbox_pool_ready equals nsbox_pool_size), so that a case starts from the
+// (GET /metrics: nsbox_pool_ready equals nsbox_pool_size, and with a pool a jail is adopted
+// ahead: nsbox_pool_adopted_ahead 1), so that a case starts from the
 // daemon's standing state; false when it did not within `timeout`.
 bool WaitPoolFull(Client& client, milliseconds timeout = milliseconds(10000));
 

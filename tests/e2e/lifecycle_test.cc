@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -611,10 +612,23 @@ std::vector<pid_t> PooledJails(pid_t daemon) {
   return out;
 }
 
+// The daemon's jails of the pool adopted ahead for a directory made ahead, that no sandbox took.
+std::vector<pid_t> JailsAdoptedAhead(pid_t daemon) {
+  std::vector<pid_t> out;
+  for (const auto& p : Descendants(daemon, true)) {
+    if (p.comm == "nsbox-init" && IsJailAdoptedAhead(p.pid)) out.push_back(p.pid);
+  }
+  return out;
+}
+
 // A pooled jail whose nsbox-init is alive but never answers (stopped here from the host): the
 // adoption gives up after InitClient::kHelloAnswerLimit, the jail is killed, and the sandbox
-// starts a jail of its own; nothing waits for ever.
+// starts a jail of its own; nothing waits for ever. (A stopped sandbox that starts again: a new
+// one takes the jail adopted ahead, which needs no answer.)
 TEST_F(LifecycleTest, APooledJailThatNeverAnswersIsDroppedAndTheSandboxStartsItsOwn) {
+  const std::string id = NewId();
+  Create(id);
+  ASSERT_EQ(client().Request("POST", SbPath(id, "/stop")).status, 200);
   ASSERT_TRUE(WaitPoolFull(client()));
   const std::vector<pid_t> pooled = PooledJails(daemon().pid());
   ASSERT_EQ(pooled.size(), 1u);
@@ -625,9 +639,7 @@ TEST_F(LifecycleTest, APooledJailThatNeverAnswersIsDroppedAndTheSandboxStartsIts
   ASSERT_EQ(jail.pid, pooled[0]);
   ASSERT_EQ(::kill(pooled[0], SIGSTOP), 0);
   const size_t log_from = daemon().LogSize();
-  const std::string id = NewId();
   const auto t0 = Clock::now();
-  Create(id);
   ExecResult r = Exec(id, json::object{{"command", "echo started"}}, milliseconds(40000));
   const auto took = Clock::now() - t0;
   EXPECT_EQ(r.out(), "started\n") << r.Describe();
@@ -641,44 +653,68 @@ TEST_F(LifecycleTest, APooledJailThatNeverAnswersIsDroppedAndTheSandboxStartsIts
   EXPECT_NE(log.find("no answer to its hello"), std::string::npos) << log;
 }
 
-// A new sandbox, and a stopped one that starts again, adopt the jail the pool started ahead; the
-// pool fills again; a sandbox whose limit the pooled jail's cgroups cannot take, and one of a
-// daemon with --pool 0, start their own.
+// A new sandbox takes the jail adopted ahead for its directory, and a stopped one that starts
+// again adopts the jail the pool started ahead; both fill again; a sandbox whose limit the jails'
+// cgroups cannot take, one with a memory limit (which sizes /tmp: only an adoption does it), and
+// one of a daemon with --pool 0, go their own ways.
 TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   ASSERT_TRUE(WaitPoolFull(client()));
   std::vector<pid_t> pooled = PooledJails(daemon().pid());
   ASSERT_EQ(pooled.size(), 1u) << "the default pool keeps one jail";
+  std::vector<pid_t> ahead = JailsAdoptedAhead(daemon().pid());
+  ASSERT_EQ(ahead.size(), 1u) << "and one adopted ahead for the next creation";
   const std::string id = "pool-adopter";
   Create(id);
-  // Adopted at its creation, while the PUT made its config.json durable: running before any
-  // request needs it (a GET starts nothing).
-  bool adopted_at_creation = false;
-  for (int i = 0; i < 200 && !adopted_at_creation; ++i) {
-    adopted_at_creation = Str(Obj(client().Get(SbPath(id))), "state") == "running";
-    if (!adopted_at_creation) std::this_thread::sleep_for(milliseconds(10));
-  }
-  EXPECT_TRUE(adopted_at_creation) << "the new sandbox did not adopt the pooled jail on its own";
-  EXPECT_FALSE(IsPooledJail(pooled[0]));
-  EXPECT_EQ(Sh(id, "hostname; cat /etc/hostname; touch /workspace/w && echo ok"),
-            id + "\n" + id + "\nok\n");
-  // The jail that was pooled is now the sandbox's: alive, with a workspace.
-  EXPECT_TRUE(std::filesystem::exists("/proc/" + std::to_string(pooled[0])));
-  EXPECT_FALSE(IsPooledJail(pooled[0]));
+  // Its jail is its own once the PUT answered: running before any request needs it (a GET
+  // starts nothing), with the sandbox's name and directories.
+  EXPECT_EQ(Str(Obj(client().Get(SbPath(id))), "state"), "running");
+  EXPECT_FALSE(IsJailAdoptedAhead(ahead[0]));
+  EXPECT_TRUE(IsPooledJail(pooled[0])) << "the pool's jail was used instead";
+  EXPECT_EQ(Sh(id, "hostname; cat /etc/hostname; grep -c " + id +
+                       " /etc/hosts; echo $HOSTNAME; touch /workspace/w /root/h && echo ok"),
+            id + "\n" + id + "\n1\n" + id + "\nok\n");
+  EXPECT_TRUE(std::filesystem::exists("/proc/" + std::to_string(ahead[0])));
   EXPECT_TRUE(std::filesystem::exists(daemon().SandboxDir(id) + "/workspace/w"));
+  EXPECT_TRUE(std::filesystem::exists(daemon().SandboxDir(id) + "/home/h"));
+  EXPECT_NE(
+      daemon().Log(0).find("sandbox=" + id + " created in " + daemon().SandboxDir(id) +
+                           " with the jail adopted ahead (pid " + std::to_string(ahead[0]) + ")"),
+      std::string::npos)
+      << daemon().Log(0);
+  // Another one is adopted ahead for the next creation.
+  ASSERT_TRUE(WaitPoolFull(client()));
+  std::vector<pid_t> next = JailsAdoptedAhead(daemon().pid());
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_NE(next[0], ahead[0]);
+
+  // After a stop, the next use adopts the pooled jail, and finds its files.
+  ASSERT_EQ(client().Request("POST", SbPath(id, "/stop")).status, 200);
+  EXPECT_EQ(Sh(id, "ls /workspace; hostname"), "w\n" + id + "\n");
+  EXPECT_FALSE(IsPooledJail(pooled[0]));
   EXPECT_NE(daemon().Log(0).find("sandbox=" + id + " adopted a jail of the pool (pid " +
                                  std::to_string(pooled[0]) + ")"),
             std::string::npos)
       << daemon().Log(0);
-  // The pool fills again, with another jail.
-  ASSERT_TRUE(WaitPoolFull(client()));
-  std::vector<pid_t> next = PooledJails(daemon().pid());
-  ASSERT_EQ(next.size(), 1u);
-  EXPECT_NE(next[0], pooled[0]);
 
-  // After a stop, the next use adopts the pooled jail too, and finds its files.
-  ASSERT_EQ(client().Request("POST", SbPath(id, "/stop")).status, 200);
-  EXPECT_EQ(Sh(id, "ls /workspace; hostname"), "w\n" + id + "\n");
-  EXPECT_FALSE(IsPooledJail(next[0]));
+  // A memory limit: the jail adopted ahead is not taken (stopped), and /tmp and /dev/shm hold
+  // half of it, as in any jail of that sandbox.
+  ASSERT_TRUE(WaitPoolFull(client()));
+  ahead = JailsAdoptedAhead(daemon().pid());
+  ASSERT_EQ(ahead.size(), 1u);
+  ProcessId ahead_jail{};
+  for (const auto& p : Descendants(daemon().pid(), true)) {
+    if (p.pid == ahead[0]) ahead_jail = p;
+  }
+  ASSERT_EQ(ahead_jail.pid, ahead[0]);
+  const std::string mem = "pool-memory";
+  Create(mem, R"({"limits":{"memoryBytes":67108864}})");
+  EXPECT_EQ(Sh(mem, "hostname; stat -f -c '%b %S' /tmp"), mem + "\n8192 4096\n");
+  EXPECT_TRUE(WaitGone({ahead_jail}, milliseconds(5000)).empty())
+      << "the jail adopted ahead and not taken is left";
+  EXPECT_NE(daemon().Log(0).find("sandbox=" + mem + " did not take the jail adopted ahead (pid " +
+                                 std::to_string(ahead[0]) + "): a memory limit"),
+            std::string::npos)
+      << daemon().Log(0);
 
   // A CPU limit on a host whose cpu controller is in cgroup v1 (a hybrid one): the pooled jail
   // has no v1 cpu cgroup, so the sandbox starts its own and the jail stays pooled.
@@ -697,6 +733,11 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   EXPECT_NE(metrics.find("\nnsbox_pool_size 1\n"), std::string::npos) << metrics;
 
   // A pooled jail killed from the host while it waits is replaced (the pool looks every 5 s).
+  // (Once the jail adopted ahead is there again: the one being made is a pooled jail until its
+  // adoption.)
+  ASSERT_TRUE(WaitPoolFull(client()));
+  next = PooledJails(daemon().pid());
+  ASSERT_EQ(next.size(), 1u);
   ASSERT_EQ(kill(next[0], SIGKILL), 0);
   std::vector<pid_t> replaced;
   const auto deadline = Clock::now() + milliseconds(15000);
@@ -725,16 +766,19 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   EXPECT_EQ(Str(Obj(ran), "stdout"), id + "\n") << ran.Describe();
 }
 
-// The host's /etc changed while a jail waited in the pool: a sandbox created then does not keep
-// that jail, whose /etc would be the old one. The check runs while nsbox-init adopts the sandbox;
-// the jail is stopped before anything runs in it, and the sandbox starts a jail of its own. The
-// pool's next jail has the new /etc, and the next sandbox adopts it.
+// The host's /etc changed while jails waited in the pool: a sandbox created then keeps neither
+// the jail adopted ahead nor the pool's, whose /etc would be the old one. The check runs as the
+// jail adopted ahead is assigned, and while nsbox-init adopts the sandbox; each jail is stopped
+// before anything runs in it, and the sandbox starts a jail of its own. The pool's next jails
+// have the new /etc, and the next sandbox takes one.
 TEST_F(LifecycleTest, AJailPooledBeforeTheHostsEtcChangedIsNotKept) {
   const std::string file = "/etc/ld.so.cache";  // on the allowlist, and on every glibc host
   if (!std::filesystem::exists(file)) GTEST_SKIP() << "no " << file << " on this host";
   ASSERT_TRUE(WaitPoolFull(client()));
   std::vector<pid_t> pooled = PooledJails(daemon().pid());
   ASSERT_EQ(pooled.size(), 1u);
+  std::vector<pid_t> ahead = JailsAdoptedAhead(daemon().pid());
+  ASSERT_EQ(ahead.size(), 1u);
   // A change of its times is a change of the file: the shared /etc is keyed by them. (Its
   // modification time is put back after the test; its change time stays new.)
   const auto was = std::filesystem::last_write_time(file);
@@ -751,6 +795,12 @@ TEST_F(LifecycleTest, AJailPooledBeforeTheHostsEtcChangedIsNotKept) {
   EXPECT_EQ(Sh(stale, "hostname; cat /etc/hostname"), stale + "\n" + stale + "\n");
   EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(pooled[0])))
       << "the stale pooled jail still runs";
+  EXPECT_NE(daemon().Log(0).find("sandbox=" + stale + " did not take the jail adopted ahead (pid " +
+                                 std::to_string(ahead[0]) +
+                                 "): the host's /etc changed since this pooled jail was made"),
+            std::string::npos)
+      << daemon().Log(0);
+  EXPECT_TRUE(JailsAdoptedAhead(daemon().pid()) != ahead) << "the stale jail is still ahead";
   EXPECT_NE(daemon().Log(0).find("sandbox=" + stale + " did not adopt the pooled jail (pid " +
                                  std::to_string(pooled[0]) +
                                  "): the host's /etc changed since this pooled jail was made"),
@@ -763,25 +813,28 @@ TEST_F(LifecycleTest, AJailPooledBeforeTheHostsEtcChangedIsNotKept) {
             std::string::npos);
 
   ASSERT_TRUE(WaitPoolFull(client()));
-  std::vector<pid_t> next = PooledJails(daemon().pid());
+  std::vector<pid_t> next = JailsAdoptedAhead(daemon().pid());
   ASSERT_EQ(next.size(), 1u);
   const std::string fresh = "pool-fresh";
   Create(fresh);
   EXPECT_EQ(Sh(fresh, "hostname"), fresh + "\n");
-  EXPECT_NE(daemon().Log(0).find("sandbox=" + fresh + " adopted a jail of the pool (pid " +
-                                 std::to_string(next[0]) + ")"),
-            std::string::npos)
+  EXPECT_NE(
+      daemon().Log(0).find("sandbox=" + fresh + " created in " + daemon().SandboxDir(fresh) +
+                           " with the jail adopted ahead (pid " + std::to_string(next[0]) + ")"),
+      std::string::npos)
       << daemon().Log(0);
 }
 
-// A sandbox deleted or stopped at once after its PUT, while it may still be adopting the pooled
-// jail: the delete and the stop wait for the adoption and undo it; nothing is left but the pool.
+// A sandbox deleted or stopped at once after its PUT, with the jail adopted ahead for it or while
+// it may still be adopting the pooled jail (a memory limit, which only an adoption applies): the
+// delete and the stop wait for the adoption and undo it; nothing is left but the pool.
 TEST_F(LifecycleTest, DeleteOrStopRightAfterCreationUndoesTheAdoption) {
   const std::set<std::string> cgroups_before = FindNsboxCgroups();
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 6; ++i) {
     ASSERT_TRUE(WaitPoolFull(client()));
     const std::string id = "adopt-undone-" + std::to_string(i);
-    Create(id);
+    const bool ahead = i < 2;
+    Create(id, ahead ? "" : R"({"limits":{"memoryBytes":268435456}})");
     if (i % 2 == 0) {
       Response r = client().Delete(SbPath(id));
       EXPECT_EQ(r.status, 204) << r.Describe();
@@ -793,9 +846,16 @@ TEST_F(LifecycleTest, DeleteOrStopRightAfterCreationUndoesTheAdoption) {
       EXPECT_EQ(Sh(id, "echo again"), "again\n");
       EXPECT_EQ(client().Delete(SbPath(id)).status, 204);
     }
-    EXPECT_NE(daemon().Log(0).find("sandbox=" + id + " adopted a jail of the pool (pid "),
-              std::string::npos)
-        << daemon().Log(0);
+    // The adopting thread writes its line once it let the sandbox go: maybe after the answers.
+    // (Its directory's name is gone with a delete: the line is matched around it.)
+    const std::regex line(ahead ? "sandbox=" + id + " created in \\S+ with the jail adopted ahead"
+                                : "sandbox=" + id + " adopted a jail of the pool \\(pid ");
+    bool logged = false;
+    for (int w = 0; w < 100 && !logged; ++w) {
+      logged = std::regex_search(daemon().Log(0), line);
+      if (!logged) std::this_thread::sleep_for(milliseconds(20));
+    }
+    EXPECT_TRUE(logged) << daemon().Log(0);
   }
   EXPECT_TRUE(daemon().SandboxDirs().empty());
   ASSERT_TRUE(WaitPoolFull(client()));

@@ -170,6 +170,91 @@ TEST_F(PoolTest, AnAdoptedJailIsWhatAStartedOneIs) {
   EXPECT_TRUE(pooled->Stop().ok());
 }
 
+// Children of `pid` (its threads' /proc children lists).
+std::vector<pid_t> ChildrenOf(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+    std::ifstream f(task.path() / "children");
+    pid_t child;
+    while (f >> child) out.push_back(child);
+  }
+  return out;
+}
+
+// Adopted ahead of its sandbox (nsboxd's directories made ahead), then assigned from the host:
+// what a command sees is what it sees in a jail started for that sandbox, and what nsbox-init
+// made ahead for the first command waits for it longer than an idle sandbox keeps it.
+TEST_F(PoolTest, AJailAdoptedAheadThenAssignedIsWhatAStartedOneIs) {
+  TempWorkspace workspace_a, home_a, workspace_b, home_b;
+  runtime::SandboxOptions a = Options("a");
+  a.jail = Jail(workspace_a, home_a);
+  a.jail.memory.reset();  // only an adoption sizes /tmp (below)
+  auto started = runtime::Sandbox::Start(a);
+  ASSERT_TRUE(started.ok()) << started.error().message();
+
+  std::unique_ptr<runtime::Sandbox> pooled = StartPooled();
+  ASSERT_NE(pooled, nullptr);
+  runtime::JailOptions ahead = Jail(workspace_b, home_b);
+  ahead.hostname = "placeholder";
+  ahead.memory.reset();
+  ahead.pids.reset();
+  auto ws = runtime::PinDirectory(ahead.workspace);
+  auto home = runtime::PinDirectory(ahead.home);
+  ASSERT_TRUE(ws.ok() && home.ok());
+  auto adopted = pooled->AdoptAhead(ahead, std::move(ws).value(), std::move(home).value());
+  ASSERT_TRUE(adopted.ok()) << adopted.error().message();
+  EXPECT_TRUE(pooled->adopted_ahead());
+  // The first command's child, made once the adoption was done, outlives the 2 s after which an
+  // idle sandbox lets it go.
+  std::vector<pid_t> children;
+  for (int i = 0; i < 200 && children.empty(); ++i) {
+    children = ChildrenOf(pooled->init_pid());
+    if (children.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(children.size(), 1u) << "no child made ahead";
+  std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+  EXPECT_EQ(ChildrenOf(pooled->init_pid()), children) << "the child made ahead was let go";
+
+  // A memory limit is refused, and leaves it as it was.
+  runtime::JailOptions limited = Jail(workspace_b, home_b);
+  auto refused = pooled->Assign(limited);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), EOPNOTSUPP) << refused.error().message();
+  EXPECT_TRUE(pooled->adopted_ahead());
+
+  runtime::JailOptions jail = Jail(workspace_b, home_b);
+  jail.memory.reset();
+  auto assigned = pooled->Assign(jail);
+  ASSERT_TRUE(assigned.ok()) << assigned.error().message();
+  EXPECT_FALSE(pooled->adopted_ahead());
+  ExecRun want = Run(**started, kDescribe);
+  ExecRun got = Run(*pooled, kDescribe);
+  ASSERT_TRUE(want.ok && want.exit.exit_code == 0) << want.Describe();
+  ASSERT_TRUE(got.ok && got.exit.exit_code == 0) << got.Describe();
+  const std::regex exec_set("/exec-[0-9]+\n");
+  EXPECT_EQ(std::regex_replace(got.out, exec_set, "/exec-N\n"),
+            std::regex_replace(want.out, exec_set, "/exec-N\n"));
+  EXPECT_EQ(got.err, want.err);
+  EXPECT_NE(got.out.find("same-box\n---\nsame-box\n"), std::string::npos) << got.out;
+  EXPECT_NE(got.out.find("127.0.1.1\tsame-box"), std::string::npos) << got.out;
+  EXPECT_EQ(got.out.find("placeholder"), std::string::npos) << got.out;
+  EXPECT_NE(got.out.find("/workspace rw,nosuid,nodev"), std::string::npos) << got.out;
+  EXPECT_EQ(CgroupValue(*pooled, "pids.max"), "64");
+  // The daemon's thread that set the hostname went back to its own UTS namespace.
+  char name[65] = {};
+  ASSERT_EQ(::gethostname(name, sizeof name - 1), 0);
+  EXPECT_NE(std::string(name), "same-box");
+
+  ExecRun write = Run(*pooled, "echo w > /workspace/mark && echo h > /root/mark");
+  ASSERT_TRUE(write.ok && write.exit.exit_code == 0) << write.Describe();
+  EXPECT_TRUE(HostPathExists(workspace_b.HostPath("mark")));
+  EXPECT_TRUE(HostPathExists(home_b.path() + "/mark"));
+  EXPECT_TRUE((*started)->Stop().ok());
+  EXPECT_TRUE(pooled->Stop().ok());
+}
+
 TEST_F(PoolTest, ALimitItsCgroupsCannotTakeLeavesTheJailPooled) {
   TempWorkspace workspace, home;
   std::unique_ptr<runtime::Sandbox> pooled = StartPooled();
