@@ -656,7 +656,12 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   lock.unlock();
   bool made_dir = false;
   bool from_spare = false;
-  Spare taken = image ? Spare() : TakeSpare();
+  // What only an adoption does (the memory limit sizes /tmp), or what comes after a start (a
+  // network) or before it (a disk), rules the jail adopted ahead out: such a creation leaves it to
+  // the next.
+  const bool may_take_ahead =
+      !config.network.networked() && !config.limits.disk_bytes && !config.limits.memory_bytes;
+  Spare taken = image ? Spare() : TakeSpare(may_take_ahead);
   std::string spare = std::move(taken.dir);
   // A directory made ahead with a jail adopted ahead for it: the jail becomes the sandbox's here,
   // from the host (Sandbox::Assign: its limits, hosts, hostname), with no work of nsbox-init's
@@ -664,7 +669,10 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   // pool's thread, and the sandbox goes the usual way.
   std::unique_ptr<Sandbox> assigned;
   if (taken.jail != nullptr) {
-    if (!config.network.networked() && !config.limits.disk_bytes) {
+    if (!taken.jail->client().connected()) {
+      log::warn("sandbox={} the jail adopted ahead (pid {}) is gone; not taken", config.id,
+                taken.jail->init_pid());
+    } else if (may_take_ahead) {
       const SandboxOptions o = OptionsFor(config, hash, spare);
       if (auto st = taken.jail->Assign(o.jail); st.ok()) {
         assigned = std::move(taken.jail);
@@ -911,17 +919,22 @@ Result<std::string> Registry::MakeSpareDir() const {
   return spare;
 }
 
-Registry::Spare Registry::TakeSpare() {
+Registry::Spare Registry::TakeSpare(bool with_jail) {
   Spare spare;
   {
     std::lock_guard<std::mutex> lock(janitor_mu_);
     if (spares_.empty()) return spare;
-    // One whose jail is adopted ahead; else one the pool's thread is not adopting a jail for
-    // (that jail would be stopped as soon as it is ready); else the first.
-    auto it = std::find_if(spares_.begin(), spares_.end(),
-                           [](const Spare& s) { return s.jail != nullptr; });
+    // One whose jail is adopted ahead (else one without, that the pool's thread is not adopting a
+    // jail for: that jail would be stopped as soon as it is ready), or the reverse; else the
+    // first.
+    auto it = spares_.end();
+    if (with_jail) {
+      it = std::find_if(spares_.begin(), spares_.end(),
+                        [](const Spare& s) { return s.jail != nullptr; });
+    }
     if (it == spares_.end()) {
-      it = std::find_if(spares_.begin(), spares_.end(), [](const Spare& s) { return !s.adopting; });
+      it = std::find_if(spares_.begin(), spares_.end(),
+                        [](const Spare& s) { return s.jail == nullptr && !s.adopting; });
     }
     if (it == spares_.end()) it = spares_.begin();
     spare = std::move(*it);
@@ -1196,13 +1209,16 @@ bool Registry::AdoptAheadOnce() {
     return jail;
   }();
   std::unique_ptr<Sandbox> stray;
+  bool taken = false;
   {
     std::lock_guard<std::mutex> lock(janitor_mu_);
     auto it = std::find_if(spares_.begin(), spares_.end(),
                            [&dir](const Spare& s) { return s.dir == dir; });
     if (it == spares_.end()) {
-      // A creation took the directory meanwhile (it went the usual way): the jail has its
-      // directories attached, and no command ever runs in it.
+      // A creation took the directory meanwhile (it went the usual way): a jail adopted for it
+      // has its directories attached, and no command ever runs in it. A failure was most likely
+      // the rename (ENOENT): not one to wait after.
+      taken = true;
       if (adopted.ok()) stray = std::move(adopted).value();
     } else {
       it->adopting = false;
@@ -1210,7 +1226,7 @@ bool Registry::AdoptAheadOnce() {
     }
   }
   if (stray != nullptr) (void)stray->Stop();
-  if (!adopted.ok()) {
+  if (!adopted.ok() && !taken) {
     constexpr std::chrono::seconds kAgain(30);
     log::warn("the pool could not adopt a jail ahead for {}: {} (again in {} s)", dir,
               adopted.error().message(), kAgain.count());

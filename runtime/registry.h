@@ -365,9 +365,9 @@ class Registry {
     std::unique_ptr<Sandbox> jail;  // Sandbox::AdoptAhead
     bool adopting = false;          // the pool's thread adopts a jail ahead for it
   };
-  // One with a jail adopted ahead first; an empty `dir` when none is ready. Taking the last one
-  // has the janitor make the next at once.
-  Spare TakeSpare();
+  // One with a jail adopted ahead first if `with_jail`, else one without; an empty `dir` when none
+  // is ready. Taking the last one has the janitor make the next at once.
+  Spare TakeSpare(bool with_jail);
   // Has the janitor make the next skeleton, kSpareDelay from now if one is still ready: after a
   // creation's fsyncs and, most often, its first command, which it would otherwise compete with.
   void AskForSpareDir();
