@@ -130,4 +130,74 @@ std::string StreamSplitter::Finish() {
   return out;
 }
 
+namespace {
+
+// The value of 4 hex digits at `text[at]`, or -1.
+int Hex4(std::string_view text, size_t at) {
+  if (at + 4 > text.size()) return -1;
+  int v = 0;
+  for (size_t k = at; k < at + 4; ++k) {
+    const char c = text[k];
+    int d = -1;
+    if (c >= '0' && c <= '9') d = c - '0';
+    if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string ReplaceLoneSurrogateEscapes(std::string_view json) {
+  std::string out;
+  out.reserve(json.size());
+  bool in_string = false;
+  size_t i = 0;
+  while (i < json.size()) {
+    const char c = json[i];
+    if (!in_string) {
+      in_string = c == '"';
+      out += c;
+      ++i;
+      continue;
+    }
+    if (c == '"') {
+      in_string = false;
+      out += c;
+      ++i;
+      continue;
+    }
+    if (c != '\\' || i + 1 >= json.size()) {
+      out += c;
+      ++i;
+      continue;
+    }
+    if (json[i + 1] != 'u') {  // \" \\ \n ...: two characters, whatever they are
+      out.append(json.substr(i, 2));
+      i += 2;
+      continue;
+    }
+    const int unit = Hex4(json, i + 2);
+    if (unit >= 0xD800 && unit <= 0xDBFF && i + 12 <= json.size() && json[i + 6] == '\\' &&
+        json[i + 7] == 'u') {
+      const int low = Hex4(json, i + 8);
+      if (low >= 0xDC00 && low <= 0xDFFF) {  // a pair: kept
+        out.append(json.substr(i, 12));
+        i += 12;
+        continue;
+      }
+    }
+    if (unit >= 0xD800 && unit <= 0xDFFF) {
+      out += "\\ufffd";
+      i += 6;
+      continue;
+    }
+    out.append(json.substr(i, 2));  // any other escape (a bad one is the parser's to refuse)
+    i += 2;
+  }
+  return out;
+}
+
 }  // namespace nsbox::utf8

@@ -51,4 +51,11 @@ class StreamSplitter {
   std::string pending_;
 };
 
+// JSON text (RFC 8259) with every `\uXXXX` escape of a lone UTF-16 surrogate inside a string (a
+// high one not followed at once by an escaped low one, or a low one without its high one)
+// replaced by `\ufffd`: what JavaScript's JSON.stringify writes for a string cut in the middle of
+// a pair, which Node then writes as U+FFFD (its UTF-8 encoder replaces lone surrogates). Returns
+// the text unchanged when it has none. Only escapes are looked at; the rest is left to the parser.
+std::string ReplaceLoneSurrogateEscapes(std::string_view json);
+
 }  // namespace nsbox::utf8

@@ -88,6 +88,32 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 namespace websocket = beast::websocket;
 namespace json = boost::json;
+
+// JSON from a client, where JavaScript's JSON.stringify may have written a lone UTF-16 surrogate
+// escape (a string cut in the middle of a pair): Boost.JSON refuses it, Node's fs and
+// child_process write it as U+FFFD. On a parse error the text is tried once more with such
+// escapes as `\ufffd` (utf8::ReplaceLoneSurrogateEscapes), when it had any. A stream parser, for
+// where a refused text stopped (`*used`, its bytes parsed): a model that wrote it can find its
+// mistake.
+json::value ParseClientJson(std::string_view text, boost::system::error_code& ec,
+                            size_t* used = nullptr) {
+  auto parse = [](std::string_view t, boost::system::error_code& err, size_t* at) {
+    json::stream_parser parser;
+    const size_t n = parser.write(t.data(), t.size(), err);
+    if (at != nullptr) *at = n;
+    if (!err) parser.finish(err);
+    return err ? json::value() : parser.release();
+  };
+  json::value v = parse(text, ec, used);
+  if (!ec) return v;
+  const std::string replaced = utf8::ReplaceLoneSurrogateEscapes(text);
+  if (replaced == text) return v;
+  boost::system::error_code again;
+  json::value w = parse(replaced, again, nullptr);
+  if (again) return v;  // the first error is the one to report
+  ec = again;
+  return w;
+}
 using Socket = asio::generic::stream_protocol::socket;
 using Acceptor = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
 using Clock = std::chrono::steady_clock;
@@ -2504,10 +2530,8 @@ asio::awaitable<ApiOutcome<json::object>> Daemon::ReadJson(Ctx& c, bool optional
     co_return ApiError::Invalid("the request needs a JSON body");
   }
   boost::system::error_code ec;
-  // A stream parser, for where it stopped: a model that wrote the body can find its mistake.
-  json::stream_parser parser;
-  const size_t used = parser.write(body.data(), body.size(), ec);
-  if (!ec) parser.finish(ec);
+  size_t used = 0;
+  json::value v = ParseClientJson(body, ec, &used);
   if (ec) {
     // JSON is UTF-8 (RFC 8259 8.1): say so rather than Boost's "syntax error" at such a byte.
     if (!utf8::IsValid(body))
@@ -2517,7 +2541,6 @@ asio::awaitable<ApiOutcome<json::object>> Daemon::ReadJson(Ctx& c, bool optional
                                      ? " at byte " + std::to_string(used)
                                      : " at its end (byte " + std::to_string(body.size()) + ")"));
   }
-  json::value v = parser.release();
   if (!v.is_object()) co_return ApiError::Invalid("the body must be a JSON object");
   co_return std::move(v.as_object());
 }
@@ -3453,7 +3476,7 @@ asio::awaitable<void> Daemon::WsReader(WebSocket& ws, std::shared_ptr<WsState> s
       continue;
     }
     boost::system::error_code jec;
-    json::value v = json::parse(msg, jec);
+    json::value v = ParseClientJson(msg, jec);
     const json::object* o = !jec && v.is_object() ? &v.get_object() : nullptr;
     const json::value* type = o != nullptr ? o->if_contains("type") : nullptr;
     if (type == nullptr || !type->is_string()) {
@@ -3526,7 +3549,7 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
     ApiOutcome<ExecSpec> spec = ApiError::Invalid("the first message must be the exec's JSON body");
     if (ws.got_text()) {
       boost::system::error_code jec;
-      json::value v = json::parse(beast::buffers_to_string(buf.data()), jec);
+      json::value v = ParseClientJson(beast::buffers_to_string(buf.data()), jec);
       if (jec || !v.is_object()) {
         refusal = ApiError::Invalid("the first message must be a JSON object: the exec's body");
       } else {

@@ -499,6 +499,32 @@ TEST_F(ApiTest, MalformedJsonIs400) {
   EXPECT_EQ(Sh(id, "echo ok"), "ok\n");
 }
 
+// A lone UTF-16 surrogate escape, which JavaScript's JSON.stringify writes for a string cut in the
+// middle of a pair: U+FFFD (EF BF BD), as Node's child_process and fs write such a string, in a
+// command, its environment and a path; a pair is kept whole, and a body with a lone surrogate and
+// a real mistake is still refused.
+TEST_F(ApiTest, ALoneSurrogateEscapeIsUfffdAsNodeWritesIt) {
+  const std::string id = NewId();
+  Create(id);
+  const Headers json_type = {{"Content-Type", "application/json"}};
+  Response r = client().Request(
+      "POST", SbPath(id, "/exec"),
+      R"({"command": "printf '%s|%s|%s' 'a\ud800b' \"$V\" '\ud83d\ude00' | od -An -tx1",)"
+      R"( "env": {"V": "\udc00"}})",
+      json_type);
+  ASSERT_EQ(r.status, 200) << r.Describe();
+  std::string hex = Str(Obj(r), "stdout");
+  hex.erase(std::remove(hex.begin(), hex.end(), '\n'), hex.end());
+  EXPECT_EQ(hex, " 61 ef bf bd 62 7c ef bf bd 7c f0 9f 98 80") << r.Describe();
+  Response made = client().Request("POST", SbPath(id, "/fs/mkdir"),
+                                   R"({"path": "/workspace/d\udbff"})", json_type);
+  EXPECT_EQ(made.status, 204) << made.Describe();
+  EXPECT_EQ(Sh(id, "ls /workspace | od -An -tx1 | tr -d '\\n'"), " 64 ef bf bd 0a");
+  ExpectError(
+      client().Request("POST", SbPath(id, "/exec"), R"({"command": "\ud800", })", json_type), 400,
+      "invalid_request", "a lone surrogate and a trailing comma");
+}
+
 TEST_F(ApiTest, JsonBodyOver1MiBIs413) {
   const std::string id = NewId();
   Create(id);

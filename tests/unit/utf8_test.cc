@@ -304,5 +304,21 @@ TEST(Utf8, FinishFlushesAndResets) {
   EXPECT_EQ(decoder.Finish(), "");
 }
 
+TEST(Utf8, LoneSurrogateEscapesBecomeUfffd) {
+  EXPECT_EQ(ReplaceLoneSurrogateEscapes(R"({"a": "x\ud800y"})"), R"({"a": "x\ufffdy"})");
+  EXPECT_EQ(ReplaceLoneSurrogateEscapes(R"(["\uDC00", "\ud83d"])"), R"(["\ufffd", "\ufffd"])");
+  // A high one followed by another high one, or by a non-surrogate escape: each alone.
+  EXPECT_EQ(ReplaceLoneSurrogateEscapes(R"("\ud800\ud800\ude00")"), R"("\ufffd\ud800\ude00")");
+  EXPECT_EQ(ReplaceLoneSurrogateEscapes(R"("\ud800\u0041")"), R"("\ufffd\u0041")");
+  // Pairs, other escapes, an escaped backslash before a u, and text outside strings: unchanged.
+  for (const std::string same :
+       {R"({"a": "\ud83d\ude00"})", R"("\\ud800")", R"("\"\ud83d\ude00")",
+        R"({"\u0041": 1, "b": "\n\t\u00e9"})", "ud800 \\ud800", R"("\u12")"}) {
+    EXPECT_EQ(ReplaceLoneSurrogateEscapes(same), same) << same;
+  }
+  // A cut escape at the end stays for the parser to refuse.
+  EXPECT_EQ(ReplaceLoneSurrogateEscapes(R"("\ud8)"), R"("\ud8)");
+}
+
 }  // namespace
 }  // namespace nsbox::utf8
