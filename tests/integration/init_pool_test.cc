@@ -102,6 +102,26 @@ class PoolTest : public IntegrationTest {
     return "";
   }
 
+  // kDescribe in both, which must say the same (a jail started for the sandbox, and one of the
+  // pool that became it); what `adopted` printed.
+  static std::string DescribedAlike(runtime::Sandbox& started, runtime::Sandbox& adopted) {
+    ExecRun want = Run(started, kDescribe);
+    ExecRun got = Run(adopted, kDescribe);
+    EXPECT_TRUE(want.ok && want.exit.exit_code == 0) << want.Describe();
+    EXPECT_TRUE(got.ok && got.exit.exit_code == 0) << got.Describe();
+    // Which of its cgroup sets a command runs in depends on what was made ahead (the adopted jail
+    // has two, one of them with a child made ahead): the sets' numbers are left out.
+    const std::regex exec_set("/exec-[0-9]+\n");
+    EXPECT_EQ(std::regex_replace(got.out, exec_set, "/exec-N\n"),
+              std::regex_replace(want.out, exec_set, "/exec-N\n"));
+    EXPECT_EQ(got.err, want.err);
+    // Not vacuous: the description names what the adoption set.
+    EXPECT_NE(got.out.find("same-box\n---\nsame-box\n"), std::string::npos) << got.out;
+    EXPECT_NE(got.out.find("127.0.1.1\tsame-box"), std::string::npos) << got.out;
+    EXPECT_NE(got.out.find("/workspace rw,nosuid,nodev"), std::string::npos) << got.out;
+    return got.out;
+  }
+
   EtcCache etc_;
 };
 
@@ -133,25 +153,12 @@ TEST_F(PoolTest, AnAdoptedJailIsWhatAStartedOneIs) {
   EXPECT_FALSE(pooled->pooled());
   EXPECT_TRUE(holders().empty()) << ::testing::PrintToString(holders());
 
-  ExecRun want = Run(**started, kDescribe);
-  ExecRun got = Run(*pooled, kDescribe);
-  ASSERT_TRUE(want.ok && want.exit.exit_code == 0) << want.Describe();
-  ASSERT_TRUE(got.ok && got.exit.exit_code == 0) << got.Describe();
-  // Which of its cgroup sets a command runs in depends on what was made ahead (the adopted jail
-  // has two, one of them with a child made ahead): the sets' numbers are left out.
-  const std::regex exec_set("/exec-[0-9]+\n");
-  EXPECT_EQ(std::regex_replace(got.out, exec_set, "/exec-N\n"),
-            std::regex_replace(want.out, exec_set, "/exec-N\n"));
-  EXPECT_EQ(got.err, want.err);
-  // Not vacuous: the description names what the adoption set.
-  EXPECT_NE(got.out.find("same-box\n---\nsame-box\n"), std::string::npos) << got.out;
-  EXPECT_NE(got.out.find("127.0.1.1\tsame-box"), std::string::npos) << got.out;
-  EXPECT_NE(got.out.find("/workspace rw,nosuid,nodev"), std::string::npos) << got.out;
-  EXPECT_NE(got.out.find("/root rw,nosuid,nodev"), std::string::npos) << got.out;
-  EXPECT_NE(got.out.find("/ ro,nosuid,nodev"), std::string::npos) << got.out;
-  EXPECT_NE(got.out.find("Read-only file system"), std::string::npos) << got.out;
+  const std::string got = DescribedAlike(**started, *pooled);
+  EXPECT_NE(got.find("/root rw,nosuid,nodev"), std::string::npos) << got;
+  EXPECT_NE(got.find("/ ro,nosuid,nodev"), std::string::npos) << got;
+  EXPECT_NE(got.find("Read-only file system"), std::string::npos) << got;
   // /tmp and /dev/shm, one tmpfs, hold half of the 64 MiB together (blocks of 4 KiB).
-  EXPECT_NE(got.out.find("8192 4096\n8192 4096\n"), std::string::npos) << got.out;
+  EXPECT_NE(got.find("8192 4096\n8192 4096\n"), std::string::npos) << got;
 
   // Its own directories, not the other sandbox's.
   ExecRun write = Run(*pooled, "echo w > /workspace/mark && echo h > /root/mark");
@@ -229,18 +236,8 @@ TEST_F(PoolTest, AJailAdoptedAheadThenAssignedIsWhatAStartedOneIs) {
   auto assigned = pooled->Assign(jail);
   ASSERT_TRUE(assigned.ok()) << assigned.error().message();
   EXPECT_FALSE(pooled->adopted_ahead());
-  ExecRun want = Run(**started, kDescribe);
-  ExecRun got = Run(*pooled, kDescribe);
-  ASSERT_TRUE(want.ok && want.exit.exit_code == 0) << want.Describe();
-  ASSERT_TRUE(got.ok && got.exit.exit_code == 0) << got.Describe();
-  const std::regex exec_set("/exec-[0-9]+\n");
-  EXPECT_EQ(std::regex_replace(got.out, exec_set, "/exec-N\n"),
-            std::regex_replace(want.out, exec_set, "/exec-N\n"));
-  EXPECT_EQ(got.err, want.err);
-  EXPECT_NE(got.out.find("same-box\n---\nsame-box\n"), std::string::npos) << got.out;
-  EXPECT_NE(got.out.find("127.0.1.1\tsame-box"), std::string::npos) << got.out;
-  EXPECT_EQ(got.out.find("placeholder"), std::string::npos) << got.out;
-  EXPECT_NE(got.out.find("/workspace rw,nosuid,nodev"), std::string::npos) << got.out;
+  const std::string got = DescribedAlike(**started, *pooled);
+  EXPECT_EQ(got.find("placeholder"), std::string::npos) << got;
   EXPECT_EQ(CgroupValue(*pooled, "pids.max"), "64");
   // The daemon's thread that set the hostname went back to its own UTS namespace.
   char name[65] = {};
