@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "base/strings.h"
+
 namespace nsbox::utf8 {
 namespace {
 
@@ -137,11 +139,7 @@ int Hex4(std::string_view text, size_t at) {
   if (at + 4 > text.size()) return -1;
   int v = 0;
   for (size_t k = at; k < at + 4; ++k) {
-    const char c = text[k];
-    int d = -1;
-    if (c >= '0' && c <= '9') d = c - '0';
-    if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    const int d = HexDigitValue(text[k]);
     if (d < 0) return -1;
     v = v * 16 + d;
   }

@@ -1290,24 +1290,6 @@ void Registry::PoolLoop() {
           })) {
         continue;
       }
-      {
-        // The same for a jail adopted ahead: dropped, and adopted again at the next turn.
-        std::unique_ptr<Sandbox> dead;
-        {
-          std::lock_guard<std::mutex> spares_lock(janitor_mu_);
-          for (Spare& spare : spares_) {
-            if (spare.jail != nullptr && !spare.jail->client().connected()) {
-              dead = std::move(spare.jail);
-            }
-          }
-        }
-        if (dead != nullptr) {
-          lock.unlock();
-          log::warn("the jail adopted ahead (pid {}) is gone; adopting another", dead->init_pid());
-          (void)dead->Stop();
-          lock.lock();
-        }
-      }
       std::vector<std::unique_ptr<Sandbox>> dead;
       for (auto it = pool_.begin(); it != pool_.end();) {
         if ((*it)->client().connected()) {
@@ -1316,6 +1298,15 @@ void Registry::PoolLoop() {
         }
         dead.push_back(std::move(*it));
         it = pool_.erase(it);
+      }
+      {
+        // The same for a jail adopted ahead: adopted again at the next turn.
+        std::lock_guard<std::mutex> spares_lock(janitor_mu_);
+        for (Spare& spare : spares_) {
+          if (spare.jail != nullptr && !spare.jail->client().connected()) {
+            dead.push_back(std::move(spare.jail));
+          }
+        }
       }
       lock.unlock();
       for (auto& box : dead) {

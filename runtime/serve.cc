@@ -56,6 +56,7 @@
 #include "base/base64.h"
 #include "base/files.h"
 #include "base/log.h"
+#include "base/strings.h"
 #include "base/utf8.h"
 #include "exec/runner.h"
 #include "fs/fs_error.h"
@@ -208,13 +209,6 @@ double SecondsSince(Clock::time_point start) {
 
 // ---- small parsers ----
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 // Percent-decoding; `plus_is_space` for query values
 // (application/x-www-form-urlencoded, as URLSearchParams writes them). nullopt
 // for a malformed escape.
@@ -224,8 +218,8 @@ std::optional<std::string> PercentDecode(std::string_view in, bool plus_is_space
   for (size_t i = 0; i < in.size(); ++i) {
     if (in[i] == '%') {
       if (i + 2 >= in.size()) return std::nullopt;
-      int hi = HexValue(in[i + 1]);
-      int lo = HexValue(in[i + 2]);
+      int hi = HexDigitValue(in[i + 1]);
+      int lo = HexDigitValue(in[i + 2]);
       if (hi < 0 || lo < 0) return std::nullopt;
       out += static_cast<char>(hi * 16 + lo);
       i += 2;
