@@ -232,6 +232,21 @@ std::optional<std::string> PercentDecode(std::string_view in, bool plus_is_space
   return out;
 }
 
+// The token of an `Authorization: Bearer <token>` value; nullopt for another scheme or none.
+// The scheme is case-insensitive (RFC 9110 §11.1: "bearer" and "BEARER" are "Bearer"), one or
+// more spaces follow it (RFC 6750 §2.1: 1*SP); the token is taken as it is, for TokenMatches.
+std::optional<std::string_view> BearerCredentials(std::string_view auth) {
+  constexpr std::string_view kScheme = "Bearer";
+  if (auth.size() <= kScheme.size() || !beast::iequals(auth.substr(0, kScheme.size()), kScheme) ||
+      auth[kScheme.size()] != ' ') {
+    return std::nullopt;
+  }
+  std::string_view token = auth.substr(kScheme.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  if (token.empty()) return std::nullopt;
+  return token;
+}
+
 // Constant-time comparison of a presented token with the expected one (api.md:
 // 401 "compared in constant time"): the time depends only on the expected
 // token's length.
@@ -1582,9 +1597,8 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
   }
   if (c.tcp) {
     std::string_view auth = req[http::field::authorization];
-    constexpr std::string_view kBearer = "Bearer ";
-    bool ok = auth.size() > kBearer.size() && auth.substr(0, kBearer.size()) == kBearer &&
-              TokenMatches(auth.substr(kBearer.size()), token_);
+    const std::optional<std::string_view> presented_token = BearerCredentials(auth);
+    bool ok = presented_token && TokenMatches(*presented_token, token_);
     // Browsers cannot send a bearer header: under .../ports/{port}/http/, ?nsbox_token= once
     // (answered with a cookie for that path only), then the cookie.
     const std::string prefix = ok ? std::string() : ProxyPrefix(path);
@@ -2264,6 +2278,8 @@ asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
   res.set(http::field::server, std::string("nsboxd/") + kVersion);
   if (!body.empty() || status != 204) res.set(http::field::content_type, content_type);
   if (!allow.empty()) res.set(http::field::allow, allow);
+  // Every 401 says which scheme it wants (RFC 9110 §15.5.2: it MUST carry WWW-Authenticate).
+  if (status == 401) res.set(http::field::www_authenticate, "Bearer realm=\"nsbox\"");
   // A request whose body was not read to its end cannot be followed by another.
   res.keep_alive(c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_);
   metrics_.BytesOut(body.size());

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <regex>
 #include <set>
@@ -896,6 +897,43 @@ TEST_F(TcpTest, BearerTokenIsRequired) {
   EXPECT_EQ(Str(Obj(exec), "stdout"), "tcp\n") << exec.Describe();
   // The Unix socket needs no token.
   EXPECT_EQ(Client(d.endpoint()).Get("/v1/sandboxes/tcp").status, 200);
+  EXPECT_TRUE(d.Stop()) << d.error() << "\n" << d.Log();
+}
+
+// RFC 9110 §11.1: the auth scheme is case-insensitive ("bearer", "BEARER"); the token itself is
+// compared exactly. §15.5.2: every 401 carries WWW-Authenticate, naming the Bearer scheme.
+TEST_F(TcpTest, TheSchemeIsCaseInsensitiveAndEvery401NamesIt) {
+  Daemon d;
+  Endpoint tcp;
+  ASSERT_NO_FATAL_FAILURE(StartWithToken(d, {}, &tcp));
+  Client c(tcp);
+  for (const std::string& value :
+       {"bearer " + token, "BEARER " + token, "bEaReR " + token, "Bearer  " + token}) {
+    Response r = c.Request("GET", "/v1/health", "", {{"Authorization", value}});
+    EXPECT_EQ(r.status, 200) << value << ": " << r.Describe();
+  }
+  std::string upper = token;
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  struct Case {
+    std::string what;
+    Headers headers;
+    std::string target;
+  };
+  const std::vector<Case> refused = {
+      {"no token", {}, "/v1/health"},
+      {"no token, unknown route", {}, "/v1/nope"},
+      {"wrong token", {{"Authorization", "Bearer not-the-token-0123456789"}}, "/v1/health"},
+      {"the token in other case", {{"Authorization", "bearer " + upper}}, "/v1/health"},
+      {"Basic scheme", {{"Authorization", "Basic " + token}}, "/v1/health"},
+      {"scheme without a space", {{"Authorization", "Bearer" + token}}, "/v1/health"},
+      {"a proxy path without token or cookie", {}, "/v1/sandboxes/x/ports/3000/http/"},
+  };
+  for (const Case& k : refused) {
+    Response r = c.Request("GET", k.target, "", k.headers);
+    ExpectError(r, 401, "unauthorized", k.what);
+    EXPECT_EQ(r.Header("www-authenticate").rfind("Bearer", 0), 0u)
+        << k.what << ": " << r.Describe();
+  }
   EXPECT_TRUE(d.Stop()) << d.error() << "\n" << d.Log();
 }
 
