@@ -247,6 +247,83 @@ std::optional<std::string_view> BearerCredentials(std::string_view auth) {
   return token;
 }
 
+// A request target in absolute form ("http://host:port/path?query", RFC 9112 §3.2.2: what a
+// client sends to a proxy, and which a server MUST accept): its authority, and the origin form
+// the daemon routes on ("/path?query"; "/" for an empty path, RFC 9112 §3.2.1).
+struct AbsoluteTarget {
+  std::string authority;
+  std::string origin;
+};
+
+// nullopt when `target` is not in absolute form (it does not start with a scheme and ':', as
+// "/v1/health" or "*"); an error when it is, but not an http or https URI this daemon can take.
+ApiOutcome<std::optional<AbsoluteTarget>> ParseAbsoluteTarget(std::string_view target) {
+  auto alpha = [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'); };
+  auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+  // RFC 3986 §3.1: scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ), then ':'.
+  if (target.empty() || !alpha(target[0])) return std::optional<AbsoluteTarget>();
+  size_t colon = 1;
+  while (colon < target.size() &&
+         (alpha(target[colon]) || digit(target[colon]) || target[colon] == '+' ||
+          target[colon] == '-' || target[colon] == '.')) {
+    ++colon;
+  }
+  if (colon == target.size() || target[colon] != ':') return std::optional<AbsoluteTarget>();
+  const std::string_view scheme = target.substr(0, colon);
+  const std::string shown = utf8::DecodeLossy(target.substr(0, 200));
+  if (!beast::iequals(scheme, "http") && !beast::iequals(scheme, "https")) {
+    return ApiError::Invalid("the request target \"" + shown +
+                             "\" is in absolute form with a scheme other than http or https");
+  }
+  std::string_view rest = target.substr(colon + 1);
+  if (rest.substr(0, 2) != "//") {
+    return ApiError::Invalid("the request target \"" + shown + "\" has no \"//\" and authority");
+  }
+  rest.remove_prefix(2);
+  if (rest.find('#') != std::string_view::npos) {
+    return ApiError::Invalid("the request target \"" + shown +
+                             "\" has a fragment (#), which a request target never has");
+  }
+  const size_t end = rest.find_first_of("/?");
+  const std::string_view authority = rest.substr(0, end);
+  // RFC 9110 §4.2.4: userinfo ("user@") in an http URI is treated as an error; §4.2.1: so is an
+  // empty host. The authority's other characters: RFC 3986 §3.2 (unreserved, pct-encoded,
+  // sub-delims, ':' and an IP literal's brackets).
+  const bool chars_ok = std::all_of(authority.begin(), authority.end(), [&](char ch) {
+    return alpha(ch) || digit(ch) ||
+           std::string_view("-._~%!$&'()*+,;=:[]").find(ch) != std::string_view::npos;
+  });
+  std::string_view host = authority;
+  std::string_view port;
+  if (!authority.empty() && authority[0] == '[') {
+    const size_t close = authority.find(']');
+    host = authority.substr(0, close == std::string_view::npos ? close : close + 1);
+    port = authority.substr(host.size());
+    if (close == std::string_view::npos || close == 1 || (!port.empty() && port[0] != ':')) {
+      host = {};
+    }
+  } else if (size_t c = authority.find(':'); c != std::string_view::npos) {
+    host = authority.substr(0, c);
+    port = authority.substr(c);
+  }
+  if (!port.empty()) port.remove_prefix(1);
+  const bool port_ok = std::all_of(port.begin(), port.end(), digit) && port.size() <= 5;
+  if (!chars_ok || host.empty() || !port_ok ||
+      (authority[0] != '[' && host.find_first_of("[]") != std::string_view::npos)) {
+    return ApiError::Invalid("the request target \"" + shown + "\" has a malformed authority \"" +
+                             utf8::DecodeLossy(authority.substr(0, 100)) +
+                             "\" (host[:port], with no user@)");
+  }
+  AbsoluteTarget out;
+  out.authority = std::string(authority);
+  const std::string_view path_and_query =
+      end == std::string_view::npos ? std::string_view() : rest.substr(end);
+  out.origin = path_and_query.empty() || path_and_query[0] == '?'
+                   ? "/" + std::string(path_and_query)
+                   : std::string(path_and_query);
+  return std::optional<AbsoluteTarget>(std::move(out));
+}
+
 // Constant-time comparison of a presented token with the expected one (api.md:
 // 401 "compared in constant time"): the time depends only on the expected
 // token's length.
@@ -1588,7 +1665,20 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
 
 asio::awaitable<bool> Daemon::Handle(Ctx& c) {
   auto& req = c.parser.get();
-  std::string_view target = req.target();
+  // A target in absolute form is routed on its path and query, and its authority stands for Host
+  // (RFC 9112 §3.2.2: the Host field is then ignored). One that is malformed is a 400, after
+  // the token is checked.
+  std::optional<ApiError> bad_target;
+  {
+    auto absolute = ParseAbsoluteTarget(req.target());
+    if (!absolute.ok()) {
+      bad_target = absolute.error();
+    } else if (absolute.value().has_value()) {
+      req.set(http::field::host, absolute.value()->authority);
+      req.target(absolute.value()->origin);
+    }
+  }
+  std::string_view target = bad_target ? std::string_view() : std::string_view(req.target());
   std::string_view path = target;
   std::string_view query;
   if (auto q = target.find('?'); q != std::string_view::npos) {
@@ -1648,6 +1738,10 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
       c.must_close = true;  // where this request ends is not known: nothing after it is read
       co_return co_await ReplyError(c, reply_error);
     }
+  }
+  if (bad_target) {
+    const ApiError reply_error = *bad_target;
+    co_return co_await ReplyError(c, reply_error);
   }
   if (path.empty() || path[0] != '/') {
     {

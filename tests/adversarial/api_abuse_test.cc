@@ -464,7 +464,11 @@ TEST_F(ApiAbuseTest, StrangeRequestLinesAndMethods) {
             (std::vector<std::string>{"405", "<open>"}));
   EXPECT_EQ(Raw("CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: x\r\n\r\n"),
             (std::vector<std::string>{"404", "<open>"}));
+  // Absolute form is this daemon's own route (RFC 9112 §3.2.2), never a request forwarded to the
+  // authority it names.
   EXPECT_EQ(Raw("GET http://127.0.0.1:22/v1/health HTTP/1.1\r\nHost: x\r\n\r\n"),
+            (std::vector<std::string>{"200", "<open>"}));
+  EXPECT_EQ(Raw("GET http://127.0.0.1:22/ HTTP/1.1\r\nHost: x\r\n\r\n"),
             (std::vector<std::string>{"404", "<open>"}));
   EXPECT_EQ(Raw("OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n"),
             (std::vector<std::string>{"404", "<open>"}));

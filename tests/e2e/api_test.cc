@@ -308,6 +308,33 @@ TEST_F(ApiTest, UnknownRouteIs404NotFound) {
               "cancel of an unknown exec");
 }
 
+// RFC 9112 §3.2.2: a server MUST accept a request target in absolute form; it is routed on its
+// path and query (the scheme in any case). One that is malformed is a 400.
+TEST_F(ApiTest, AbsoluteFormTargetsAreRoutedOnTheirPath) {
+  const std::string id = NewId();
+  Create(id);
+  Response health = client().Get("http://x/v1/health");
+  EXPECT_EQ(health.status, 200) << health.Describe();
+  EXPECT_EQ(Field(Obj(health), "ok"), json::value(true)) << health.Describe();
+  EXPECT_EQ(client().Get("HTTP://localhost:7711/metrics").status, 200);
+  Response one = client().Get("https://[::1]:1" + SbPath(id));
+  EXPECT_EQ(Str(Obj(one), "id"), id) << one.Describe();
+  Response put = client().Request("PUT", "http://x" + SbPath(id, "/files?path=a%20b"), "abs");
+  EXPECT_EQ(put.status, 204) << put.Describe();
+  EXPECT_EQ(client().Get(SbPath(id, "/files?path=a+b")).body, "abs");
+  EXPECT_EQ(client().Get("http://x:80" + SbPath(id, "/files?path=a%20b")).body, "abs");
+  // An empty path is "/" (RFC 9112 §3.2.1), which is no route.
+  ExpectError(client().Get("http://x"), 404, "not_found", "empty path");
+  ExpectError(client().Get("http://x?y=1"), 404, "not_found", "empty path with a query");
+  ExpectError(client().Get("http://x/v1/nope"), 404, "not_found", "unknown route");
+  for (const char* bad : {"http:/v1/health", "http:///v1/health", "http://:80/v1/health",
+                          "http://user@x/v1/health", "ftp://x/v1/health", "http://x:y/v1/health",
+                          "http://[::1/v1/health", "http://x/v1/health#top"}) {
+    ExpectError(client().Get(bad), 400, "invalid_request", bad);
+  }
+  ExpectDaemonHealthy();
+}
+
 TEST_F(ApiTest, WrongMethodIs405) {
   const std::string id = NewId();
   Create(id);
@@ -934,6 +961,21 @@ TEST_F(TcpTest, TheSchemeIsCaseInsensitiveAndEvery401NamesIt) {
     EXPECT_EQ(r.Header("www-authenticate").rfind("Bearer", 0), 0u)
         << k.what << ": " << r.Describe();
   }
+  EXPECT_TRUE(d.Stop()) << d.error() << "\n" << d.Log();
+}
+
+// A target in absolute form is served over TCP as any other: with the token only, and a malformed
+// one is not told apart from a good one before the token is shown.
+TEST_F(TcpTest, AbsoluteFormTargetsNeedTheTokenToo) {
+  Daemon d;
+  Endpoint tcp;
+  ASSERT_NO_FATAL_FAILURE(StartWithToken(d, {}, &tcp));
+  Client none(tcp);
+  ExpectError(none.Get("http://x/v1/health"), 401, "unauthorized", "no token");
+  ExpectError(none.Get("http://user@x/v1/health"), 401, "unauthorized", "malformed, no token");
+  Client right(tcp, token);
+  EXPECT_EQ(right.Get("http://x/v1/health").status, 200);
+  ExpectError(right.Get("http://user@x/v1/health"), 400, "invalid_request", "malformed");
   EXPECT_TRUE(d.Stop()) << d.error() << "\n" << d.Log();
 }
 
