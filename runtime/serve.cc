@@ -784,15 +784,92 @@ void FillExit(json::object& o, const fs::proto::ExecExit& x, const std::string& 
   o["usage"] = std::move(usage);
 }
 
-// A query parameter, percent-decoded; nullopt when absent (or malformed).
+// A query parameter, percent-decoded (its key too, as QueryCheck and QueryPath read it); nullopt
+// when absent (or malformed, which QueryCheck refuses first on every route but the proxy's).
 std::optional<std::string> QueryValue(std::string_view query, std::string_view name) {
   while (!query.empty()) {
     size_t amp = query.find('&');
     std::string_view pair = query.substr(0, amp);
     query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
     size_t eq = pair.find('=');
-    if (pair.substr(0, eq) != name) continue;
+    if (pair.substr(0, eq) != name && PercentDecode(pair.substr(0, eq), true) != name) continue;
     return PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
+  }
+  return std::nullopt;
+}
+
+// The query parameters each route takes (api.md, docs/exec.md, docs/images.md); every other
+// route takes none. `segs` is a route of the API's, not the HTTP path through it, whose query is
+// the upstream's.
+std::span<const std::string_view> QueryKeysOf(const std::vector<std::string>& segs,
+                                              http::verb method) {
+  static constexpr std::string_view kAll[] = {"all"};
+  static constexpr std::string_view kOutput[] = {"offset", "follow", "encoding"};
+  static constexpr std::string_view kAttach[] = {"offset"};
+  static constexpr std::string_view kStdin[] = {"close"};
+  static constexpr std::string_view kGetFile[] = {"path", "pathBase64"};
+  static constexpr std::string_view kPutFile[] = {"path", "pathBase64", "mode"};
+  static constexpr std::string_view kImport[] = {"replace"};
+  const size_t n = segs.size();
+  if (n == 3 && segs[1] == "images" && method == http::verb::post) return kImport;
+  if (n < 4 || segs[1] != "sandboxes") return {};
+  if (n == 4 && segs[3] == "execs") return kAll;
+  if (n == 6 && segs[3] == "execs" && segs[5] == "output") return kOutput;
+  if (n == 6 && segs[3] == "execs" && segs[5] == "attach") return kAttach;
+  if (n == 6 && segs[3] == "execs" && segs[5] == "stdin") return kStdin;
+  if (n == 4 && segs[3] == "files" && method == http::verb::put) return kPutFile;
+  if (n == 4 && segs[3] == "files") return kGetFile;
+  return {};
+}
+
+// "GET /v1/sandboxes/{id}/execs/{execId}/output" for the messages: the route, not the ids.
+std::string RouteName(std::string_view method, const std::vector<std::string>& segs) {
+  std::string out = std::string(method) + " ";
+  for (size_t i = 0; i < segs.size(); ++i) {
+    std::string_view seg = segs[i];
+    if (i == 2 && segs[1] == "sandboxes") seg = "{id}";
+    if (i == 2 && segs[1] == "images") seg = "{name}";
+    if (i == 4 && segs[3] == "execs") seg = "{execId}";
+    if (i == 4 && segs[3] == "ports") seg = "{port}";
+    out += "/" + utf8::DecodeLossy(seg.substr(0, 64));
+  }
+  return out;
+}
+
+// The query parameters a route takes, as a JSON body's keys (docs/daemon.md): a key it does not
+// take is refused naming it and the ones it takes, a key given twice is refused (which one would
+// count is a guess), and so is a malformed escape; before anything is done. The messages name the
+// route ("PUT /v1/sandboxes/{id}/files"). Empty pairs ("a=1&&b=2", a trailing
+// '&') carry no key and are passed over.
+std::optional<ApiError> QueryCheck(std::string_view query, const std::vector<std::string>& segs,
+                                   http::verb method) {
+  if (query.empty()) return std::nullopt;
+  const std::span<const std::string_view> known = QueryKeysOf(segs, method);
+  auto route = [&segs, method] { return RouteName(http::to_string(method), segs); };
+  std::vector<std::string> seen;
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (pair.empty()) continue;
+    size_t eq = pair.find('=');
+    auto key = PercentDecode(pair.substr(0, eq), true);
+    auto value = PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
+    if (!key || !value) return ApiError::Invalid("malformed percent-encoding in the query");
+    auto shown = [&key] {
+      return "\"" + utf8::DecodeLossy(std::string_view(*key).substr(0, 100)) + "\"";
+    };
+    if (std::find(known.begin(), known.end(), std::string_view(*key)) == known.end()) {
+      std::string names;
+      for (std::string_view k : known) names += (names.empty() ? "" : ", ") + std::string(k);
+      return ApiError::Invalid("unknown query parameter " + shown() + " for " + route() +
+                               (names.empty() ? ", which takes none" : " (" + names + ")"));
+    }
+    if (std::find(seen.begin(), seen.end(), *key) != seen.end()) {
+      return ApiError::Invalid("query parameter " + shown() + " is given more than once; " +
+                               route() + " takes each at most once");
+    }
+    seen.push_back(std::move(*key));
   }
   return std::nullopt;
 }
@@ -1791,6 +1868,10 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
                               0, std::min<size_t>(200, c.parser.get().target().size()))));
   if (n == 1 && segs[0] == "metrics") {
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
+    if (auto bad = QueryCheck(query, segs, method)) {
+      const ApiError reply_error = *bad;
+      co_return co_await ReplyError(c, reply_error);
+    }
     {
       auto work = [this] {
         return metrics_.Render(registry_.CountByState()) +
@@ -1806,6 +1887,10 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   if (n < 2 || segs[0] != "v1") co_return co_await ReplyError(c, not_found);
   if (n == 2 && segs[1] == "health") {
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
+    if (auto bad = QueryCheck(query, segs, method)) {
+      const ApiError reply_error = *bad;
+      co_return co_await ReplyError(c, reply_error);
+    }
     json::object o;
     o["ok"] = true;
     o["version"] = kVersion;
@@ -1815,6 +1900,10 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   if (segs[1] != "sandboxes") co_return co_await ReplyError(c, not_found);
   if (n == 2) {
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
+    if (auto bad = QueryCheck(query, segs, method)) {
+      const ApiError reply_error = *bad;
+      co_return co_await ReplyError(c, reply_error);
+    }
     json::array list;
     for (const auto& e : registry_.List()) list.push_back(SandboxJson(*e));
     json::object o;
@@ -1859,6 +1948,12 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
   }
   if (allow != "*" && !MethodIn(allow, std::string_view(c.parser.get().method_string()))) {
     co_return co_await MethodNotAllowed(c, allow);
+  }
+  if (allow != "*") {
+    if (auto bad = QueryCheck(query, segs, method)) {
+      const ApiError reply_error = *bad;
+      co_return co_await ReplyError(c, reply_error);
+    }
   }
   if (auto reason = InvalidIdReason(id)) {
     {
@@ -3949,6 +4044,10 @@ asio::awaitable<bool> Daemon::Images(Ctx& c, const std::vector<std::string>& seg
   const http::verb method = c.parser.get().method();
   if (segs.size() == 2) {
     if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
+    if (auto bad = QueryCheck(query, segs, method)) {
+      const ApiError reply_error = *bad;
+      co_return co_await ReplyError(c, reply_error);
+    }
     json::array list;
     for (const auto& info : registry_.images().List()) {
       list.push_back(ImageJson(info, registry_.SandboxesOfImage(info.name)));
@@ -3960,6 +4059,10 @@ asio::awaitable<bool> Daemon::Images(Ctx& c, const std::vector<std::string>& seg
   const std::string& name = segs[2];
   if (method != http::verb::get && method != http::verb::post && method != http::verb::delete_) {
     co_return co_await MethodNotAllowed(c, "GET, POST, DELETE");
+  }
+  if (auto bad = QueryCheck(query, segs, method)) {
+    const ApiError reply_error = *bad;
+    co_return co_await ReplyError(c, reply_error);
   }
   if (auto reason = images::InvalidImageNameReason(name)) {
     const ApiError reply_error = ApiError::Invalid(*reason);

@@ -434,6 +434,54 @@ TEST_F(ApiTest, UnknownOptionsAreRefusedNotIgnored) {
   EXPECT_EQ(Sh(id, "ls /workspace"), "keep\n") << "a refused request did something";
 }
 
+// The same for a query: a parameter that the route does not take is a 400 naming it and the ones
+// it takes, a repeated one is a 400 (never the last one silently), and nothing is done.
+TEST_F(ApiTest, UnknownOrRepeatedQueryParametersAreRefused) {
+  const std::string id = NewId();
+  Create(id);
+  ASSERT_EQ(client().Request("PUT", SbPath(id, "/files?path=keep"), "x").status, 204);
+  struct Case {
+    std::string method;
+    std::string target;
+    std::string message;  // a part of error.message
+  };
+  const std::vector<Case> cases = {
+      {"PUT", SbPath(id, "/files?path=t1&mdoe=700"),
+       "unknown query parameter \"mdoe\" for PUT /v1/sandboxes/{id}/files (path, pathBase64, "
+       "mode)"},
+      {"PUT", SbPath(id, "/files?path=t2&mode=700&path=t3"),
+       "query parameter \"path\" is given more than once"},
+      {"PUT", SbPath(id, "/files?path=t4&mode=%zz"), "malformed percent-encoding in the query"},
+      {"GET", SbPath(id, "/files?path=keep&mode=644"),
+       "unknown query parameter \"mode\" for GET /v1/sandboxes/{id}/files (path, pathBase64)"},
+      {"GET", SbPath(id, "/files?path=keep&path=keep"), "is given more than once"},
+      {"GET", SbPath(id, "/execs?all=1&al=1"), "unknown query parameter \"al\""},
+      {"GET", SbPath(id, "/execs/e-none/output?follow=1&folow=1"),
+       "unknown query parameter \"folow\" for GET /v1/sandboxes/{id}/execs/{execId}/output "
+       "(offset, follow, encoding)"},
+      {"GET", "/v1/health?verbose=1",
+       "unknown query parameter \"verbose\" for GET /v1/health, "
+       "which takes none"},
+      {"GET", "/metrics?x", "unknown query parameter \"x\""},
+      {"DELETE", SbPath(id, "?force=1"), "unknown query parameter \"force\""},
+      {"POST", SbPath(id, "/fs/mkdir?recursive=1"), "unknown query parameter \"recursive\""},
+  };
+  for (const Case& k : cases) {
+    Response r = client().Request(
+        k.method, k.target, k.target.find("/fs/") != std::string::npos ? R"({"path":"m"})" : "");
+    ExpectError(r, 400, "invalid_request", k.method + " " + k.target);
+    EXPECT_NE(r.ErrorMessage().find(k.message), std::string::npos)
+        << k.method << " " << k.target << ": " << r.Describe();
+  }
+  EXPECT_EQ(client().Get(SbPath(id)).status, 200) << "a refused DELETE deleted";
+  EXPECT_EQ(Sh(id, "ls /workspace"), "keep\n") << "a refused request did something";
+  // What clients send still works: an escaped key, '+' for a space, an empty pair.
+  EXPECT_EQ(client().Request("PUT", SbPath(id, "/files?p%61th=a+b&&mode=700&"), "y").status, 204);
+  EXPECT_EQ(Sh(id, "stat -c %a 'a b'"), "700\n");
+  EXPECT_EQ(client().Get(SbPath(id, "/files?pathBase64=") + PctEncode(Base64Encode("a b"))).body,
+            "y");
+}
+
 // A limit the API takes is one a sandbox can start with: pids 1 (nsbox-init alone) is refused
 // at the PUT, not accepted and then answered 503 at every use; the largest CPU limit starts.
 TEST_F(ApiTest, LimitsThePutTakesAreLimitsASandboxStartsWith) {
