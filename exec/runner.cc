@@ -86,6 +86,7 @@
 #include "base/worker_pool.h"
 #include "exec/command.h"
 #include "exec/spawn.h"
+#include "policy/environment.h"
 
 namespace nsbox::exec {
 
@@ -528,8 +529,11 @@ std::unique_ptr<Launch> PrepareLaunch(const CommandSpec& spec, bool own) {
 }
 
 // The stderr line of a command whose child stopped at `step` before execve; empty for kNone.
+// `env` and `fallback_env` are the environments it was given: an E2BIG of execve names the
+// variable too long for it, if one is.
 std::string StartFailureLine(SpawnStep step, int err, const std::string& cwd,
-                             const std::string& name) {
+                             const std::string& name, const std::vector<std::string>& env,
+                             const std::vector<std::string>& fallback_env) {
   switch (step) {
     case SpawnStep::kNone:
       return std::string();
@@ -537,6 +541,13 @@ std::string StartFailureLine(SpawnStep step, int err, const std::string& cwd,
       // As bash says it; the child has exited with 1 (api.md: "cannot be started").
       return "nsbox: cd: " + cwd + ": " + strerrordesc_np(err) + "\n";
     case SpawnStep::kExec:
+      if (err == E2BIG) {
+        std::string oversized = policy::OversizedEnvEntry(env);
+        if (oversized.empty()) oversized = policy::OversizedEnvEntry(fallback_env);
+        if (!oversized.empty()) {
+          return DescribeExecFailure(name, err).message + " (E2BIG): " + oversized + "\n";
+        }
+      }
       return DescribeExecFailure(name, err).message + "\n";
     default:
       return "nsbox: the command could not be started: " + std::string(SpawnStepName(step)) + ": " +
@@ -897,7 +908,8 @@ Result<uint64_t> Runner::Impl::Start(const CommandSpec& spec, CommandEvents even
     cmd->start_cwd = spec.cwd;
     cmd->start_name = name;
   } else {
-    cmd->start_failure = StartFailureLine(spawned->failed_step, spawned->err, spec.cwd, name);
+    cmd->start_failure = StartFailureLine(spawned->failed_step, spawned->err, spec.cwd, name,
+                                          spec.env, spec.fallback_env);
   }
 
   commands.emplace(cmd->id, cmd);
@@ -1217,8 +1229,9 @@ void Runner::Impl::OnMainExit(const CommandPtr& cmd, int res) {
   cmd->status = ExitStatusFromSiginfo(info);
   cmd->pidfd.reset();
   if (cmd->warm != nullptr) {
-    cmd->start_failure = StartFailureLine(cmd->warm->failed_step(), cmd->warm->err(),
-                                          cmd->start_cwd, cmd->start_name);
+    cmd->start_failure =
+        StartFailureLine(cmd->warm->failed_step(), cmd->warm->err(), cmd->start_cwd,
+                         cmd->start_name, cmd->launch->owned_env, cmd->launch->owned_fallback_env);
     warm_stack = cmd->warm->TakeStack();  // the child is reaped: the next one's
     cmd->warm.reset();
     cmd->launch.reset();

@@ -21,6 +21,13 @@ constexpr BaseVar kBaseEnvironment[] = {
     {"TMPDIR", "/tmp"},
 };
 
+// "K=VALUE is N bytes; ..." of a "K=V" of `size` bytes over the limit.
+std::string TooLong(std::string_view name, size_t size) {
+  return std::string(name) + "=VALUE is " + std::to_string(size) +
+         " bytes; Linux passes a command at most " + std::to_string(kMaxEnvAssignment - 1) +
+         " bytes per variable";
+}
+
 }  // namespace
 
 std::vector<std::string> BuildEnvironment(const EnvironmentInput& input) {
@@ -42,7 +49,8 @@ std::vector<std::string> BuildEnvironment(const EnvironmentInput& input) {
 }
 
 Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg,
-                                                               std::string_view what) {
+                                                               std::string_view what,
+                                                               EnvLength length) {
   auto eq = arg.find('=');
   if (eq == std::string::npos) {
     return Error::Msg(std::string(what) + " '" + arg + "': expected NAME=VALUE");
@@ -62,13 +70,19 @@ Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string
   if (value.find('\0') != std::string::npos) {
     return Error::Msg(std::string(what) + " '" + name + "': the value has a NUL byte");
   }
-  if (arg.size() >= kMaxEnvAssignment) {
+  if (length == EnvLength::kChecked && arg.size() >= kMaxEnvAssignment) {
     // execve refuses a longer one (E2BIG), so every command of the sandbox would fail.
-    return Error::Msg(std::string(what) + " '" + name + "': " + name + "=VALUE is " +
-                      std::to_string(arg.size()) + " bytes; Linux passes a command at most " +
-                      std::to_string(kMaxEnvAssignment - 1) + " bytes per variable");
+    return Error::Msg(std::string(what) + " '" + name + "': " + TooLong(name, arg.size()));
   }
   return std::make_pair(std::move(name), std::move(value));
+}
+
+std::string OversizedEnvEntry(const std::vector<std::string>& env) {
+  for (const std::string& kv : env) {
+    if (kv.size() >= kMaxEnvAssignment)
+      return TooLong(std::string_view(kv).substr(0, kv.find('=')), kv.size());
+  }
+  return std::string();
 }
 
 }  // namespace nsbox::policy

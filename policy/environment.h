@@ -25,10 +25,22 @@ std::vector<std::string> BuildEnvironment(const EnvironmentInput& input);
 // (32 pages); execve answers E2BIG to a longer one.
 inline constexpr size_t kMaxEnvAssignment = 32 * 4096;
 
+// Whether ParseEnvAssignment refuses a "K=V" of kMaxEnvAssignment bytes or more. A sandbox's own
+// variables (and `nsbox run --env`) are checked: every command would fail with them. An exec's
+// are not: its command is then one that cannot be started (api.md: 200, exit code 1, the reason
+// on stderr), which execve's E2BIG makes it (OversizedEnvEntry says which variable).
+enum class EnvLength { kChecked, kUnchecked };
+
 // Parses one `--env K=V` argument. K must be a valid variable name: non-empty, no '=', no NUL,
-// no control characters; "K=V" shorter than kMaxEnvAssignment. Errors name the assignment as `what`
-// gave it: "--env '=x': ..." for the command line, "\"env\" entry '=x': ..." for the API.
-Result<std::pair<std::string, std::string>> ParseEnvAssignment(const std::string& arg,
-                                                               std::string_view what = "--env");
+// no control characters; "K=V" shorter than kMaxEnvAssignment (unless kUnchecked). Errors name
+// the assignment as `what` gave it: "--env '=x': ..." for the command line, "\"env\" entry
+// '=x': ..." for the API.
+Result<std::pair<std::string, std::string>> ParseEnvAssignment(
+    const std::string& arg, std::string_view what = "--env",
+    EnvLength length = EnvLength::kChecked);
+
+// The first "K=V" of `env` that execve refuses for its length (E2BIG), described as
+// "K=VALUE is N bytes; Linux passes a command at most 131071 bytes per variable"; "" if none.
+std::string OversizedEnvEntry(const std::vector<std::string>& env);
 
 }  // namespace nsbox::policy

@@ -735,8 +735,11 @@ ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry&
         return ApiError::Invalid("\"env\": the value of " + std::string(k) +
                                  " must be a string or null");
       }
+      // Its length is not checked here: a variable too long for execve makes the command one
+      // that cannot be started (api.md: 200, exit code 1, E2BIG on stderr), as a command line
+      // too long does, not an HTTP error.
       auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()),
-                                               "\"env\" entry");
+                                               "\"env\" entry", policy::EnvLength::kUnchecked);
       if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
         return ApiError::Invalid(parsed.ok() ? std::string("\"env\": a value contains a NUL byte")
                                              : parsed.error().message());

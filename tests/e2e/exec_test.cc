@@ -229,6 +229,64 @@ TEST_F(ExecTest, EnvIsLayeredAndNullUnsets) {
   EXPECT_EQ(bad.ErrorMessage(), "\"env\" entry '=x': the variable name is empty") << bad.Describe();
 }
 
+// A variable of the exec's env too long for execve (Linux: 131071 bytes per "K=V") makes a
+// command that cannot be started, as a command line too long does: api.md's 200 with exit code 1
+// and the reason on stderr (Flue's local(): spawn's E2BIG is a ShellResult), not an HTTP error.
+// The sandbox's own env is still refused at its PUT (every command would fail).
+TEST_F(ExecTest, AnEnvVariableTooLongForExecveIsACommandThatCannotStart) {
+  const std::string reason =
+      "nsbox: /bin/bash: Argument list too long (E2BIG): BIG=VALUE is 200004 bytes; Linux passes "
+      "a command at most 131071 bytes per variable\n";
+  // The command line too long, for comparison.
+  ExecResult line = Exec(id_, "echo " + std::string(200000, 'x'));
+  ASSERT_EQ(line.response.status, 200) << line.Describe().substr(0, 2000);
+  EXPECT_EQ(line.exit_code(), 1);
+  EXPECT_NE(line.err().find("Argument list too long"), std::string::npos) << line.err();
+
+  for (const char* command : {"echo ran", "echo ran; echo twice"}) {
+    ExecResult r = Exec(
+        id_,
+        json::object{{"command", command},
+                     {"env", json::object{{"BIG", std::string(200000, 'x')}, {"SMALL", "s"}}}});
+    ASSERT_EQ(r.response.status, 200) << command << ": " << r.Describe().substr(0, 2000);
+    EXPECT_EQ(r.exit_code(), 1) << r.Describe().substr(0, 2000);
+    EXPECT_EQ(r.reason(), "exited");
+    EXPECT_EQ(r.out(), "");
+    EXPECT_EQ(r.err(), reason) << command;
+  }
+  // The longest variable execve takes still runs.
+  ExecResult longest =
+      Exec(id_, json::object{{"command", "printf %s \"$BIG\" | wc -c"},
+                             {"env", json::object{{"BIG", std::string(131067, 'y')}}}});
+  EXPECT_EQ(longest.exit_code(), 0) << longest.Describe().substr(0, 2000);
+  EXPECT_EQ(longest.out(), "131067\n");
+
+  // Streamed, the same: a start, the reason on stderr, the exit.
+  NdjsonStream s(
+      daemon().endpoint(), "POST", SbPath(id_, "/exec"),
+      json::serialize(json::object{{"command", "echo ran"},
+                                   {"env", json::object{{"BIG", std::string(200000, 'x')}}}}));
+  ASSERT_EQ(s.status(), 200) << s.error() << s.ReadRest().substr(0, 500);
+  std::vector<json::object> events = s.ReadAll(milliseconds(20000));
+  ASSERT_GE(events.size(), 2u) << s.error();
+  EXPECT_EQ(Str(events.front(), "type"), "start");
+  EXPECT_EQ(Str(events.back(), "type"), "exit");
+  EXPECT_EQ(Int(events.back(), "exitCode"), 1) << json::serialize(events.back());
+  std::string err;
+  for (const auto& e : events) {
+    if (Str(e, "type") == "stderr") err += Str(e, "data");
+  }
+  EXPECT_EQ(err, reason);
+
+  // A sandbox's own variable that long: refused at its PUT, as before.
+  Response put =
+      client().PutJson(SbPath(NewId("big-env")),
+                       json::object{{"env", json::object{{"BIG", std::string(200000, 'x')}}}});
+  EXPECT_EQ(put.status, 400) << put.Describe().substr(0, 2000);
+  EXPECT_NE(put.ErrorMessage().find("BIG=VALUE is 200004 bytes"), std::string::npos)
+      << put.Describe().substr(0, 2000);
+}
+
 TEST_F(ExecTest, Stdin) {
   ExecResult r =
       Exec(id_, json::object{{"command", "cat; echo; echo end"}, {"stdin", "hello\nworld é"}});

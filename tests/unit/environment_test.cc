@@ -60,5 +60,17 @@ TEST(Environment, ParsesAssignments) {
             "per variable");
 }
 
+// An exec's variables are not checked for length (its command is then one that cannot be
+// started); OversizedEnvEntry names the first one execve refuses, in the same words.
+TEST(Environment, LengthUncheckedAndTheOversizedEntry) {
+  const std::string big = "BIG=" + std::string(kMaxEnvAssignment - 4, 'x');
+  EXPECT_TRUE(ParseEnvAssignment(big, "\"env\" entry", EnvLength::kUnchecked).ok());
+  EXPECT_FALSE(ParseEnvAssignment("=x", "\"env\" entry", EnvLength::kUnchecked).ok());
+  EXPECT_EQ(OversizedEnvEntry({"A=1", "BIG=" + std::string(kMaxEnvAssignment - 5, 'x')}), "");
+  EXPECT_EQ(OversizedEnvEntry({"A=1", big, "C=" + std::string(kMaxEnvAssignment, 'c')}),
+            "BIG=VALUE is 131072 bytes; Linux passes a command at most 131071 bytes per variable");
+  EXPECT_EQ(OversizedEnvEntry({}), "");
+}
+
 }  // namespace
 }  // namespace nsbox::policy
