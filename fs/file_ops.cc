@@ -428,6 +428,8 @@ FsOutcome<std::vector<DirEntry>> Readdir(int root, const std::string& path) {
   std::unique_ptr<DIR, DirCloser> dir(::fdopendir(fd.get()));
   if (!dir) return MakeFsError(errno, "scandir", path);
   const int dfd = fd.release();  // owned by `dir` from here on
+  // /proc's listing without the server's own entry, as a command's (fs/resolve.h).
+  const bool proc_root = IsProcRoot(dfd);
   std::vector<DirEntry> entries;
   for (;;) {
     errno = 0;
@@ -438,6 +440,7 @@ FsOutcome<std::vector<DirEntry>> Readdir(int root, const std::string& path) {
     }
     std::string_view name(e->d_name);
     if (name == "." || name == "..") continue;
+    if (proc_root && IsOwnTaskEntry(name)) continue;
     entries.push_back(DirEntry{std::string(name), TypeOf(dfd, e)});
   }
   // std::string compares through char_traits<char>, which orders bytes as unsigned char, like

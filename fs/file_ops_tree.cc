@@ -235,12 +235,11 @@ FsOutcome<Unit> Rm(int root, const std::string& path, bool recursive, bool force
   if (auto bad = CheckPath(path, "lstat")) return *bad;
   auto [parent, name] = SplitParent(path);
   if (name.empty()) {
-    // The jail's root itself. Without `recursive` Node's answer (EISDIR) is already harmless.
-    // With it, Node would empty the whole sandbox and then fail on rmdir("/") with EBUSY; we
-    // answer that EBUSY up front, before touching anything (GNU rm's --preserve-root): the
-    // root is a mount point that cannot be removed, so EBUSY is what rmdir(2) itself says.
+    // The jail's root itself. Without `recursive` Node's answer is EISDIR; with it, Node's
+    // rimraf tries rmdir("/") first, which is EBUSY (the root cannot be removed), and stops
+    // there: nothing is touched.
     if (!recursive) return NodeRmIsDir(path);
-    return MakeFsError(EBUSY, "rm", path);
+    return MakeFsError(EBUSY, "rmdir", path);
   }
   // Node's fs.rm starts with lstat(path): its errors are "lstat" errors, and force forgives
   // only ENOENT.
@@ -249,6 +248,8 @@ FsOutcome<Unit> Rm(int root, const std::string& path, bool recursive, bool force
   int err = OpenInRoot(root, parent, O_PATH | O_DIRECTORY, dir);
   // SAFETY: fstatat of one component in a directory we hold, not following a symlink.
   if (err == 0 && ::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) err = errno;
+  // The server's own /proc entry is not there for it, as for a command (fs/resolve.h).
+  if (err == 0 && IsProcRoot(dir.get()) && IsOwnTaskEntry(name)) err = ENOENT;
   if (err == ENOENT && force) return Unit{};
   if (err != 0) return MakeFsError(err, "lstat", path);
   if (S_ISDIR(st.st_mode) && !recursive) return NodeRmIsDir(path);
@@ -259,22 +260,32 @@ FsOutcome<Unit> Rm(int root, const std::string& path, bool recursive, bool force
     if (errno != EISDIR) return MakeFsError(errno, "unlink", path);
     // It became a directory since the lstat: remove it as one (Node's rimraf does the same).
   }
+  // Node's rimraf: rmdir first, and empty the directory only when that says it is not empty
+  // (ENOTEMPTY or EEXIST; EPERM too, once, as Node does). Any other refusal (EROFS: its parent is
+  // read-only, as for /workspace or /tmp; EBUSY: a mount point; EACCES) is answered before
+  // anything in it is touched, instead of after its whole content is gone.
+  auto swapped_for_a_file = [&]() -> FsOutcome<Unit> {
+    // SAFETY: unlinkat of one component; a symlink is removed, never its target.
+    if (::unlinkat(dir.get(), name.c_str(), 0) == 0 || errno == ENOENT) return Unit{};
+    return MakeFsError(errno, "unlink", path);
+  };
   for (int attempt = 0;; ++attempt) {
+    // SAFETY: rmdir of one component in a directory we hold.
+    if (::unlinkat(dir.get(), name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) return Unit{};
+    const int rmdir_err = errno;
+    if (rmdir_err == ENOTDIR) return swapped_for_a_file();
+    bool not_empty =
+        rmdir_err == ENOTEMPTY || rmdir_err == EEXIST || (rmdir_err == EPERM && attempt == 0);
+    if (!not_empty || attempt > kMaxRmdirRetries) return MakeFsError(rmdir_err, "rmdir", path);
     // SAFETY: one component in a directory we hold; O_NOFOLLOW|O_DIRECTORY: never a link.
     UniqueFd top(
         ::openat(dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!top.valid()) {
       if (errno == ENOENT) return Unit{};
-      if (errno == ENOTDIR || errno == ELOOP) {  // swapped for a file or link: unlink that
-        if (::unlinkat(dir.get(), name.c_str(), 0) == 0 || errno == ENOENT) return Unit{};
-        return MakeFsError(errno, "unlink", path);
-      }
+      if (errno == ENOTDIR || errno == ELOOP) return swapped_for_a_file();
       return MakeFsError(errno, "rmdir", path);
     }
     if (auto failed = EmptyTree(std::move(top), path)) return *failed;
-    // SAFETY: rmdir of one component in a directory we hold.
-    if (::unlinkat(dir.get(), name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) return Unit{};
-    if (errno != ENOTEMPTY || attempt >= kMaxRmdirRetries) return MakeFsError(errno, "rmdir", path);
   }
 }
 

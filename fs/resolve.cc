@@ -3,12 +3,17 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <linux/openat2.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -207,6 +212,54 @@ int Walk(int root, std::string_view path, int flags, UniqueFd& out) {
 
 }  // namespace
 
+bool IsProcRoot(int dir) {
+  struct statfs sf;
+  struct stat st;
+  // procfs's root directory is inode 1 (PROC_ROOT_INO) of its superblock.
+  return ::fstatfs(dir, &sf) == 0 && sf.f_type == PROC_SUPER_MAGIC && ::fstat(dir, &st) == 0 &&
+         st.st_ino == 1;
+}
+
+bool IsOwnTaskEntry(std::string_view name) {
+  pid_t pid = 0;
+  auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), pid);
+  if (ec != std::errc() || end != name.data() + name.size() || pid <= 0) return false;
+  // SAFETY: signal 0 is only a check: 0 when `pid` is a thread of this process, ESRCH if not.
+  return pid == ::getpid() || ::syscall(SYS_tgkill, ::getpid(), pid, 0) == 0;
+}
+
+namespace {
+
+// ENOENT when `fd` is in one of the calling process's own /proc entries (IsOwnTaskEntry), else
+// 0. Its path is what the kernel names it from this process's root: "/proc/PID/...".
+int HideOwnProcEntry(int fd) {
+  struct statfs sf;
+  if (::fstatfs(fd, &sf) != 0) return errno;
+  if (sf.f_type != PROC_SUPER_MAGIC) return 0;
+  char link[32];
+  std::snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+  char buf[PATH_MAX];
+  // SAFETY: readlink of our own fd's magic link into a buffer of the size passed.
+  ssize_t n = ::readlink(link, buf, sizeof(buf));
+  if (n <= 0 || static_cast<size_t>(n) >= sizeof(buf)) return ENOENT;  // on procfs, unnamed
+  std::string_view path(buf, static_cast<size_t>(n));
+  constexpr std::string_view kProc = "/proc/";
+  if (!path.starts_with(kProc)) return 0;
+  std::string_view entry = path.substr(kProc.size());
+  entry = entry.substr(0, entry.find('/'));
+  return IsOwnTaskEntry(entry) ? ENOENT : 0;
+}
+
+// What OpenInRoot* answer once the kernel has opened `fd`.
+int Opened(int fd, UniqueFd& out) {
+  UniqueFd opened(fd);
+  if (int err = HideOwnProcEntry(opened.get()); err != 0) return err;
+  out = std::move(opened);
+  return 0;
+}
+
+}  // namespace
+
 void SetUseOpenat2(bool enabled) { g_use_openat2.store(enabled); }
 bool UsesOpenat2() { return g_use_openat2.load(); }
 
@@ -230,8 +283,7 @@ int OpenInRootCached(int root, std::string_view path, int flags, UniqueFd& out) 
   // SAFETY: as in OpenInRoot. EAGAIN also for a rename race: the blocking way retries it.
   int fd = sys::Openat2(root, rel.c_str(), &how, sizeof(how));
   if (fd < 0) return errno == ENOSYS || errno == EINVAL ? EAGAIN : errno;  // EINVAL: before 5.12
-  out.reset(fd);
-  return 0;
+  return Opened(fd, out);
 }
 
 int OpenInRoot(int root, std::string_view path, int flags, UniqueFd& out) {
@@ -245,10 +297,7 @@ int OpenInRoot(int root, std::string_view path, int flags, UniqueFd& out) {
       // SAFETY: `how` is a fully initialised open_how of the size passed; `rel` is a
       // NUL-terminated string that outlives the call.
       int fd = sys::Openat2(root, rel.c_str(), &how, sizeof(how));
-      if (fd >= 0) {
-        out.reset(fd);
-        return 0;
-      }
+      if (fd >= 0) return Opened(fd, out);
       if (errno == EAGAIN) continue;
       if (errno != ENOSYS) return errno;
       // A kernel before 5.6 (or a seccomp filter that hides openat2): walk from now on.
@@ -257,7 +306,9 @@ int OpenInRoot(int root, std::string_view path, int flags, UniqueFd& out) {
     }
     if (g_use_openat2.load()) return EAGAIN;
   }
-  return Walk(root, path, flags, out);
+  UniqueFd walked;
+  if (int err = Walk(root, path, flags, walked); err != 0) return err;
+  return Opened(walked.release(), out);
 }
 
 }  // namespace nsbox::fs

@@ -29,6 +29,18 @@ int OpenInRoot(int root, std::string_view path, int flags, UniqueFd& out);
 // try it without ever blocking on a disk; other errors as OpenInRoot's.
 int OpenInRootCached(int root, std::string_view path, int flags, UniqueFd& out);
 
+// The calling process's own /proc entries. nsbox-init, which serves the file verbs, makes itself
+// non-dumpable and its /proc is mounted hidepid=ptraceable, so no command sees its maps, fds,
+// environment or command line; but the kernel shows any process its own entries. OpenInRoot and
+// OpenInRootCached therefore answer ENOENT for a path that lands in them (/proc/1, /proc/self,
+// /proc/thread-self, /proc/TID of one of its threads, or anything below), as a command's
+// `test -e /proc/1` finds nothing; these two let a verb that looks at /proc's entries by name do
+// the same.
+// Whether `dir` (any fd, O_PATH too) is the root directory of a procfs.
+bool IsProcRoot(int dir);
+// Whether `name`, an entry of /proc, is the calling process or one of its threads.
+bool IsOwnTaskEntry(std::string_view name);
+
 // Whether OpenInRoot uses openat2 (the default, while the kernel has it).
 void SetUseOpenat2(bool enabled);
 bool UsesOpenat2();

@@ -27,6 +27,10 @@ int StatusForErrno(int err) {
       return 404;
     case EEXIST:
     case ENOTEMPTY:
+    // Not in api.md's list: the path is in a state that refuses the verb (a mount point, a
+    // program running), as 409 says, not a fault of the daemon's (500).
+    case EBUSY:
+    case ETXTBSY:
       return 409;
     case ENOSPC:
     case EDQUOT:

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -323,7 +324,10 @@ TEST_F(FilesEscapeTest, ProcMagicLinksAreRefusedByEveryVerb) {
       EXPECT_EQ(r.status, 400) << r.Describe();
       EXPECT_EQ(r.ErrorCode(), "ELOOP") << r.Describe();
       Response st = Fs(id_, "stat", {{"path", path}});
-      EXPECT_EQ(st.ErrorCode(), "ELOOP") << st.Describe();
+      // The lstat of such a link in nsbox-init's own /proc entry finds nothing: that entry is
+      // not there for the verbs (TheServersOwnProcEntriesAreHiddenAsFromCommands).
+      const bool own_entry = path == base && base.starts_with("/proc/");
+      EXPECT_EQ(st.ErrorCode(), own_entry ? "ENOENT" : "ELOOP") << st.Describe();
       EXPECT_EQ(Fs(id_, "exists", {{"path", path}}).body, "{\"exists\":false}");
     }
     EXPECT_EQ(Fs(id_, "readdir", {{"path", base}}).ErrorCode(), "ELOOP");
@@ -334,34 +338,38 @@ TEST_F(FilesEscapeTest, ProcMagicLinksAreRefusedByEveryVerb) {
   EXPECT_NE(access("/tmp/x", F_OK), 0);
 }
 
-// nsbox-init's own /proc files, read through the API: its environment is empty (the daemon's
-// canary never reaches it), its memory cannot be read. Control: the daemon's environment on the
-// host does hold the canary, so a leak would be seen.
+// nsbox-init's own /proc files cannot be read through the API (they are not there for the verbs,
+// as for a command: TheServersOwnProcEntriesAreHiddenAsFromCommands), so neither its
+// environment, nor its memory, nor its command line reach a client. Control: the daemon's
+// environment on the host does hold the canary, so a leak would be seen.
 TEST_F(FilesEscapeTest, InitsProcFilesHoldNoSecret) {
   ASSERT_NE(e2e::ReadHostFile("/proc/" + std::to_string(daemon().pid()) + "/environ")
                 .find(canaries().token()),
             std::string::npos)
       << "control: the daemon's environment holds the canary";
   for (const std::string path :
-       {"/proc/self/environ", "/proc/1/environ", "/proc/thread-self/environ"}) {
+       {"/proc/self/environ", "/proc/1/environ", "/proc/thread-self/environ", "/proc/self/mem",
+        "/proc/1/mem", "/proc/1/cmdline", "/proc/1/maps", "/proc/1/status", "/proc/self/maps"}) {
+    SCOPED_TRACE(path);
     Response r = GetFile(id_, path);
-    EXPECT_EQ(r.status, 200) << r.Describe();
-    EXPECT_EQ(r.body, "") << path;
+    EXPECT_EQ(r.status, 404) << r.Describe();
+    EXPECT_EQ(r.ErrorCode(), "ENOENT") << r.Describe();
+    EXPECT_EQ(r.body.find(canaries().token()), std::string::npos);
+    EXPECT_EQ(r.body.find(daemon().dir()), std::string::npos);
+    EXPECT_EQ(r.body.find("nsbox-init"), std::string::npos);
   }
-  for (const std::string path : {"/proc/self/mem", "/proc/1/mem"}) {
-    Response r = GetFile(id_, path);
-    EXPECT_EQ(r.status, 500) << r.Describe();
-    EXPECT_EQ(r.ErrorCode(), "EIO") << r.Describe();
-  }
-  Response cmdline = GetFile(id_, "/proc/1/cmdline");
-  EXPECT_EQ(cmdline.status, 200);
-  EXPECT_EQ(cmdline.body.find(daemon().dir()), std::string::npos) << cmdline.body;
 }
 
 // Writes to the read-only root, the host's /usr, /proc and /etc: refused, the host unchanged.
+// A recursive rm of a place that cannot be removed (a mount point, or in a read-only directory)
+// is refused before anything in it is touched, as Node's rm tries rmdir first: the sandbox's
+// files in /workspace, /tmp and /root are all still there afterwards.
 TEST_F(FilesEscapeTest, ReadOnlyPlacesRefuseEveryWrite) {
   const std::string ls_before = e2e::ReadHostFile("/usr/bin/ls");
   const std::string passwd_before = e2e::ReadHostFile("/etc/passwd");
+  Sh(id_,
+     "mkdir -p /workspace/keep/d && echo w > /workspace/keep/d/f && echo t > /tmp/keep && "
+     "echo r > /root/keep");
   struct Case {
     std::string verb, path;
     int status;
@@ -379,7 +387,8 @@ TEST_F(FilesEscapeTest, ReadOnlyPlacesRefuseEveryWrite) {
       {"write", "/proc/sysrq-trigger", sysrq ? 400 : 404, sysrq ? "EINVAL" : "ENOENT"},
       // Files of /proc that are there: no new file can be made beside them to replace them with.
       {"write", "/proc/sys/kernel/core_pattern", 403, "EPERM"},
-      {"write", "/proc/1/oom_score_adj", 403, "EPERM"},
+      // nsbox-init's own: not there for the verbs (TheServersOwnProcEntriesAreHidden...).
+      {"write", "/proc/1/oom_score_adj", 404, "ENOENT"},
       {"mkdir", "/usr/nsbox-adv", 403, "EROFS"},
       {"mkdir", "/etc/nsbox-adv", 403, "EROFS"},
       {"mkdir -p", "/usr/nsbox-adv/x", 404, "ENOENT"},
@@ -387,8 +396,9 @@ TEST_F(FilesEscapeTest, ReadOnlyPlacesRefuseEveryWrite) {
       {"rm", "/usr/bin/ls", 403, "EROFS"},
       {"rm", "/workspace", 403, "EROFS"},
       {"rm", "/tmp", 403, "EROFS"},
-      {"rm", "/", 500, "EBUSY"},
-      {"rm", "/dev", 500, "EBUSY"},
+      {"rm", "/", 409, "EBUSY"},
+      {"rm", "/dev", 403, "EROFS"},
+      {"rm", "/usr/share", 403, "EROFS"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.verb + " " + c.path);
@@ -402,6 +412,49 @@ TEST_F(FilesEscapeTest, ReadOnlyPlacesRefuseEveryWrite) {
   EXPECT_EQ(e2e::ReadHostFile("/usr/bin/ls"), ls_before);
   EXPECT_EQ(e2e::ReadHostFile("/etc/passwd"), passwd_before);
   EXPECT_EQ(Sh(id_, "test -d /workspace && test -d /tmp && cat /etc/hostname"), hostname_);
+  EXPECT_EQ(Sh(id_, "cat /workspace/keep/d/f /tmp/keep /root/keep"), "w\nt\nr\n")
+      << "a refused rm emptied what it could not remove";
+  EXPECT_EQ(Sh(id_, "test -e /dev/null && test -e /usr/share/doc && echo there"), "there\n");
+  Response rm_root = Fs(id_, "rm", {{"path", "/"}, {"recursive", true}, {"force", true}});
+  EXPECT_EQ(rm_root.ErrorMessage(), "EBUSY: resource busy or locked, rmdir '/'")
+      << rm_root.Describe();
+}
+
+// The file verbs run as nsbox-init, which the kernel shows its own /proc entries whatever
+// hidepid says: they are not there for the verbs either, as they are not for a command (its
+// memory map, fds, command line and environment). Other processes' entries are, as a command
+// sees them.
+TEST_F(FilesEscapeTest, TheServersOwnProcEntriesAreHiddenAsFromCommands) {
+  // Control: what a command sees of PID 1.
+  EXPECT_EQ(Sh(id_, "test -e /proc/1 || echo hidden"), "hidden\n");
+  const std::string sleeper = Sh(id_, "sleep 60 > /dev/null 2>&1 & echo $!");
+  ASSERT_FALSE(sleeper.empty());
+  const std::string pid = sleeper.substr(0, sleeper.size() - 1);
+  // Its directory, as a command's `test -e /proc/1` finds it: not there.
+  for (const std::string path : {"/proc/1", "/proc/self", "/proc/1/fd", "/proc/self/fd",
+                                 "/proc/1/task", "/proc/thread-self"}) {
+    SCOPED_TRACE(path);
+    EXPECT_EQ(Fs(id_, "stat", {{"path", path}}).ErrorCode(), "ENOENT");
+    EXPECT_EQ(Fs(id_, "readdir", {{"path", path}}).ErrorCode(), "ENOENT");
+    EXPECT_EQ(Fs(id_, "exists", {{"path", path}}).body, "{\"exists\":false}");
+  }
+  EXPECT_EQ(Fs(id_, "rm", {{"path", "/proc/1"}, {"recursive", true}}).ErrorCode(), "ENOENT");
+  // /proc's listing names the command's process, not PID 1's.
+  const json::value listing = Field(Obj(Fs(id_, "readdir", {{"path", "/proc"}})), "entries");
+  ASSERT_TRUE(listing.is_array()) << json::serialize(listing);
+  std::vector<std::string> names;
+  for (const json::value& e : listing.as_array()) names.push_back(std::string(e.as_string()));
+  EXPECT_EQ(std::count(names.begin(), names.end(), "1"), 0);
+  EXPECT_EQ(std::count(names.begin(), names.end(), pid), 1) << pid;
+  EXPECT_EQ(std::count(names.begin(), names.end(), "self"), 1);
+  // Control: a command's own entries and procfs's files are read as a command reads them.
+  Response cmdline = GetFile(id_, "/proc/" + pid + "/cmdline");
+  EXPECT_EQ(cmdline.status, 200) << cmdline.Describe();
+  EXPECT_EQ(cmdline.body, std::string("sleep\0"
+                                      "60\0",
+                                      9));
+  EXPECT_EQ(GetFile(id_, "/proc/sys/kernel/ostype").body, "Linux\n");
+  Sh(id_, "kill " + pid);
 }
 
 // A NUL byte, pathBase64 of a traversal, malformed base64: refused or confined.

@@ -233,9 +233,9 @@ TEST_F(FilesTest, ErrorsSayWhyAnExistingFileCannotBeUsed) {
   EXPECT_NE(dev.ErrorMessage().find("a character device"), std::string::npos) << dev.Describe();
   // A file of /proc is there (stat says so), but no new file can be made beside it to replace it
   // with: EPERM, not the ENOENT of the temporary file's open.
-  ASSERT_EQ(Stat("/proc/self/comm").status, 200);
-  Response proc = PutFile(id_, "/proc/self/comm", "x");
-  ExpectFsError(proc, 403, "EPERM", "/proc/self/comm", "PUT a /proc file");
+  ASSERT_EQ(Stat("/proc/uptime").status, 200);
+  Response proc = PutFile(id_, "/proc/uptime", "x");
+  ExpectFsError(proc, 403, "EPERM", "/proc/uptime", "PUT a /proc file");
   EXPECT_NE(proc.ErrorMessage().find("cannot write into this one"), std::string::npos)
       << proc.Describe();
   ExpectDaemonHealthy();

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -579,9 +581,57 @@ TEST_P(FileOpsTest, RmRecursiveOfA5000DeepTree) {
 
 TEST_P(FileOpsTest, RmOfTheRootIsRefused) {
   File("/f", "");
-  EXPECT_EQ(RmMsg("/", true, true), "EBUSY: resource busy or locked, rm '/'");
+  EXPECT_EQ(RmMsg("/", true, true), "EBUSY: resource busy or locked, rmdir '/'");
   EXPECT_EQ(RmMsg("/", false, false), "Path is a directory: rm returned EISDIR (is a directory) /");
   EXPECT_TRUE(stdfs::exists(Host("/f")));
+}
+
+// The caller's own /proc entries are not there for the verbs (fs/resolve.h: nsbox-init, which
+// runs them, is hidden from commands by hidepid, but the kernel shows a process its own), while
+// another process's are, here on the host's /proc.
+TEST_P(FileOpsTest, TheCallersOwnProcEntriesAreNotThere) {
+  UniqueFd host(::open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(host.valid());
+  std::atomic<pid_t> tid{0};
+  std::atomic<bool> stop{false};
+  std::thread thread([&] {
+    tid = ::gettid();
+    while (!stop) ::usleep(1000);
+  });
+  while (tid == 0) ::usleep(100);
+  pid_t other = ::fork();
+  if (other == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ASSERT_GT(other, 0);
+  const std::string self = "/proc/" + std::to_string(::getpid());
+  const std::string thread_dir = "/proc/" + std::to_string(tid.load());
+  for (const std::string& path : std::vector<std::string>{
+           self, self + "/maps", self + "/fd", "/proc/self", "/proc/self/status",
+           "/proc/thread-self/comm", thread_dir, thread_dir + "/status", self + "/task"}) {
+    SCOPED_TRACE(path);
+    EXPECT_EQ(Stat(host.get(), path).error().err, ENOENT);
+    EXPECT_FALSE(Exists(host.get(), path));
+    EXPECT_EQ(OpenForRead(host.get(), path).error().err, ENOENT);
+  }
+  const std::string child = "/proc/" + std::to_string(other);
+  EXPECT_TRUE(Stat(host.get(), child + "/status").ok());
+  EXPECT_TRUE(OpenForRead(host.get(), "/proc/cpuinfo").ok());
+  FsOutcome<std::vector<DirEntry>> proc = Readdir(host.get(), "/proc");
+  ASSERT_TRUE(proc.ok());
+  auto listed = [&](const std::string& name) {
+    return std::any_of(proc.value().begin(), proc.value().end(),
+                       [&](const DirEntry& e) { return e.name == name; });
+  };
+  EXPECT_FALSE(listed(std::to_string(::getpid())));
+  EXPECT_TRUE(listed(std::to_string(other)));
+  EXPECT_TRUE(listed("self"));
+  EXPECT_EQ(Rm(host.get(), self, true, false).error().err, ENOENT);
+  ::kill(other, SIGKILL);
+  ::waitpid(other, nullptr, 0);
+  stop = true;
+  thread.join();
 }
 
 // --- bad input ----------------------------------------------------------------------------
