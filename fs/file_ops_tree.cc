@@ -206,6 +206,13 @@ std::optional<FsError> EmptyTree(UniqueFd top, const std::string& top_path) {
   }
 }
 
+// rm of `name` in `dir` (`path`) found a file or a link where a directory was: unlinks that.
+FsOutcome<Unit> UnlinkSwapped(int dir, const std::string& name, const std::string& path) {
+  // SAFETY: unlinkat of one component; a symlink is removed, never its target.
+  if (::unlinkat(dir, name.c_str(), 0) == 0 || errno == ENOENT) return Unit{};
+  return MakeFsError(errno, "unlink", path);
+}
+
 FsError NodeRmIsDir(const std::string& path) {
   // Node's ERR_FS_EISDIR (a SystemError with errno 21 and syscall "rm").
   FsError e;
@@ -264,16 +271,11 @@ FsOutcome<Unit> Rm(int root, const std::string& path, bool recursive, bool force
   // (ENOTEMPTY or EEXIST; EPERM too, once, as Node does). Any other refusal (EROFS: its parent is
   // read-only, as for /workspace or /tmp; EBUSY: a mount point; EACCES) is answered before
   // anything in it is touched, instead of after its whole content is gone.
-  auto swapped_for_a_file = [&]() -> FsOutcome<Unit> {
-    // SAFETY: unlinkat of one component; a symlink is removed, never its target.
-    if (::unlinkat(dir.get(), name.c_str(), 0) == 0 || errno == ENOENT) return Unit{};
-    return MakeFsError(errno, "unlink", path);
-  };
   for (int attempt = 0;; ++attempt) {
     // SAFETY: rmdir of one component in a directory we hold.
     if (::unlinkat(dir.get(), name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) return Unit{};
     const int rmdir_err = errno;
-    if (rmdir_err == ENOTDIR) return swapped_for_a_file();
+    if (rmdir_err == ENOTDIR) return UnlinkSwapped(dir.get(), name, path);
     bool not_empty =
         rmdir_err == ENOTEMPTY || rmdir_err == EEXIST || (rmdir_err == EPERM && attempt == 0);
     if (!not_empty || attempt > kMaxRmdirRetries) return MakeFsError(rmdir_err, "rmdir", path);
@@ -282,7 +284,7 @@ FsOutcome<Unit> Rm(int root, const std::string& path, bool recursive, bool force
         ::openat(dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!top.valid()) {
       if (errno == ENOENT) return Unit{};
-      if (errno == ENOTDIR || errno == ELOOP) return swapped_for_a_file();
+      if (errno == ENOTDIR || errno == ELOOP) return UnlinkSwapped(dir.get(), name, path);
       return MakeFsError(errno, "rmdir", path);
     }
     if (auto failed = EmptyTree(std::move(top), path)) return *failed;
