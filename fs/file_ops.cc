@@ -9,7 +9,6 @@
 #include <linux/magic.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -37,10 +36,9 @@ bool SameInode(const struct stat& a, const struct stat& b) {
 // all), or anything else (kOther: FUSE, network file systems, ... whose open may wait on someone).
 enum class FileSystemKind { kLocalOnDisk, kInMemory, kOther };
 
-FileSystemKind KindOfFileSystem(int fd) {
-  struct statfs fs;
-  if (::fstatfs(fd, &fs) != 0) return FileSystemKind::kOther;
-  switch (static_cast<unsigned long>(fs.f_type)) {
+// `fs_type` is statfs's f_type.
+FileSystemKind KindOfFileSystem(unsigned long fs_type) {
+  switch (fs_type) {
     case TMPFS_MAGIC:
     case RAMFS_MAGIC:
       return FileSystemKind::kInMemory;
@@ -225,11 +223,12 @@ std::optional<std::string> ReadCachedFile(int root, const std::string& path, siz
   // As OpenForRead: looked at through O_PATH first, only a regular file is opened for reading,
   // and only on a file system whose open cannot wait for someone else (not FUSE, not NFS).
   UniqueFd opath;
-  if (OpenInRootCached(root, path, O_PATH, opath) != 0) return std::nullopt;
+  unsigned long fs_type = 0;
+  if (OpenInRootCached(root, path, O_PATH, opath, &fs_type) != 0) return std::nullopt;
   struct stat st;
   if (::fstat(opath.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
   if (static_cast<uint64_t>(st.st_size) > limit) return std::nullopt;
-  const FileSystemKind kind = KindOfFileSystem(opath.get());
+  const FileSystemKind kind = KindOfFileSystem(fs_type);
   if (kind == FileSystemKind::kOther) return std::nullopt;
   // The very inode checked, through /proc/self/fd (procfs: no disk); O_NONBLOCK in case
   // something was swapped in since. No /proc: the blocking way, which resolves again.

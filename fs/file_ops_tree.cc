@@ -256,7 +256,7 @@ FsOutcome<Unit> Rm(int root, const std::string& path, bool recursive, bool force
   // SAFETY: fstatat of one component in a directory we hold, not following a symlink.
   if (err == 0 && ::fstatat(dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) err = errno;
   // The server's own /proc entry is not there for it, as for a command (fs/resolve.h).
-  if (err == 0 && IsProcRoot(dir.get()) && IsOwnTaskEntry(name)) err = ENOENT;
+  if (err == 0 && IsOwnTaskEntry(name) && IsProcRoot(dir.get())) err = ENOENT;
   if (err == ENOENT && force) return Unit{};
   if (err != 0) return MakeFsError(err, "lstat", path);
   if (S_ISDIR(st.st_mode) && !recursive) return NodeRmIsDir(path);

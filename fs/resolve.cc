@@ -231,10 +231,12 @@ bool IsOwnTaskEntry(std::string_view name) {
 namespace {
 
 // ENOENT when `fd` is in one of the calling process's own /proc entries (IsOwnTaskEntry), else
-// 0. Its path is what the kernel names it from this process's root: "/proc/PID/...".
-int HideOwnProcEntry(int fd) {
+// 0; `fs_type` (if given) gets its file system's type. Its path is what the kernel names it from
+// this process's root: "/proc/PID/...".
+int HideOwnProcEntry(int fd, unsigned long* fs_type) {
   struct statfs sf;
   if (::fstatfs(fd, &sf) != 0) return errno;
+  if (fs_type != nullptr) *fs_type = static_cast<unsigned long>(sf.f_type);
   if (sf.f_type != PROC_SUPER_MAGIC) return 0;
   char link[32];
   std::snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
@@ -251,9 +253,9 @@ int HideOwnProcEntry(int fd) {
 }
 
 // What OpenInRoot* answer once the kernel has opened `fd`.
-int Opened(int fd, UniqueFd& out) {
+int Opened(int fd, UniqueFd& out, unsigned long* fs_type = nullptr) {
   UniqueFd opened(fd);
-  if (int err = HideOwnProcEntry(opened.get()); err != 0) return err;
+  if (int err = HideOwnProcEntry(opened.get(), fs_type); err != 0) return err;
   out = std::move(opened);
   return 0;
 }
@@ -273,7 +275,8 @@ std::string RelativeToRoot(std::string_view path) {
 
 }  // namespace
 
-int OpenInRootCached(int root, std::string_view path, int flags, UniqueFd& out) {
+int OpenInRootCached(int root, std::string_view path, int flags, UniqueFd& out,
+                     unsigned long* fs_type) {
   if (path.size() >= PATH_MAX) return ENAMETOOLONG;
   if (!g_use_openat2.load(std::memory_order_relaxed)) return EAGAIN;
   std::string rel = RelativeToRoot(path);
@@ -283,7 +286,7 @@ int OpenInRootCached(int root, std::string_view path, int flags, UniqueFd& out) 
   // SAFETY: as in OpenInRoot. EAGAIN also for a rename race: the blocking way retries it.
   int fd = sys::Openat2(root, rel.c_str(), &how, sizeof(how));
   if (fd < 0) return errno == ENOSYS || errno == EINVAL ? EAGAIN : errno;  // EINVAL: before 5.12
-  return Opened(fd, out);
+  return Opened(fd, out, fs_type);
 }
 
 int OpenInRoot(int root, std::string_view path, int flags, UniqueFd& out) {

@@ -26,8 +26,11 @@ int OpenInRoot(int root, std::string_view path, int flags, UniqueFd& out);
 
 // OpenInRoot from the kernel's caches alone (openat2 RESOLVE_CACHED, Linux 5.12): EAGAIN where a
 // component is not in the dentry cache, or where openat2 is not used, so that an event loop can
-// try it without ever blocking on a disk; other errors as OpenInRoot's.
-int OpenInRootCached(int root, std::string_view path, int flags, UniqueFd& out);
+// try it without ever blocking on a disk; other errors as OpenInRoot's. `fs_type`, when given,
+// gets the opened file's file system type (statfs's f_type), which the check for the caller's own
+// /proc entries (below) reads anyway: a caller that needs it saves an fstatfs.
+int OpenInRootCached(int root, std::string_view path, int flags, UniqueFd& out,
+                     unsigned long* fs_type = nullptr);
 
 // The calling process's own /proc entries. nsbox-init, which serves the file verbs, makes itself
 // non-dumpable and its /proc is mounted hidepid=ptraceable, so no command sees its maps, fds,

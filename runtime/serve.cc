@@ -787,6 +787,25 @@ void FillExit(json::object& o, const fs::proto::ExecExit& x, const std::string& 
   o["usage"] = std::move(usage);
 }
 
+// Calls `fn(key, value)` for each parameter of the query, in order, both percent-decoded ('+' a
+// space); an empty pair ("a=1&&b=2", a trailing '&') carries none. Stops at the first error: a
+// malformed escape, or what `fn` answers.
+template <typename Fn>
+std::optional<ApiError> ForEachQueryParam(std::string_view query, Fn&& fn) {
+  while (!query.empty()) {
+    size_t amp = query.find('&');
+    std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (pair.empty()) continue;
+    size_t eq = pair.find('=');
+    auto key = PercentDecode(pair.substr(0, eq), true);
+    auto value = PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
+    if (!key || !value) return ApiError::Invalid("malformed percent-encoding in the query");
+    if (std::optional<ApiError> stop = fn(std::move(*key), std::move(*value))) return stop;
+  }
+  return std::nullopt;
+}
+
 // A query parameter, percent-decoded (its key too, as QueryCheck and QueryPath read it); nullopt
 // when absent (or malformed, which QueryCheck refuses first on every route but the proxy's).
 std::optional<std::string> QueryValue(std::string_view query, std::string_view name) {
@@ -850,31 +869,23 @@ std::optional<ApiError> QueryCheck(std::string_view query, const std::vector<std
   const std::span<const std::string_view> known = QueryKeysOf(segs, method);
   auto route = [&segs, method] { return RouteName(http::to_string(method), segs); };
   std::vector<std::string> seen;
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (pair.empty()) continue;
-    size_t eq = pair.find('=');
-    auto key = PercentDecode(pair.substr(0, eq), true);
-    auto value = PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
-    if (!key || !value) return ApiError::Invalid("malformed percent-encoding in the query");
+  return ForEachQueryParam(query, [&](std::string key, std::string) -> std::optional<ApiError> {
     auto shown = [&key] {
-      return "\"" + utf8::DecodeLossy(std::string_view(*key).substr(0, 100)) + "\"";
+      return "\"" + utf8::DecodeLossy(std::string_view(key).substr(0, 100)) + "\"";
     };
-    if (std::find(known.begin(), known.end(), std::string_view(*key)) == known.end()) {
+    if (std::find(known.begin(), known.end(), std::string_view(key)) == known.end()) {
       std::string names;
       for (std::string_view k : known) names += (names.empty() ? "" : ", ") + std::string(k);
       return ApiError::Invalid("unknown query parameter " + shown() + " for " + route() +
                                (names.empty() ? ", which takes none" : " (" + names + ")"));
     }
-    if (std::find(seen.begin(), seen.end(), *key) != seen.end()) {
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
       return ApiError::Invalid("query parameter " + shown() + " is given more than once; " +
                                route() + " takes each at most once");
     }
-    seen.push_back(std::move(*key));
-  }
-  return std::nullopt;
+    seen.push_back(std::move(key));
+    return std::nullopt;
+  });
 }
 
 // ---- the HTTP path through the API (/v1/sandboxes/{id}/ports/{port}/http/...) ----
@@ -3872,17 +3883,12 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
 ApiOutcome<std::string> QueryPath(std::string_view query) {
   std::optional<std::string> path;
   std::optional<std::string> path_base64;
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    size_t eq = pair.find('=');
-    auto key = PercentDecode(pair.substr(0, eq), true);
-    auto value = PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
-    if (!key || !value) return ApiError::Invalid("malformed percent-encoding in the query");
-    if (*key == "path") path = std::move(*value);
-    if (*key == "pathBase64") path_base64 = std::move(*value);
-  }
+  auto bad = ForEachQueryParam(query, [&](std::string key, std::string value) {
+    if (key == "path") path = std::move(value);
+    if (key == "pathBase64") path_base64 = std::move(value);
+    return std::optional<ApiError>();
+  });
+  if (bad) return *bad;
   return RawPath(path, path_base64);
 }
 
