@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -23,6 +24,7 @@
 #include "base/pidfd.h"
 #include "base/strings.h"
 #include "base/syscalls.h"
+#include "isolate/cgroup_placement.h"
 
 namespace nsbox::isolate {
 namespace {
@@ -377,11 +379,38 @@ Status LoadCgroupV2State(CgroupHierarchy* v2) {
   return Ok();
 }
 
+namespace {
+
+std::mutex g_base_mu;
+std::string g_base;  // SetSandboxCgroupBase's
+
+}  // namespace
+
+void SetSandboxCgroupBase(std::string dir) {
+  std::lock_guard<std::mutex> lock(g_base_mu);
+  g_base = std::move(dir);
+}
+
+std::string SandboxCgroupBase() {
+  std::lock_guard<std::mutex> lock(g_base_mu);
+  return g_base;
+}
+
 Result<CgroupLayout> LoadCgroupLayout() {
   NSBOX_ASSIGN_OR_RETURN(std::string cgroup, ReadFile("/proc/self/cgroup"));
   NSBOX_ASSIGN_OR_RETURN(std::string mountinfo, ReadFile("/proc/self/mountinfo"));
   NSBOX_ASSIGN_OR_RETURN(CgroupLayout layout, ParseCgroupLayout(cgroup, mountinfo));
   if (layout.v2.has_value()) {
+    if (std::string base = SandboxCgroupBase(); !base.empty()) {
+      // The placement's base, not the leaf this process moved itself into.
+      CgroupHierarchy& v2 = *layout.v2;
+      if (base.compare(0, v2.mount_point.size(), v2.mount_point) == 0) {
+        v2.cgroup_path =
+            base.size() == v2.mount_point.size() ? "/" : base.substr(v2.mount_point.size());
+      }
+      v2.dir = std::move(base);
+      v2.delegated = true;
+    }
     NSBOX_TRY(LoadCgroupV2State(&*layout.v2));
   }
   return layout;
@@ -521,15 +550,15 @@ Result<CgroupPlan> PlanCgroups(const CgroupLayout& layout, const CgroupLimits& l
     if (!enable.empty()) {
       // cgroup-v2.rst "No Internal Process Constraint": a non-root cgroup with processes in it
       // (nsbox's own among them, or we would not be in it) cannot pass controllers down.
-      if (!v2.is_root) {
+      if (!v2.is_root && !v2.delegated) {
         return Error::Msg(
             "cgroup v2: cannot enable " + Join(enable, " ") + " for the children of " + v2.dir +
             ": it is not the root and has processes in it (nsbox is one), and the kernel's "
-            "no-internal-processes rule refuses that. Fix: run nsbox in a cgroup of its own "
-            "whose parent nsbox may manage, e.g. a systemd unit with Delegate=yes in which "
-            "nsbox moves itself to a leaf (" +
-            JoinPath(v2.dir, "supervisor") + ") and enables " + "the controllers in " +
-            JoinPath(v2.dir, "cgroup.subtree_control"));
+            "no-internal-processes rule refuses that" +
+            (PlacementSummary().empty() ? "" : "; cgroup placement " + PlacementSummary()) +
+            ". Fix: run nsbox in a cgroup of its own that it may manage (a systemd unit with "
+            "Delegate=yes, as deploy/nsboxd.service; a container with its own cgroup "
+            "namespace), or where systemd can give it a scope (docs/cgroups.md \"Placement\")");
       }
       dir.parent_writes.push_back({"cgroup.subtree_control", Join(enable, " "), false});
     }

@@ -49,6 +49,9 @@ struct CgroupHierarchy {
   bool is_root = false;
   // The mount's super options, as mountinfo lists them: "rw", "nsdelegate", "favordynmods".
   std::vector<std::string> super_options;
+  // v2 only: `dir` is the base a placement chose (cgroup_placement.h): delegated to nsbox and
+  // holding no process of its own, so it may pass controllers on although it is not the root.
+  bool delegated = false;
 };
 
 // The hierarchies nsbox can use on this host. A hybrid host has v2 and some v1 ones; a pure v2
@@ -69,8 +72,15 @@ Result<CgroupLayout> ParseCgroupLayout(std::string_view proc_self_cgroup,
 // Reads cgroup.controllers, cgroup.subtree_control and cgroup.type (absent only at the root) of
 // `v2->dir`.
 Status LoadCgroupV2State(CgroupHierarchy* v2);
-// ParseCgroupLayout of this process's files, plus LoadCgroupV2State.
+// ParseCgroupLayout of this process's files, plus LoadCgroupV2State. After a placement
+// (SetSandboxCgroupBase), the v2 hierarchy's directory is that base, marked delegated.
 Result<CgroupLayout> LoadCgroupLayout();
+
+// Where the sandboxes' v2 cgroups are made once a placement (cgroup_placement.h) moved this
+// process out of the cgroup it was started in: an absolute directory under the cgroup2 mount.
+// Process-wide; "" (the default) means the process's own cgroup.
+void SetSandboxCgroupBase(std::string dir);
+std::string SandboxCgroupBase();
 
 // Whether a jail or a command on this host is moved into a cgroup after its clone: true when
 // a v1 hierarchy (memory, pids or cpu) is in use, since v1 has no CLONE_INTO_CGROUP. Each such

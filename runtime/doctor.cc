@@ -96,6 +96,43 @@ DoctorLayer CgroupLimitLayer(const DoctorInput& in, const char* controller,
   return l;
 }
 
+// Where the sandboxes' cgroups would be made, and why (docs/cgroups.md "Placement").
+DoctorLayer PlacementLayer(const DoctorInput& in) {
+  DoctorLayer l = Layer("cgroup_placement", "cgroup placement", false);
+  if (!in.placement.ok()) {
+    l.status = "missing";
+    std::tie(l.detail, l.fix) = SplitFix(in.placement.error().message(), "");
+    size_t at = l.detail.find(". Fix: ");
+    if (at != std::string::npos) {
+      l.fix = l.detail.substr(at + 7);
+      l.detail.resize(at);
+    }
+    return l;
+  }
+  const isolate::PlacementPlan& p = *in.placement;
+  l.status = "ok";
+  l.detail = std::string(isolate::PlacementKindName(p.kind)) + ": ";
+  switch (p.kind) {
+    case isolate::PlacementKind::kAsFound:
+      l.detail += "sandboxes under " + p.base;
+      break;
+    case isolate::PlacementKind::kOwnLeaf:
+      l.detail += "nsbox moves into " + p.leaf + ", sandboxes beside it";
+      break;
+    case isolate::PlacementKind::kSystemdScope:
+      l.detail += "nsbox asks systemd for a scope of its own (Delegate=yes), sandboxes in it";
+      break;
+    case isolate::PlacementKind::kCgroupfs:
+      l.detail += "sandboxes under " + p.base;
+      break;
+  }
+  l.detail += " (" + p.why + "); controllers: " +
+              (p.controllers.empty() ? std::string("none in v2") : Join(p.controllers, " "));
+  l.fields = {{"kind", std::string(isolate::PlacementKindName(p.kind))}, {"base", p.base}};
+  l.lists = {{"controllers", p.controllers}};
+  return l;
+}
+
 // Where the figures of an exec's `usage` come from on this host (docs/cgroups.md "Per-exec
 // usage"): the same order of sources exec/usage.cc reads.
 DoctorLayer UsageLayer(const DoctorInput& in) {
@@ -173,6 +210,19 @@ DoctorInput ProbeDoctorInput() {
   DoctorInput in;
   in.features = ProbeFeatures();
   in.layout = isolate::LoadCgroupLayout();
+  if (auto facts = isolate::GatherPlacementFacts(); facts.ok()) {
+    in.placement = isolate::PlanPlacement(*facts);
+  } else {
+    in.placement = std::move(facts).error();
+  }
+  // The limits are judged where the sandboxes would be made: in the placement's base, which
+  // nsbox manages (a scope's is not there yet: the cgroup it is made from stands for it).
+  if (in.layout.ok() && in.layout->v2.has_value() && in.placement.ok() &&
+      in.placement->kind != isolate::PlacementKind::kAsFound) {
+    isolate::CgroupHierarchy& v2 = *in.layout->v2;
+    if (!in.placement->base.empty()) v2.dir = in.placement->base;
+    v2.delegated = true;
+  }
   in.euid = ::geteuid();
   cap_t caps = cap_get_proc();
   for (auto [cap, name] :
@@ -236,6 +286,7 @@ std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
   out.push_back(FromItem("pidfd", "pidfd", true, f.pidfd,
                          "pidfd_open, pidfd_send_signal, waitid(P_PIDFD)", "Linux >= 5.4"));
 
+  out.push_back(PlacementLayer(in));
   out.push_back(CgroupLimitLayer(in, "memory", {.memory_bytes = uint64_t{1} << 30}));
   out.push_back(CgroupLimitLayer(in, "pids", {.pids = 1024}));
   out.push_back(CgroupLimitLayer(in, "cpu", {.cpus = 1.0}));

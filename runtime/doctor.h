@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "base/features.h"
 #include "isolate/cgroup.h"
+#include "isolate/cgroup_placement.h"
 
 namespace nsbox::runtime {
 
@@ -32,7 +33,11 @@ struct DoctorLayer {
 // Everything the report is made from, so that it can be built from made-up hosts in tests.
 struct DoctorInput {
   Features features;
+  // As the sandboxes would see it once placed: the placement's base, marked delegated.
   Result<isolate::CgroupLayout> layout = Error::Msg("not loaded");
+  // Where nsboxd and `nsbox run` would put their sandboxes' cgroups (docs/cgroups.md
+  // "Placement"), planned, not applied.
+  Result<isolate::PlacementPlan> placement = Error::Msg("not probed");
   uid_t euid = 0;
   std::vector<std::string> missing_caps;  // of CAP_SYS_ADMIN, CAP_SETUID, CAP_SETGID
   std::string kernel;                     // uname -r, for the reader only

@@ -23,6 +23,7 @@
 #include "images/image.h"
 #include "isolate/capabilities.h"
 #include "isolate/cgroup.h"
+#include "isolate/cgroup_placement.h"
 #include "isolate/idmap.h"
 #include "isolate/jail.h"
 #include "isolate/mount_plan.h"
@@ -158,6 +159,23 @@ int Run(const RunOptions& options) {
   if (!planned.ok()) return Fail(planned.error());
   PreparedJail& plan = *planned;
 
+  // Where the jail's cgroups go: on a pure v2 host nsbox may first have to leave the cgroup it
+  // was started in (a login session's scope) for one it may pass controllers on from
+  // (docs/cgroups.md "Placement"). A dry run only says where that would be.
+  if (options.dry_run) {
+    auto facts = isolate::GatherPlacementFacts();
+    auto placement = facts.ok() ? isolate::PlanPlacement(*facts)
+                                : Result<isolate::PlacementPlan>(std::move(facts).error());
+    std::printf("cgroup placement: %s\n",
+                placement.ok() ? (std::string(isolate::PlacementKindName(placement->kind)) + " (" +
+                                  placement->why + ")")
+                                     .c_str()
+                               : ("impossible: " + placement.error().message()).c_str());
+  } else if (auto placed = isolate::PlaceSelf(
+                 "nsbox run", "nsbox-run-" + std::to_string(::getpid()) + ".scope", true);
+             !placed.ok()) {
+    return Fail(std::move(placed).error().Context("cgroups"));
+  }
   auto layout = isolate::LoadCgroupLayout();
   if (!layout.ok()) return Fail(std::move(layout).error().Context("cgroups"));
   auto cgroup_plan =

@@ -16,6 +16,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "isolate/capabilities.h"
+#include "isolate/cgroup_placement.h"
 #include "isolate/seccomp.h"
 #include "policy/capabilities.h"
 #include "policy/seccomp_profile.h"
@@ -96,6 +97,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   if (!init_fd.valid()) return Error::Sys("open", init_binary, errno).Context("nsbox-init");
   NSBOX_ASSIGN_OR_RETURN(auto hello, MakeHello(prepared));
 
+  isolate::RetryFailedPlacement();  // a daemon that could not place itself at start
   NSBOX_ASSIGN_OR_RETURN(auto layout, isolate::LoadCgroupLayout());
   NSBOX_ASSIGN_OR_RETURN(auto plan,
                          isolate::PlanCgroups(layout, prepared.limits, options.cgroup_name));

@@ -64,6 +64,7 @@
 #include "images/image.h"
 #include "images/store.h"
 #include "isolate/cgroup.h"
+#include "isolate/cgroup_placement.h"
 #include "isolate/disk.h"
 #include "net/policy.h"
 #include "policy/environment.h"
@@ -4504,6 +4505,16 @@ int Serve(const ServeOptions& options) {
   if (options.listen.empty() && !options.token_file.empty()) {
     return fail("--token-file is only used with --listen");
   }
+  if (::geteuid() != 0) {
+    // Refused at once rather than a daemon that fails every creation (chown of a workspace to
+    // the jail's uid is EPERM, and so are the uid maps and the cgroups).
+    return fail(
+        "needs root: nsboxd writes the uid/gid maps of its jails' user namespaces, chowns their "
+        "workspaces to the jails' uids and manages their cgroups, none of which a normal user "
+        "may do (running as uid " +
+        std::to_string(::geteuid()) +
+        "). Run it as root: `sudo nsbox serve`, or the systemd unit deploy/nsboxd.service");
+  }
   std::string token;
   if (!options.token_file.empty()) {
     auto t = ReadToken(options.token_file);
@@ -4547,8 +4558,11 @@ int Serve(const ServeOptions& options) {
     if (!t.ok()) return fail(t.error().message());
     tcp_acceptor = std::move(t).value();
   }
-  // Before the registry's pool starts its jails: each is moved into its v1 cgroups (a hybrid
-  // host), as is every command's child.
+  // Before the registry's pool starts its jails: where the sandboxes' cgroups are made (on a pure
+  // v2 host, a leaf of a delegated cgroup for the daemon itself; docs/cgroups.md "Placement").
+  // A failure is logged, and tried again by the next creation that needs it.
+  (void)isolate::PlaceSelf("nsboxd", "nsboxd-" + std::to_string(::getpid()) + ".scope", false);
+  // Each jail is moved into its v1 cgroups (a hybrid host), as is every command's child.
   if (!options.leave_cgroup_mount) {
     if (auto layout = isolate::LoadCgroupLayout(); layout.ok()) isolate::FavorMovesIntoV1(*layout);
   }

@@ -144,6 +144,11 @@ runtime::DoctorInput AllPresent() {
       "/sys/fs/cgroup",          "/",  "/sys/fs/cgroup",    {"memory", "pids", "cpu"},
       {"memory", "pids", "cpu"}, true, {"rw", "nsdelegate"}};
   in.layout = layout;
+  isolate::PlacementPlan placement;  // the root cgroup
+  placement.base = "/sys/fs/cgroup";
+  placement.controllers = {"cpu", "memory", "pids"};
+  placement.why = "the root cgroup";
+  in.placement = placement;
   in.kernel = "6.1.0";
   in.network_probe = std::string("nftables: ok (a scratch table made and removed)\nveth: ok\n");
   in.disks = Ok();
@@ -303,6 +308,31 @@ TEST(Doctor, SaysWhetherAMoveIntoV1WaitsForAGracePeriod) {
   moves = Find(layers, "cgroup_moves");
   EXPECT_EQ(moves->status, "ok");
   EXPECT_NE(moves->detail.find("none"), std::string::npos) << moves->detail;
+}
+
+TEST(Doctor, SaysWhereTheSandboxesCgroupsGoAndTheFixWhenNowhere) {
+  runtime::DoctorInput in = AllPresent();
+  isolate::PlacementPlan scope;
+  scope.kind = isolate::PlacementKind::kSystemdScope;
+  scope.controllers = {"cpu", "io", "memory", "pids"};
+  scope.why = "the unit session-3.scope is not delegated to nsbox";
+  in.placement = scope;
+  auto layers = runtime::DoctorLayers(in);
+  const auto* placement = Find(layers, "cgroup_placement");
+  ASSERT_NE(placement, nullptr);
+  EXPECT_EQ(placement->status, "ok");
+  EXPECT_NE(placement->detail.find("systemd scope"), std::string::npos) << placement->detail;
+  EXPECT_NE(placement->detail.find("session-3.scope"), std::string::npos) << placement->detail;
+  EXPECT_NE(placement->detail.find("cpu io memory pids"), std::string::npos) << placement->detail;
+
+  in.placement = Error::Msg(
+      "cgroup v2: /sys/fs/cgroup/job is not delegated to nsbox. Fix: start "
+      "nsbox in a cgroup of its own");
+  layers = runtime::DoctorLayers(in);
+  placement = Find(layers, "cgroup_placement");
+  EXPECT_EQ(placement->status, "missing");
+  EXPECT_EQ(placement->detail, "cgroup v2: /sys/fs/cgroup/job is not delegated to nsbox");
+  EXPECT_EQ(placement->fix, "start nsbox in a cgroup of its own");
 }
 
 TEST(Doctor, MissingOpcodesDegradeIoUring) {
