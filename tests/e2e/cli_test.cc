@@ -1328,6 +1328,30 @@ TEST_F(CliTest, UnknownSandbox) {
   }
 }
 
+// A normal user is refused at start, saying what it takes, before anything is made; root (the
+// suite's own daemon, started the same way) is the control.
+TEST_F(CliTest, ServeAndRunRefuseANormalUserAtStart) {
+  ASSERT_GT(daemon_, 0) << "the control: nsbox serve as root serves";
+  ASSERT_TRUE(CanConnect(socket_));
+  ASSERT_EQ(::chmod(dir_.c_str(), 0777), 0);
+  const std::string socket = dir_ + "/user.sock";
+  CliProcess serve({"serve", "--socket", socket, "--state-dir", dir_ + "/user-state"}, {},
+                   Terminal::kNone, /*as_nobody=*/true);
+  CliResult r = serve.Finish();
+  CliProcess run({"run", "--", "true"}, {}, Terminal::kNone, /*as_nobody=*/true);
+  CliResult ran = run.Finish();
+  ASSERT_EQ(::chmod(dir_.c_str(), 0700), 0);
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("nsbox serve: needs root"), std::string::npos) << r.Describe();
+  EXPECT_NE(r.err.find("sudo nsbox serve"), std::string::npos) << r.Describe();
+  struct stat st;
+  EXPECT_NE(::lstat(socket.c_str(), &st), 0) << "a refused daemon made its socket";
+  EXPECT_NE(::lstat((dir_ + "/user-state").c_str(), &st), 0)
+      << "a refused daemon made its state directory";
+  EXPECT_EQ(ran.code, 125) << ran.Describe();
+  EXPECT_NE(ran.err.find("needs root"), std::string::npos) << ran.Describe();
+}
+
 TEST_F(CliTest, UnreachableDaemon) {
   std::string missing = dir_ + "/nobody.sock";
   std::string expected = "nsbox: ls: connect to nsboxd at " + missing +
