@@ -7,6 +7,8 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -37,273 +40,164 @@ const char* const kDaemonEnv[] = {
     "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root",
     "NSBOX_E2E_DAEMON_SECRET=must-not-leak", nullptr};
 
-bool ParseStat(pid_t pid, pid_t* ppid, unsigned long long* start_time, char* state,
-               std::string* comm) {
-  std::string stat = ReadHostFile("/proc/" + std::to_string(pid) + "/stat");
-  auto open = stat.find('(');
-  auto close = stat.rfind(')');
-  if (open == std::string::npos || close == std::string::npos || close < open) return false;
-  if (comm != nullptr) *comm = stat.substr(open + 1, close - open - 1);
-  std::istringstream rest(stat.substr(close + 1));
-  std::vector<std::string> fields;
-  std::string f;
-  while (rest >> f) fields.push_back(f);
-  // After the comm: state is field 3 of proc(5), ppid 4, starttime 22.
-  if (fields.size() < 20) return false;
-  if (state != nullptr) *state = fields[0][0];
-  if (ppid != nullptr) *ppid = static_cast<pid_t>(std::strtol(fields[1].c_str(), nullptr, 10));
-  if (start_time != nullptr) *start_time = std::strtoull(fields[19].c_str(), nullptr, 10);
-  return true;
-}
-
-std::vector<pid_t> AllPids() {
-  std::vector<pid_t> pids;
-  DIR* d = opendir("/proc");
-  if (d == nullptr) return pids;
-  while (struct dirent* e = readdir(d)) {
-    char* end = nullptr;
-    long pid = strtol(e->d_name, &end, 10);
-    if (end != e->d_name && *end == '\0') pids.push_back(static_cast<pid_t>(pid));
-  }
-  closedir(d);
-  return pids;
-}
-
-int RemoveEntry(const char* path, const struct stat*, int type, struct FTW*) {
-  if (type == FTW_DP) {
-    if (rmdir(path) != 0 && errno != ENOENT) {
-      std::fprintf(stderr, "e2e harness: rmdir %s: %s\n", path, strerror(errno));
-    }
-  } else if (unlink(path) != 0 && errno != ENOENT) {
-    std::fprintf(stderr, "e2e harness: unlink %s: %s\n", path, strerror(errno));
-  }
-  return 0;
-}
-
 }  // namespace
 
-std::optional<std::string> E2eUnavailable() {
-  if (geteuid() != 0) return "the e2e tier runs the daemon as root; run the tests as root";
-  if (access(kNsboxBin, X_OK) != 0) return std::string("no nsbox binary at ") + kNsboxBin;
-  if (access(kNsboxInitBin, X_OK) != 0) {
-    return std::string("no nsbox-init binary at ") + kNsboxInitBin;
-  }
+// ---- Placement ----
+
+std::optional<Placement> PlacementFromEnv(std::string* error) {
+  const char* text = getenv("NSBOX_E2E_PLACEMENT");
+  const std::string name = text == nullptr ? "" : text;
+  if (name.empty() || name == "child") return Placement::kChild;
+  if (name == "systemd-unit") return Placement::kSystemdUnit;
+  if (name == "sudo-session") return Placement::kSudoSession;
+  *error =
+      "NSBOX_E2E_PLACEMENT=" + name + " names no placement (child, systemd-unit, sudo-session)";
   return std::nullopt;
 }
 
-std::string ReadHostFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-namespace {
-// A "Vm...:" line of /proc/<pid>/status, in KiB; -1 when it is not there.
-long StatusKib(pid_t pid, std::string_view key) {
-  std::istringstream in(ReadHostFile("/proc/" + std::to_string(pid) + "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key, 0) == 0) return std::strtol(line.c_str() + key.size(), nullptr, 10);
-  }
-  return -1;
-}
-}  // namespace
-
-long RssKib(pid_t pid) { return StatusKib(pid, "VmRSS:"); }
-
-long PeakRssKib(pid_t pid) { return StatusKib(pid, "VmHWM:"); }
-
-void RemoveTree(const std::string& path) {
-  if (path.empty() || path == "/") return;
-  nftw(path.c_str(), RemoveEntry, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
-
-int RunProgram(const std::vector<std::string>& argv, const std::string& log_path,
-               std::string* output) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || null < 0) ::_exit(126);
-    ::dup2(null, 0);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execvp(args[0], args.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  *output = ReadHostFile(log_path);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-uint16_t FreeTcpPort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  uint16_t port = 0;
-  // SAFETY: sockaddr_in is the sockaddr of an AF_INET socket; len is its size.
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 namespace {
 
-// Whether `pid` is in cgroups of a daemon's pool (nsbox-*-pool-N).
-bool InPoolCgroup(pid_t pid) {
-  std::ifstream cgroup("/proc/" + std::to_string(pid) + "/cgroup");
-  std::string line;
-  bool pool = false;
-  while (std::getline(cgroup, line)) {
-    const size_t at = line.find("/nsbox-");
-    pool = pool || (at != std::string::npos && line.find("-pool-", at) != std::string::npos);
-  }
-  return pool;
-}
+// The Daemon of this process that nsboxd.service runs (Placement::kSystemdUnit): there is one
+// unit, so one such daemon at a time.
+const Daemon* unit_owner = nullptr;
 
-}  // namespace
+// How long scripts/start may take before it runs `nsbox serve` (Placement::kSudoSession): it
+// checks the Debian packages and runs the build first, which takes seconds even when there is
+// nothing to build. Not the daemon's time: its own 10 s count from its exec.
+constexpr milliseconds kSessionStartAllowance(120000);
 
-bool IsJailAdoptedAhead(pid_t pid) {
-  if (!InPoolCgroup(pid)) return false;
-  std::ifstream hostname("/proc/" + std::to_string(pid) + "/root/etc/hostname");
-  std::string name;
-  return std::getline(hostname, name) && name == "nsbox-ahead";
-}
-
-bool IsPooledJail(pid_t pid) {
-  if (!InPoolCgroup(pid)) return false;
-  std::string line;
-  std::ifstream mounts("/proc/" + std::to_string(pid) + "/mountinfo");
-  if (!mounts) return false;
-  while (std::getline(mounts, line)) {
-    // "ID PARENT MAJ:MIN ROOT MOUNTPOINT ...": the fifth field.
-    std::istringstream fields(line);
-    std::string field;
-    for (int i = 0; i < 5 && (fields >> field); ++i) {
+// `word` quoted for a unit file (systemd.syntax(7), systemd.service(5) "Command lines"): in
+// double quotes, with C escapes for \, " and newline, % doubled (ExecStart= and Environment=
+// expand specifiers), and $ doubled on a command line (ExecStart= expands $VAR).
+std::string UnitQuote(std::string_view word, bool command_line) {
+  std::string out = "\"";
+  for (char c : word) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '%') {
+      out += "%%";
+    } else if (c == '$' && command_line) {
+      out += "$$";
+    } else {
+      out += c;
     }
-    if (field == "/workspace") return false;
+  }
+  return out + "\"";
+}
+
+// `word` as one word of a sh command line: in single quotes, each ' as '\''.
+std::string ShellQuote(std::string_view word) {
+  std::string out = "'";
+  for (char c : word) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Writes `content` to `path` through a temp file and a rename, so that systemd never reads half
+// a unit file.
+bool WriteFileWhole(const std::string& path, const std::string& content, std::string* error) {
+  const std::string tmp = path + ".e2e-tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << content;
+    out.close();
+    if (!out) {
+      *error = "write " + tmp + " failed";
+      return false;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    *error = "rename " + tmp + " to " + path + ": " + strerror(errno);
+    return false;
   }
   return true;
 }
 
-std::vector<ProcessId> Descendants(pid_t root, bool include_pool) {
-  std::multimap<pid_t, ProcessId> children;
-  for (pid_t pid : AllPids()) {
-    ProcessId p;
-    p.pid = pid;
-    pid_t ppid = 0;
-    char state = 0;
-    if (!ParseStat(pid, &ppid, &p.start_time, &state, &p.comm)) continue;
-    if (state == 'Z' || state == 'X') continue;
-    children.emplace(ppid, p);
+// The argv of process `pid` (/proc/PID/cmdline), empty when it is gone.
+std::vector<std::string> Cmdline(pid_t pid) {
+  const std::string raw = ReadHostFile("/proc/" + std::to_string(pid) + "/cmdline");
+  std::vector<std::string> argv;
+  size_t at = 0;
+  while (at < raw.size()) {
+    const size_t end = raw.find('\0', at);
+    argv.push_back(raw.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    if (end == std::string::npos) break;
+    at = end + 1;
   }
-  std::vector<ProcessId> out;
-  std::vector<pid_t> todo = {root};
-  while (!todo.empty()) {
-    pid_t parent = todo.back();
-    todo.pop_back();
-    auto [begin, end] = children.equal_range(parent);
-    for (auto it = begin; it != end; ++it) {
-      // Not only nsbox-init: a jail being made for the pool is the daemon's clone until it
-      // executes nsbox-init, and already in its pool cgroup (CLONE_INTO_CGROUP).
-      if (!include_pool && (IsPooledJail(it->second.pid) || IsJailAdoptedAhead(it->second.pid))) {
-        continue;
-      }
-      out.push_back(it->second);
-      todo.push_back(it->second.pid);
+  return argv;
+}
+
+// Whether the process of a pidfd has exited (the pidfd is readable from then on; pidfd_open(2)).
+bool PidfdExited(const Pidfd& p) {
+  pollfd fd{p.fd(), POLLIN, 0};
+  return ::poll(&fd, 1, 0) > 0;
+}
+
+// The v2 cgroup of `pid` (the "0::" line of /proc/PID/cgroup), "" when there is none.
+std::string CgroupOf(pid_t pid) {
+  std::istringstream in(ReadHostFile("/proc/" + std::to_string(pid) + "/cgroup"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  }
+  return "";
+}
+
+// Runs argv (PATH searched) with stdin on /dev/null, stdout into *out (when given, else into
+// `log`) and stderr appended to `log`; its exit code (128 + the signal when killed, 127 when it
+// could not be run).
+int RunCapturing(const std::vector<std::string>& argv, const std::string& log, std::string* out) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  int pipefd[2] = {-1, -1};
+  if (out != nullptr && ::pipe2(pipefd, O_CLOEXEC) != 0) return 127;
+  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (log_fd < 0 || null < 0) ::_exit(126);
+    ::dup2(null, 0);
+    ::dup2(out != nullptr ? pipefd[1] : log_fd, 1);
+    ::dup2(log_fd, 2);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  if (log_fd >= 0) ::close(log_fd);
+  if (out != nullptr) {
+    ::close(pipefd[1]);
+    out->clear();
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+      if (n > 0) out->append(buf, static_cast<size_t>(n));
     }
+    ::close(pipefd[0]);
   }
-  return out;
+  if (pid < 0) return 127;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-bool StillAlive(const ProcessId& p) {
-  unsigned long long start = 0;
-  char state = 0;
-  if (!ParseStat(p.pid, nullptr, &start, &state, nullptr)) return false;
-  return start == p.start_time && state != 'Z' && state != 'X';
-}
-
-std::set<std::string> FindNsboxCgroups() { return testutil::FindCgroupsNamed("nsbox"); }
-
-namespace {
-
-// The "nsbox-<8 hex>-pool-<n>" component of a path (empty when there is none).
-std::string PoolComponent(const std::string& path) {
-  const size_t at = path.find("-pool-");
-  if (at == std::string::npos) return "";
-  const size_t begin = path.rfind('/', at) + 1;
-  const size_t end = std::min(path.find('/', at), path.size());
-  return path.substr(begin, end - begin);
-}
-
-// Its "nsbox-<8 hex>-" (which daemon) and its n.
-std::pair<std::string, long> PoolNumber(const std::string& component) {
-  const size_t at = component.rfind("pool-");
-  return {component.substr(0, at), std::strtol(component.c_str() + at + 5, nullptr, 10)};
+// The login session that starts the daemon in Placement::kSudoSession: `command` (a sh command
+// line) run by kSessionUser's login shell in a login session of its own. On Debian, su's PAM
+// stack (common-session) runs pam_systemd, so systemd-logind opens a session, a session-N.scope
+// in user-UID.slice, and puts su in it: the shell, sudo and the daemon are born there; su exits
+// with the command's exit code. The one place to change if the VM gets its session another way.
+std::vector<std::string> LoginSessionArgv(const std::string& command) {
+  return {"su", "--login", kSessionUser, "--command", command};
 }
 
 }  // namespace
-
-std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before) {
-  const std::set<std::string> all = FindNsboxCgroups();
-  // The jails of a daemon's pool (docs/daemon.md "The pool"): a pool's cgroups whose processes
-  // include a pooled jail (IsPooledJail), in any hierarchy; and the newest pool's of each daemon
-  // while they hold no process at all (its jail is being made: the directories come first).
-  std::map<std::string, bool> pooled;     // pool component -> holds a pooled jail
-  std::map<std::string, bool> populated;  // pool component -> holds any process
-  std::map<std::string, long> newest;     // "nsbox-<8 hex>-" -> highest n
-  for (const std::string& path : all) {
-    const std::string pool = PoolComponent(path);
-    if (pool.empty()) continue;
-    const auto [daemon, n] = PoolNumber(pool);
-    newest[daemon] = std::max(newest[daemon], n);
-    for (const char* procs : {"/cgroup.procs", "/init/cgroup.procs"}) {  // v2: init's leaf
-      std::ifstream f(path + procs);
-      pid_t pid;
-      while (f >> pid) {
-        populated[pool] = true;
-        if (IsPooledJail(pid) || IsJailAdoptedAhead(pid)) pooled[pool] = true;
-      }
-    }
-  }
-  std::vector<std::string> out;
-  for (const std::string& path : all) {
-    if (before.count(path) != 0) continue;
-    const std::string leaf = path.substr(path.rfind('/') + 1);
-    // Someone else's `nsbox run` (the integration tier may run at the same time).
-    if (leaf.starts_with("nsbox-run-")) {
-      std::string pid = leaf.substr(10);
-      if (access(("/proc/" + pid).c_str(), F_OK) == 0) continue;
-    }
-    if (const std::string pool = PoolComponent(path); !pool.empty()) {
-      if (pooled[pool]) continue;
-      const auto [daemon, n] = PoolNumber(pool);
-      if (!populated[pool] && n == newest[daemon]) continue;
-    }
-    // A nested cgroup of one already reported is not a second finding.
-    bool nested = false;
-    for (const auto& o : out) nested = nested || path.starts_with(o + "/");
-    if (!nested) out.push_back(path);
-  }
-  return out;
-}
 
 // ---- Daemon ----
 
 Daemon::Daemon() {
+  if (auto placement = PlacementFromEnv(&placement_error_)) placement_ = *placement;
   char tmpl[] = "/var/tmp/nsbox-e2e-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     error_ = std::string("mkdtemp: ") + strerror(errno);
@@ -318,10 +212,16 @@ Daemon::Daemon() {
 }
 
 Daemon::~Daemon() {
-  if (pid_ > 0) {
-    kill(pid_, SIGTERM);
+  if (active_) {
+    Signal(SIGTERM);
     if (!Reap(milliseconds(10000))) Kill();
   }
+  if (wrote_drop_in_ && (unit_owner == nullptr || unit_owner == this)) {
+    // Not reloaded: systemd keeps this test's configuration until the next Start writes its own
+    // and reloads, and nothing starts the unit in between.
+    unlink(kUnitDropIn);
+  }
+  if (unit_owner == this) unit_owner = nullptr;
   if (getenv("NSBOX_E2E_KEEP") != nullptr) {
     std::fprintf(stderr, "e2e harness: NSBOX_E2E_KEEP: kept %s\n", dir_.c_str());
     return;
@@ -329,11 +229,60 @@ Daemon::~Daemon() {
   RemoveTree(dir_);
 }
 
+void Daemon::LogLine(const std::string& line) const {
+  const int log = open(log_path().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) return;
+  const std::string text = line + "\n";
+  (void)!write(log, text.data(), text.size());
+  close(log);
+}
+
 bool Daemon::Spawn(const std::vector<std::string>& extra_args) {
   error_.clear();
+  exit_status_ = -1;
+  if (!placement_error_.empty()) {
+    error_ = placement_error_;
+    return false;
+  }
   std::vector<std::string> argv = {kNsboxBin,     "serve", "--socket",    socket_,
                                    "--state-dir", state_,  "--log-level", "debug"};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  int log = open(log_path().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) {
+    error_ = std::string("open the log: ") + strerror(errno);
+    return false;
+  }
+  {
+    std::string line = "\n=== e2e: starting";
+    for (const auto& a : argv) line += " " + a;
+    if (placement_ == Placement::kSystemdUnit) line += "\n=== e2e: as " + std::string(kUnitName);
+    if (placement_ == Placement::kSudoSession) {
+      line +=
+          "\n=== e2e: with sudo scripts/start from a login session of " + std::string(kSessionUser);
+    }
+    line += "\n";
+    (void)!write(log, line.data(), line.size());
+  }
+  bool ok = false;
+  switch (placement_) {
+    case Placement::kChild:
+      ok = SpawnChild(argv, log);
+      break;
+    case Placement::kSystemdUnit:
+      ok = SpawnUnit(argv);
+      break;
+    case Placement::kSudoSession:
+      ok = SpawnSession(argv, log);
+      break;
+  }
+  close(log);
+  if (!ok) LogLine("=== e2e: not started: " + error_);
+  active_ = ok;
+  return ok;
+}
+
+bool Daemon::SpawnChild(const std::vector<std::string>& argv_in, int log) {
+  std::vector<std::string> argv = argv_in;
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);
@@ -345,22 +294,10 @@ bool Daemon::Spawn(const std::vector<std::string>& extra_args) {
   }
   for (auto& e : extra_env_) cenv.push_back(e.data());
   cenv.push_back(nullptr);
-  int log = open(log_path().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log < 0) {
-    error_ = std::string("open the log: ") + strerror(errno);
-    return false;
-  }
-  {
-    std::string line = "\n=== e2e: starting";
-    for (const auto& a : argv) line += " " + a;
-    line += "\n";
-    (void)!write(log, line.data(), line.size());
-  }
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
     error_ = std::string("fork: ") + strerror(errno);
-    close(log);
     return false;
   }
   if (pid == 0) {
@@ -379,103 +316,429 @@ bool Daemon::Spawn(const std::vector<std::string>& extra_args) {
     execve(kNsboxBin, cargv.data(), cenv.data());
     _exit(127);
   }
-  close(log);
   pid_ = pid;
-  exit_status_ = -1;
+  child_ = pid;
   return true;
+}
+
+int Daemon::Systemctl(const std::vector<std::string>& args, std::string* out) const {
+  std::vector<std::string> argv = {"systemctl"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCapturing(argv, log_path(), out);
+}
+
+std::string Daemon::UnitProperty(const std::string& name) const {
+  std::string out;
+  if (Systemctl({"show", "--property", name, "--value", kUnitName}, &out) != 0) return "";
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+bool Daemon::AdoptMainPid() {
+  const pid_t main = static_cast<pid_t>(std::strtol(UnitProperty("MainPID").c_str(), nullptr, 10));
+  if (main <= 0) return false;
+  auto fd = Pidfd::Open(main);
+  if (!fd.ok()) return false;
+  daemon_fd_ = std::move(*fd);
+  pid_ = main;
+  return true;
+}
+
+bool Daemon::SpawnUnit(const std::vector<std::string>& argv) {
+  if (unit_owner != nullptr && unit_owner != this) {
+    error_ = "NSBOX_E2E_PLACEMENT=systemd-unit: " + std::string(kUnitName) +
+             " runs another daemon of this test already (one unit: one daemon at a time)";
+    return false;
+  }
+  // The project's unit as this tree has it (when the VM installed it already, nothing changes).
+  const std::string unit = ReadHostFile(std::string(NSBOX_SOURCE_DIR) + "/deploy/nsboxd.service");
+  if (unit.empty()) {
+    error_ = std::string("no unit at ") + NSBOX_SOURCE_DIR + "/deploy/nsboxd.service";
+    return false;
+  }
+  if (ReadHostFile(kUnitPath) != unit && !WriteFileWhole(kUnitPath, unit, &error_)) return false;
+  // The drop-in `systemctl edit nsboxd` would hold for this test's daemon (the unit's own
+  // comment says so): the build's nsbox on this test's socket and state dir, the harness's
+  // environment, the log.
+  std::string drop_in = "# This test's daemon (tests/e2e/daemon_harness.cc), in " + dir_ +
+                        "\n[Service]\nExecStart=\nExecStart=";
+  for (size_t i = 0; i < argv.size(); ++i) drop_in += (i > 0 ? " " : "") + UnitQuote(argv[i], true);
+  drop_in += "\n";
+  for (const char* const* e = kDaemonEnv; *e != nullptr; ++e) {
+    drop_in += "Environment=" + UnitQuote(*e, false) + "\n";
+  }
+  for (const auto& e : extra_env_) drop_in += "Environment=" + UnitQuote(e, false) + "\n";
+  drop_in += "StandardOutput=append:" + log_path() + "\nStandardError=append:" + log_path() + "\n";
+  // The test decides when the daemon starts again (after a Kill it looks at what was left, or
+  // changes the state dir, then calls Restart): the unit's Restart=on-failure would start it
+  // behind the test's back 1 s after a SIGKILL.
+  drop_in += "Restart=no\n";
+  const std::string drop_in_dir =
+      std::string(kUnitDropIn).substr(0, std::string(kUnitDropIn).rfind('/'));
+  std::filesystem::create_directories(drop_in_dir);
+  if (!WriteFileWhole(kUnitDropIn, drop_in, &error_)) return false;
+  wrote_drop_in_ = true;
+  if (Systemctl({"daemon-reload"}) != 0) {
+    error_ = "systemctl daemon-reload failed (its message is in the log):\n" + Log();
+    return false;
+  }
+  // A unit left running by a test binary that crashed is stopped first.
+  const std::string state = UnitProperty("ActiveState");
+  if (state != "inactive" && state != "failed") {
+    LogLine("=== e2e: " + std::string(kUnitName) + " was " + state + ": stopping it first");
+    Systemctl({"stop", kUnitName});
+  }
+  // Forgets the failed state of an earlier run and, above all, its count of recent starts:
+  // more than StartLimitBurst (5) starts in StartLimitIntervalSec (10 s), as a few short tests
+  // in a row make, and systemd refuses the next.
+  Systemctl({"reset-failed", kUnitName});
+  if (Systemctl({"start", kUnitName}) != 0) {
+    error_ = "systemctl start " + std::string(kUnitName) + " failed:\n" + Log();
+    return false;
+  }
+  unit_owner = this;
+  // Type=simple: the start job ends once systemd has forked the daemon, and MainPID is it
+  // (0 when it has already exited; Ended() then finds how from the unit).
+  AdoptMainPid();
+  return true;
+}
+
+bool Daemon::SpawnSession(const std::vector<std::string>& argv, int log) {
+  // scripts/start runs the build tree's nsbox, build/runtime/nsbox: the one under test must be it.
+  const std::string start_nsbox = std::string(NSBOX_SOURCE_DIR) + "/build/runtime/nsbox";
+  std::error_code ec;
+  if (!std::filesystem::equivalent(start_nsbox, kNsboxBin, ec)) {
+    error_ = "NSBOX_E2E_PLACEMENT=sudo-session runs scripts/start, which runs " + start_nsbox +
+             ", not the nsbox these tests were built with (" + kNsboxBin + ")";
+    return false;
+  }
+  // sudo resets the environment; the harness's own variables (the secret a command must never
+  // see, SetExtraEnv's) are set on its command line, which the user's `ALL` rule allows
+  // (sudoers(5): SETENV is implied for ALL). PATH and HOME are sudo's, as for a user.
+  std::string command = "sudo";
+  for (const char* const* e = kDaemonEnv; *e != nullptr; ++e) {
+    const std::string_view entry = *e;
+    if (!entry.starts_with("PATH=") && !entry.starts_with("HOME=")) {
+      command += " " + ShellQuote(entry);
+    }
+  }
+  for (const auto& e : extra_env_) command += " " + ShellQuote(e);
+  command += " " + ShellQuote(std::string(NSBOX_SOURCE_DIR) + "/scripts/start");
+  // scripts/start passes its arguments to `nsbox serve`: the daemon's argv less the first two.
+  for (size_t i = 2; i < argv.size(); ++i) command += " " + ShellQuote(argv[i]);
+  std::vector<std::string> su = LoginSessionArgv(command);
+  std::string line = "=== e2e: running";
+  for (const auto& a : su) line += " " + ShellQuote(a);
+  LogLine(line);
+  std::vector<char*> cargv;
+  for (auto& a : su) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  // su -l builds the session's environment itself; it gets only a PATH to find its helpers.
+  char path_env[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  char* cenv[] = {path_env, nullptr};
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    error_ = std::string("fork: ") + strerror(errno);
+    return false;
+  }
+  if (pid == 0) {
+    // su dies with the test process (the daemon, su's grandchild, outlives a crashed test: its
+    // socket and state dir are that test's alone, so no later test meets it).
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != parent) _exit(127);
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    dup2(log, 1);
+    dup2(log, 2);
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    // SAFETY: execve's argv and envp are arrays of NUL-terminated strings ending in nullptr.
+    execvpe(cargv[0], cargv.data(), cenv);
+    _exit(127);
+  }
+  child_ = pid;
+  pid_ = -1;  // known once scripts/start has executed it (FindSessionDaemon)
+  return true;
+}
+
+bool Daemon::FindSessionDaemon() {
+  if (daemon_fd_.valid()) return true;
+  // `nsbox serve ... --socket S ...`: S is this test's own temp path, so no other daemon has it.
+  // scripts/start's own bash has S on its command line too, but is not comm "nsbox" running
+  // "serve" until it executes it.
+  auto is_ours = [&](pid_t pid) {
+    std::string comm;
+    char state = 0;
+    if (!ParseStat(pid, nullptr, nullptr, &state, &comm) || comm != "nsbox") return false;
+    if (state == 'Z' || state == 'X') return false;
+    const std::vector<std::string> argv = Cmdline(pid);
+    if (argv.size() < 2 || argv[1] != "serve") return false;
+    for (size_t i = 2; i + 1 < argv.size(); ++i) {
+      if (argv[i] == "--socket" && argv[i + 1] == socket_) return true;
+    }
+    return false;
+  };
+  for (pid_t pid : AllPids()) {
+    if (!is_ours(pid)) continue;
+    auto fd = Pidfd::Open(pid);
+    // Looked at again once held: the pidfd is of the process that was checked, not of one that
+    // took its pid in between.
+    if (!fd.ok() || !is_ours(pid) || PidfdExited(*fd)) continue;
+    daemon_fd_ = std::move(*fd);
+    pid_ = pid;
+    return true;
+  }
+  return false;
+}
+
+void Daemon::Signal(int sig) {
+  switch (placement_) {
+    case Placement::kChild:
+      kill(pid_, sig);
+      break;
+    case Placement::kSystemdUnit:
+      if (sig == SIGTERM) {
+        // As an administrator stops it: the unit's KillSignal (SIGTERM) to the main process
+        // alone (KillMode=mixed). Not waited for here: Reap has the deadline.
+        Systemctl({"stop", "--no-block", kUnitName});
+      } else {
+        // A crash: SIGKILL to the daemon alone, as in the other placements (its jails stay
+        // until systemd, seeing the main process gone, takes the unit down: KillMode=mixed
+        // then SIGKILLs the rest of its cgroup). --kill-whom is systemd 252's name.
+        Systemctl({"kill", "--kill-whom=main", "--signal=SIGKILL", kUnitName});
+      }
+      break;
+    case Placement::kSudoSession:
+      if (daemon_fd_.valid()) {
+        (void)daemon_fd_.Signal(sig);
+      } else if (child_ > 0) {
+        // scripts/start has not executed the daemon yet: su passes a SIGTERM on to the
+        // session's command; a SIGKILL ends su alone (what it started ends on its own).
+        kill(child_, sig);
+      }
+      break;
+  }
+}
+
+bool Daemon::Ended() {
+  if (!active_) return true;
+  switch (placement_) {
+    case Placement::kChild: {
+      int status = 0;
+      const pid_t r = waitpid(child_, &status, WNOHANG);
+      if (r != child_ && !(r < 0 && errno == ECHILD)) return false;
+      exit_status_ = status;
+      break;
+    }
+    case Placement::kSudoSession: {
+      // su ends once the daemon has (sudo, the shell and su pass its exit code on); once the
+      // daemon is seen gone, su is given a moment to follow.
+      const bool daemon_gone = daemon_fd_.valid() && PidfdExited(daemon_fd_);
+      const auto deadline =
+          Clock::now() + (daemon_gone ? Scaled(milliseconds(10000)) : milliseconds(0));
+      int status = 0;
+      pid_t r;
+      while ((r = waitpid(child_, &status, WNOHANG)) == 0 && Clock::now() < deadline) {
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      if (r == 0) {
+        if (!daemon_gone) return false;
+        error_ = "su did not exit after the daemon did";
+        kill(child_, SIGKILL);
+        waitpid(child_, &status, 0);
+        status = -1;
+      }
+      exit_status_ = r == child_ ? status : -1;
+      break;
+    }
+    case Placement::kSystemdUnit: {
+      if (!daemon_fd_.valid() && !AdoptMainPid()) {
+        const std::string state = UnitProperty("ActiveState");
+        if (state == "active" || state == "activating" || state == "reloading") return false;
+      }
+      if (daemon_fd_.valid() && !PidfdExited(daemon_fd_)) return false;
+      // The main process is gone. systemd now takes the unit down (KillMode=mixed: SIGKILL to
+      // what is left in its cgroup) and has recorded how the process ended. Waited for, so that
+      // what the test looks at next (leftovers, a restart) comes after systemd's clean-up.
+      const auto deadline = Clock::now() + Scaled(milliseconds(10000));
+      std::string state;
+      while ((state = UnitProperty("ActiveState")) != "inactive" && state != "failed" &&
+             Clock::now() < deadline) {
+        std::this_thread::sleep_for(milliseconds(20));
+      }
+      if (state != "inactive" && state != "failed") {
+        LogLine("=== e2e: " + std::string(kUnitName) + " still " + state +
+                " 10 s after its main process ended");
+      }
+      // ExecMainCode is the si_code of waitid: CLD_EXITED, CLD_KILLED or CLD_DUMPED (a number;
+      // its name, should a systemctl print that); the status is the exit code or the signal.
+      // Put back into a waitpid status.
+      const std::string code_text = UnitProperty("ExecMainCode");
+      const int code = code_text == "exited"   ? CLD_EXITED
+                       : code_text == "killed" ? CLD_KILLED
+                       : code_text == "dumped" ? CLD_DUMPED
+                                               : std::atoi(code_text.c_str());
+      const int value = std::atoi(UnitProperty("ExecMainStatus").c_str());
+      if (code == CLD_EXITED) {
+        exit_status_ = (value & 0xff) << 8;
+      } else if (code == CLD_KILLED || code == CLD_DUMPED) {
+        exit_status_ = (value & 0x7f) | (code == CLD_DUMPED ? 0x80 : 0);
+      } else {
+        exit_status_ = -1;
+      }
+      if (unit_owner == this) unit_owner = nullptr;
+      break;
+    }
+  }
+  active_ = false;
+  pid_ = -1;
+  child_ = -1;
+  daemon_fd_ = Pidfd();
+  return true;
+}
+
+std::string Daemon::HowItEnded() const {
+  std::string how;
+  if (exit_status_ < 0) {
+    how = "ended, how is not known";
+  } else if (WIFEXITED(exit_status_)) {
+    how = "exited with " + std::to_string(WEXITSTATUS(exit_status_));
+  } else {
+    how = "was killed by signal " + std::to_string(WTERMSIG(exit_status_));
+  }
+  if (placement_ == Placement::kSystemdUnit) how += " (systemd's ExecMainCode and ExecMainStatus)";
+  if (placement_ == Placement::kSudoSession) how += " (su's exit code)";
+  return how;
+}
+
+bool Daemon::WaitHealthy() {
+  if (placement_ == Placement::kSudoSession) {
+    const auto exec_deadline = Clock::now() + Scaled(kSessionStartAllowance);
+    while (!FindSessionDaemon()) {
+      if (Ended()) {
+        error_ = "scripts/start ended before it ran nsbox serve (" + HowItEnded() + "):\n" + Log();
+        return false;
+      }
+      if (Clock::now() >= exec_deadline) {
+        error_ = "scripts/start did not run nsbox serve within " +
+                 std::to_string(Scaled(kSessionStartAllowance).count()) + " ms:\n" + Log();
+        Kill();
+        return false;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    // su must have opened a login session of the user's: a wrong recipe would otherwise test
+    // another placement without saying so. pam_systemd opens none where systemd-logind does not
+    // run, nor for a caller that is in a session already ("Already running in a session or user
+    // slice"): then su stays in the harness's own cgroup. (Below the scope is allowed: a daemon
+    // that makes a child cgroup of its own must move its scope's other processes into a leaf.)
+    const std::string cgroup = CgroupOf(child_);
+    const struct passwd* user = getpwnam(kSessionUser);
+    const std::string slice =
+        user != nullptr ? "/user-" + std::to_string(user->pw_uid) + ".slice/session-" : "?";
+    const size_t at = cgroup.find(slice);
+    if (at == std::string::npos || cgroup.find(".scope", at) == std::string::npos) {
+      error_ = "NSBOX_E2E_PLACEMENT=sudo-session: su is in the cgroup " + cgroup +
+               ", not in a login session of " + kSessionUser + " (" + slice +
+               "N.scope): is systemd-logind running, libpam-systemd installed, and the test "
+               "itself outside a login session?";
+      Kill();
+      return false;
+    }
+  }
+  Client client(endpoint());
+  const milliseconds limit = Scaled(milliseconds(10000));
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    if (Ended()) {
+      error_ = "nsbox serve exited before it answered (" + HowItEnded() + "):\n" + Log();
+      return false;
+    }
+    if (access(socket_.c_str(), F_OK) == 0) {
+      Response r = client.Get("/v1/health", Scaled(milliseconds(2000)));
+      if (r.status == 200) {
+        if (placement_ != Placement::kChild) {
+          LogLine("=== e2e: the daemon is pid " + std::to_string(pid_) + ", in the cgroup " +
+                  CgroupOf(pid_));
+        }
+        return true;
+      }
+      client.Disconnect();
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  error_ = "nsbox serve did not answer GET /v1/health within " + std::to_string(limit.count()) +
+           " ms:\n" + Log();
+  Kill();
+  return false;
 }
 
 bool Daemon::Start(const std::vector<std::string>& extra_args) {
   if (dir_.empty()) return false;
   args_ = extra_args;
   if (!Spawn(extra_args)) return false;
-  Client client(endpoint());
-  const auto deadline = Clock::now() + milliseconds(10000);
-  while (Clock::now() < deadline) {
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      exit_status_ = status;
-      error_ = "nsbox serve exited before it answered (status " + std::to_string(status) + "):\n" +
-               Log();
-      return false;
-    }
-    if (access(socket_.c_str(), F_OK) == 0) {
-      Response r = client.Get("/v1/health", milliseconds(2000));
-      if (r.status == 200) return true;
-      client.Disconnect();
-    }
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  error_ = "nsbox serve did not answer GET /v1/health within 10 s:\n" + Log();
-  Kill();
-  return false;
+  return WaitHealthy();
 }
 
 int Daemon::RunToExit(const std::vector<std::string>& extra_args, milliseconds timeout) {
   if (!Spawn(extra_args)) return -1;
+  if (placement_ == Placement::kSudoSession) timeout += kSessionStartAllowance;
   if (!Reap(timeout)) {
     Kill();
     return -1;
   }
+  if (exit_status_ < 0) return -1;
   if (WIFEXITED(exit_status_)) return WEXITSTATUS(exit_status_);
   return 128 + WTERMSIG(exit_status_);
 }
 
 bool Daemon::Reap(milliseconds timeout) {
-  if (pid_ <= 0) return true;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = Clock::now() + Scaled(timeout);
   for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) {
-      exit_status_ = status;
-      pid_ = -1;
-      return true;
-    }
+    if (Ended()) return true;
     if (Clock::now() >= deadline) return false;
     std::this_thread::sleep_for(milliseconds(5));
   }
 }
 
 bool Daemon::Stop(milliseconds timeout) {
-  if (pid_ <= 0) {
+  if (!active_) {
     error_ = "the daemon was not running";
     return false;
   }
-  kill(pid_, SIGTERM);
+  Signal(SIGTERM);
   if (!Reap(timeout)) {
-    error_ = "the daemon did not exit within " + std::to_string(timeout.count()) +
+    error_ = "the daemon did not exit within " + std::to_string(Scaled(timeout).count()) +
              " ms of SIGTERM; SIGKILLed";
     Kill();
     return false;
   }
-  if (WIFEXITED(exit_status_) && WEXITSTATUS(exit_status_) == 0) return true;
-  error_ = WIFEXITED(exit_status_)
-               ? "the daemon exited with " + std::to_string(WEXITSTATUS(exit_status_))
-               : "the daemon was killed by signal " + std::to_string(WTERMSIG(exit_status_));
-  error_ += " on SIGTERM";
+  if (exit_status_ >= 0 && WIFEXITED(exit_status_) && WEXITSTATUS(exit_status_) == 0) return true;
+  error_ = "the daemon " + HowItEnded() + " on SIGTERM";
   return false;
 }
 
 void Daemon::Kill() {
-  if (pid_ <= 0) return;
-  kill(pid_, SIGKILL);
-  Reap(milliseconds(60000));
+  if (!active_) return;
+  Signal(SIGKILL);
+  if (!Reap(milliseconds(60000))) {
+    std::fprintf(stderr, "e2e harness: the daemon of %s did not end within %lld ms of SIGKILL\n",
+                 dir_.c_str(), static_cast<long long>(Scaled(milliseconds(60000)).count()));
+  }
 }
 
 bool Daemon::Restart() {
-  if (pid_ > 0) return false;
+  if (active_) return false;
   return Start(args_);
 }
 
 bool Daemon::running() {
-  if (pid_ <= 0) return false;
-  int status = 0;
-  if (waitpid(pid_, &status, WNOHANG) == pid_) {
-    exit_status_ = status;
-    pid_ = -1;
-    error_ = "the daemon ended (waitpid status " + std::to_string(status) + ")";
+  if (!active_) return false;
+  if (Ended()) {
+    error_ = "the daemon ended (" + HowItEnded() + ")";
     return false;
   }
   return true;
@@ -547,142 +810,4 @@ std::string Daemon::SandboxDir(std::string_view id) const {
   }
   return "";
 }
-
-// ---- ExecResult ----
-
-std::string Str(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  return v != nullptr && v->is_string() ? std::string(v->as_string()) : "<missing>";
-}
-
-json::object Obj(const Response& r) {
-  json::value v = r.Json();
-  return v.is_object() ? v.as_object() : json::object{};
-}
-
-json::array Arr(const Response& r, std::string_view key) {
-  json::object o = Obj(r);
-  const json::value* v = o.if_contains(key);
-  return v != nullptr && v->is_array() ? v->as_array() : json::array{};
-}
-
-json::value Field(const json::object& o, std::string_view key) {
-  const json::value* v = o.if_contains(key);
-  return v != nullptr ? *v : json::value("<missing>");
-}
-
-std::string ExecResult::out() const { return Str(answer, "stdout"); }
-std::string ExecResult::err() const { return Str(answer, "stderr"); }
-std::string ExecResult::reason() const { return Str(answer, "reason"); }
-int64_t ExecResult::exit_code() const {
-  const json::value* v = answer.if_contains("exitCode");
-  return v != nullptr && v->is_int64() ? v->as_int64() : -1000;
-}
-
-// ---- E2eTest ----
-
-std::unique_ptr<Daemon> E2eTest::daemon_;
-
-void E2eTest::SetUpTestSuite() {}
-
-void E2eTest::TearDownTestSuite() {}
-
-void E2eTest::SetUp() {
-  if (auto reason = E2eUnavailable()) {
-    std::fprintf(stderr, "\n*** SKIPPED (NOT RUN): %s ***\n\n", reason->c_str());
-    GTEST_SKIP() << "NOT RUN: " << *reason;
-  }
-  // A daemon of its own for every test: ctest runs each test in a process of its own anyway,
-  // and a test then never sees another's sandboxes.
-  daemon_ = std::make_unique<Daemon>();
-  ASSERT_TRUE(daemon_->Start(DaemonArgs())) << daemon_->error();
-  log_offset_ = 0;
-  client_ = std::make_unique<Client>(daemon_->endpoint());
-}
-
-void E2eTest::TearDown() {
-  if (!daemon_ || IsSkipped()) return;
-  client_.reset();
-  if (!daemon_->running()) {
-    ADD_FAILURE() << "the daemon is not running at the end of the test: " << daemon_->error();
-  } else {
-    // SIGTERM: it must end every sandbox's processes and exit 0, promptly.
-    EXPECT_TRUE(daemon_->Stop()) << daemon_->error();
-  }
-  if (HasFailure()) {
-    std::fprintf(stderr, "---- daemon log during this test (%s) ----\n%s\n---- end of log ----\n",
-                 daemon_->log_path().c_str(), daemon_->Log(log_offset_, 32 * 1024).c_str());
-  }
-  daemon_.reset();
-}
-
-std::string E2eTest::SbPath(std::string_view id, std::string_view suffix) {
-  // Dots too: a client's URL parser would fold a segment "." or ".." (WHATWG URL).
-  std::string encoded;
-  for (char c : PctEncode(id)) encoded += c == '.' ? std::string("%2E") : std::string(1, c);
-  return "/v1/sandboxes/" + encoded + std::string(suffix);
-}
-
-std::string E2eTest::NewId(std::string_view hint) {
-  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return std::string(info->name()) + "-" + std::string(hint) + "-" + std::to_string(++id_counter_);
-}
-
-namespace {
-// A request of the short-hands that got no answer in time: the daemon is stuck, and every later
-// call would wait as long; the test is ended at once (gtest reports the exception as a failure
-// of the test, and TearDown still runs).
-Response Answered(Response r) {
-  if (r.status == 0 && r.transport_error.find("timed out") != std::string::npos) {
-    throw std::runtime_error("the daemon did not answer in time, test aborted: " +
-                             r.transport_error);
-  }
-  return r;
-}
-}  // namespace
-
-Response E2eTest::Create(std::string_view id, std::string_view body) {
-  Response r = body.empty() ? client().Request("PUT", SbPath(id))
-                            : client().Request("PUT", SbPath(id), body,
-                                               {{"Content-Type", "application/json"}});
-  Answered(r);
-  EXPECT_TRUE(r.status == 200 || r.status == 201) << "PUT " << SbPath(id) << ": " << r.Describe();
-  return r;
-}
-
-ExecResult E2eTest::Exec(std::string_view id, const json::object& request, milliseconds timeout) {
-  ExecResult out;
-  out.response = Answered(client().PostJson(SbPath(id, "/exec"), request, timeout));
-  json::value v = out.response.Json();
-  if (out.response.status == 200 && v.is_object()) out.answer = v.as_object();
-  return out;
-}
-
-std::string E2eTest::Sh(std::string_view id, std::string_view command) {
-  ExecResult r = Exec(id, command);
-  EXPECT_EQ(r.response.status, 200) << command << ": " << r.Describe();
-  EXPECT_EQ(r.exit_code(), 0) << command << ": " << r.Describe();
-  return r.out();
-}
-
-Response E2eTest::PutFile(std::string_view id, std::string_view path, std::string_view bytes) {
-  return Answered(client().Request("PUT", SbPath(id, "/files?path=" + PctEncode(path)), bytes,
-                                   {{"Content-Type", "application/octet-stream"}}));
-}
-
-Response E2eTest::GetFile(std::string_view id, std::string_view path) {
-  return Answered(client().Get(SbPath(id, "/files?path=" + PctEncode(path))));
-}
-
-Response E2eTest::Fs(std::string_view id, std::string_view verb, const json::object& body) {
-  return Answered(client().PostJson(SbPath(id, "/fs/" + std::string(verb)), body));
-}
-
-void E2eTest::ExpectDaemonHealthy() {
-  EXPECT_TRUE(daemon_->running()) << daemon_->error();
-  Client c(daemon_->endpoint());
-  Response r = c.Get("/v1/health", milliseconds(5000));
-  EXPECT_EQ(r.status, 200) << r.Describe();
-}
-
 }  // namespace nsbox::e2e

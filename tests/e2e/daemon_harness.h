@@ -1,10 +1,15 @@
 #pragma once
 
-// The e2e tier's harness: the real `nsbox serve` as a child process on a socket and state dir of
-// its own in a temp dir, started, stopped (SIGTERM, asserting a clean exit) or killed (SIGKILL)
-// and restarted on the same state dir; what it holds (open fds, descendants); what it leaves on
-// the host (sandbox directories, nsbox-* cgroups). And the fixture the e2e tests share: a daemon
-// per test, a client, and short-hands for the API's calls.
+// The e2e tier's harness: the real `nsbox serve` on a socket and state dir of its own in a temp
+// dir, started, stopped (SIGTERM, asserting a clean exit) or killed (SIGKILL) and restarted on
+// the same state dir; what it holds (open fds, descendants); what it leaves on the host (sandbox
+// directories, nsbox-* cgroups). And the fixture the e2e tests share: a daemon per test, a
+// client, and short-hands for the API's calls.
+//
+// Where the daemon runs is chosen by NSBOX_E2E_PLACEMENT (Placement below): a child of the test
+// process by default, or placed as users place it (the systemd unit, `sudo scripts/start` from a
+// login session), for the VM tier (tests/vm/, which runs the subset of tests/vm/e2e_subset.txt).
+// Its waits are scaled by NSBOX_E2E_TIME_SCALE (TimeScale() and Scaled(), tests/e2e/http.h).
 
 #include <sys/types.h>
 
@@ -18,6 +23,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/pidfd.h"
 #include "tests/e2e/http.h"
 
 namespace nsbox::e2e {
@@ -28,6 +34,31 @@ inline constexpr const char* kNsboxInitBin = NSBOX_INIT_BIN;
 
 // Why the e2e tier cannot run here (not root, binaries missing), or nullopt when it can.
 std::optional<std::string> E2eUnavailable();
+
+// How the daemon under test is placed on the host: NSBOX_E2E_PLACEMENT.
+enum class Placement {
+  // Unset or "child": a child process of the test, with a fixed environment (the tier as it
+  // always ran; the daemon's cgroup is the test's).
+  kChild,
+  // "systemd-unit": the project's unit, deploy/nsboxd.service, installed as
+  // /etc/systemd/system/nsboxd.service, with a drop-in of this test's (kUnitDropIn) that points
+  // ExecStart= at the build's nsbox and this test's socket, state dir and arguments. One unit:
+  // one daemon at a time (a test with a second Daemon fails to start it, saying so).
+  kSystemdUnit,
+  // "sudo-session": as the README tells a user, `sudo scripts/start ARGS` from a login session
+  // of the user kSessionUser (a session-N.scope of systemd-logind); the daemon is then found by
+  // its socket among the host's processes. scripts/start's own checks and build get up to 120 s
+  // before the daemon's 10 s count; a su that opened no such session fails the start.
+  kSudoSession,
+};
+// The placement NSBOX_E2E_PLACEMENT names; an error message for a value it does not name.
+std::optional<Placement> PlacementFromEnv(std::string* error);
+// The user whose login session starts the daemon in Placement::kSudoSession.
+inline constexpr const char* kSessionUser = "tester";
+// The unit and its drop-in in Placement::kSystemdUnit.
+inline constexpr const char* kUnitName = "nsboxd.service";
+inline constexpr const char* kUnitPath = "/etc/systemd/system/nsboxd.service";
+inline constexpr const char* kUnitDropIn = "/run/systemd/system/nsboxd.service.d/e2e.conf";
 
 // A process as it was seen: its pid and start time (so a reused pid is not mistaken for it).
 struct ProcessId {
@@ -52,6 +83,13 @@ bool IsJailAdoptedAhead(pid_t pid);
 // Whether that process (same pid and start time) is still alive (zombies count as gone).
 bool StillAlive(const ProcessId& p);
 
+// /proc/PID/stat's ppid, start time, state and comm (each may be null); false when it cannot be
+// read (the process is gone).
+bool ParseStat(pid_t pid, pid_t* ppid, unsigned long long* start_time, char* state,
+               std::string* comm);
+// Every pid in /proc.
+std::vector<pid_t> AllPids();
+
 // Paths of the directories named nsbox-* under /sys/fs/cgroup, 6 levels deep (each v1
 // hierarchy and the v2 tree).
 std::set<std::string> FindNsboxCgroups();
@@ -71,6 +109,8 @@ class Daemon {
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
 
+  // Every timeout below is a time on the host: the harness scales it (Scaled()).
+
   // Starts `nsbox serve --socket S --state-dir D --log-level debug <extra_args...>` and waits
   // (up to 10 s) until GET /v1/health answers 200 on the socket. False, with the reason in
   // error(), when it exited or never answered.
@@ -79,10 +119,10 @@ class Daemon {
   // code, or -1 when it was still running after `timeout` (it is killed then).
   int RunToExit(const std::vector<std::string>& extra_args,
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
-  // SIGTERM; true when it exited with 0 within `timeout` (else it is SIGKILLed, and error() says
-  // how it ended).
+  // SIGTERM (in Placement::kSystemdUnit, `systemctl stop`, which sends it); true when it exited
+  // with 0 within `timeout` (else it is SIGKILLed, and error() says how it ended).
   bool Stop(std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
-  // SIGKILL, and reaped.
+  // SIGKILL to the daemon process alone (its jails stay, as after a crash), and waited for.
   void Kill();
   // Start again with the arguments of the last Start, on the same state dir.
   bool Restart();
@@ -91,7 +131,9 @@ class Daemon {
   void SetExtraEnv(std::vector<std::string> env) { extra_env_ = std::move(env); }
   bool running();
 
+  // The daemon process itself, whatever the placement (-1 when it is not running).
   pid_t pid() const { return pid_; }
+  Placement placement() const { return placement_; }
   const std::string& dir() const { return dir_; }
   const std::string& socket_path() const { return socket_; }
   const std::string& state_dir() const { return state_; }
@@ -119,11 +161,43 @@ class Daemon {
   std::string state_;
   std::vector<std::string> args_;
   std::vector<std::string> extra_env_;
-  pid_t pid_ = -1;
+  Placement placement_ = Placement::kChild;
+  std::string placement_error_;  // NSBOX_E2E_PLACEMENT names no placement
+  bool active_ = false;          // a run started and its end not seen yet
+  bool wrote_drop_in_ = false;   // kSystemdUnit: kUnitDropIn is this daemon's
+  pid_t pid_ = -1;               // the daemon (-1 while not known)
+  // Our child: the daemon itself (kChild), su (kSudoSession), none (kSystemdUnit).
+  pid_t child_ = -1;
+  // The daemon when it is not our child (kSystemdUnit, kSudoSession): signalled and watched
+  // through a pidfd, since its pid could be reused once it is gone.
+  Pidfd daemon_fd_;
   std::string error_;
-  int exit_status_ = -1;  // waitpid status of the last run
+  int exit_status_ = -1;  // waitpid status of the last run (as systemd or su saw it when placed)
+
   bool Spawn(const std::vector<std::string>& extra_args);
+  bool SpawnChild(const std::vector<std::string>& argv, int log);
+  bool SpawnUnit(const std::vector<std::string>& argv);
+  bool SpawnSession(const std::vector<std::string>& argv, int log);
+  bool WaitHealthy();
+  // Whether the daemon has ended (reaping what is ours, and taking its status into
+  // exit_status_); it is not running from then on.
+  bool Ended();
   bool Reap(std::chrono::milliseconds timeout);
+  // Sends `sig` to the daemon process (SIGTERM, SIGKILL) as its placement does.
+  void Signal(int sig);
+  // kSudoSession: the daemon among the host's processes, once scripts/start has executed it.
+  bool FindSessionDaemon();
+  // kSystemdUnit: `systemctl ARGS` (stdout into *out when given, stderr into the log); its exit
+  // code.
+  int Systemctl(const std::vector<std::string>& args, std::string* out = nullptr) const;
+  // kSystemdUnit: holds the unit's MainPID (daemon_fd_, pid_); false when it has none.
+  bool AdoptMainPid();
+  // kSystemdUnit: a property of the unit (`systemctl show -p NAME --value`), "" if unknown.
+  std::string UnitProperty(const std::string& name) const;
+  // How the last run ended, for messages.
+  std::string HowItEnded() const;
+  // A line into the log (the harness's notes among the daemon's own lines).
+  void LogLine(const std::string& line) const;
 };
 
 // Removes a tree without crossing into other mounts (FTW_MOUNT) or following symlinks.

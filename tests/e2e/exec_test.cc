@@ -338,6 +338,51 @@ TEST_F(ExecTest, TimeoutKillsAndReports124) {
   EXPECT_EQ(partial.err(), "partial\nnsbox: command timed out after 300 ms\n");
 }
 
+// A timeout ends the command's whole tree, also what left its process group and session (a
+// setsid'd grandchild) or was double-forked: the kill goes through the command's cgroup, not its
+// process group (api.md "exec", docs/cgroups.md). Run in the VM tier under each placement of
+// the daemon (tests/vm/e2e_subset.txt), where the cgroup is one the daemon was given.
+TEST_F(ExecTest, TimeoutKillsTheWholeTreeEvenASetsidGrandchild) {
+  const milliseconds timeout = Scaled(milliseconds(1500));
+  const auto t0 = Clock::now();
+  ExecResult r = Exec(id_, json::object{{"command", TreeCommand("/workspace/pids")},
+                                        {"timeoutMs", timeout.count()}});
+  const auto took = Since(t0);
+  ASSERT_EQ(r.response.status, 200) << r.Describe();
+  EXPECT_EQ(r.exit_code(), 124) << r.Describe();
+  EXPECT_EQ(r.reason(), "timeout") << r.Describe();
+  EXPECT_EQ(r.out(), "ready\n") << "the tree was not made before the timeout: " << r.Describe();
+  // Every process of the tree dies on SIGTERM: no wait for the 2 s grace.
+  EXPECT_LT(took, timeout + Scaled(milliseconds(1500))) << r.Describe();
+  ASSERT_TRUE(WaitForLines("/workspace/pids", 5, Scaled(milliseconds(5000))));
+  EXPECT_EQ(WaitTreeGone("/workspace/pids", Scaled(milliseconds(3000))), "");
+}
+
+// A command that outgrows the sandbox's memory limit is ended by the kernel's OOM killer, and the
+// answer says so (api.md: reason "oom", exit code 137, SIGKILL); the sandbox goes on. Control:
+// 16 MiB fits under 64 MiB.
+TEST_F(ExecTest, AMemoryLimitEndsACommandWithReasonOom) {
+  const std::string id = NewId("mem");
+  Response put = client().Request(
+      "PUT", SbPath(id), json::serialize(json::object{{"limits", {{"memoryBytes", 64 << 20}}}}),
+      {{"Content-Type", "application/json"}});
+  ASSERT_EQ(put.status, 201) << put.Describe();
+  ExecResult fits = Exec(id, "exec perl -e '$x = \"a\" x (16 << 20); print length($x), \"\\n\"'");
+  EXPECT_EQ(fits.exit_code(), 0) << fits.Describe();
+  EXPECT_EQ(fits.out(), "16777216\n") << fits.Describe();
+  // 256 MiB: over the limit (no swap either, memory.swap.max 0), not over a small VM's memory
+  // (an allocation the kernel refuses outright would be perl's "Out of memory!", not an OOM kill).
+  ExecResult bomb = Exec(
+      id, json::object{{"command", "exec perl -e '$x = \"a\" x (256 << 20); print length($x)'"}},
+      Scaled(milliseconds(60000)));
+  ASSERT_EQ(bomb.response.status, 200) << bomb.Describe();
+  EXPECT_EQ(bomb.exit_code(), 137) << bomb.Describe();
+  EXPECT_EQ(Str(bomb.answer, "signal"), "SIGKILL") << bomb.Describe();
+  EXPECT_EQ(bomb.reason(), "oom") << bomb.Describe();
+  EXPECT_EQ(bomb.out(), "") << bomb.Describe();
+  EXPECT_EQ(Sh(id, "echo alive"), "alive\n");
+}
+
 TEST_F(ExecTest, OutputOverTheCapIsTruncated) {
   const auto t0 = Clock::now();
   ExecResult r = Exec(
@@ -588,11 +633,11 @@ TEST_F(ExecTest, ACommandThatCannotStartAtThePidsLimitSaysWhy) {
            "perl -e '$| = 1; my $said = 0; while (1) { my $p = fork(); if (!defined $p) { "
            "print \"holding\\n\" unless $said++; select(undef, undef, undef, 0.005); next } "
            "if ($p == 0) { sleep 30; exit } }'"},
-          {"timeoutMs", 20000}}));
+          {"timeoutMs", Scaled(milliseconds(20000)).count()}}));
   ASSERT_EQ(holder.status(), 200) << holder.error();
   std::string out;
   while (out.find("holding") == std::string::npos) {
-    auto e = holder.Next(milliseconds(10000));
+    auto e = holder.Next(Scaled(milliseconds(10000)));
     ASSERT_TRUE(e.has_value()) << holder.error() << out;
     if (Str(*e, "type") == "stdout") out += Str(*e, "data");
   }
@@ -619,7 +664,7 @@ TEST_F(ExecTest, ACommandThatCannotStartAtThePidsLimitSaysWhy) {
     std::this_thread::sleep_for(milliseconds(50));
     NdjsonStream s(daemon().endpoint(), "POST", SbPath(id, "/exec"),
                    json::serialize(json::object{{"command", "echo ran"}}));
-    auto events = s.ReadAll(milliseconds(10000));
+    auto events = s.ReadAll(Scaled(milliseconds(10000)));
     ASSERT_GE(events.size(), 2u) << s.error();
     EXPECT_EQ(Str(events.front(), "type"), "start");
     EXPECT_EQ(Str(events.back(), "type"), "exit");

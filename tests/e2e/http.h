@@ -9,7 +9,10 @@
 // operation completes or the deadline passes, then closes the socket).
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,7 +27,34 @@ namespace nsbox::e2e {
 namespace json = boost::json;
 using std::chrono::milliseconds;
 
-inline constexpr milliseconds kDefaultTimeout{20000};
+// NSBOX_E2E_TIME_SCALE (a positive number, default 1): how much slower than the host the machine
+// the tier runs on is (tests/vm/ boots a VM under qemu TCG, 15-20x slower for CPU work). Every
+// wait of the harness's own, and every deadline a test sets with Scaled(), is multiplied by it.
+// Read once; a value that is not a positive number ends the test binary (exit 2), so a typo does
+// not silently run with the host's waits.
+inline double TimeScale() {
+  static const double scale = [] {
+    const char* text = std::getenv("NSBOX_E2E_TIME_SCALE");
+    if (text == nullptr || *text == '\0') return 1.0;
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    if (*end != '\0' || !(value > 0) || value > 1000) {
+      std::fprintf(stderr, "e2e: NSBOX_E2E_TIME_SCALE=%s is not a positive number (up to 1000)\n",
+                   text);
+      std::exit(2);
+    }
+    return value;
+  }();
+  return scale;
+}
+// `wait` (a duration on the host) on this machine: times TimeScale(), rounded up.
+inline milliseconds Scaled(milliseconds wait) {
+  return milliseconds(
+      static_cast<int64_t>(std::ceil(static_cast<double>(wait.count()) * TimeScale())));
+}
+
+// The deadline of a request that names none: 20 s on the host.
+inline const milliseconds kDefaultTimeout = Scaled(milliseconds(20000));
 
 // Where the daemon listens: a Unix socket path, or a TCP host and port (unix_path empty).
 struct Endpoint {

@@ -97,7 +97,7 @@ TEST_F(LifecycleTest, StopKeepsFilesAndNextCallStartsAgain) {
   EXPECT_EQ(Str(Obj(stop), "id"), id);
   EXPECT_EQ(Str(Obj(client().Get(SbPath(id))), "state"), "stopped");
   // Its processes are gone.
-  EXPECT_TRUE(WaitGone(before, milliseconds(3000)).empty())
+  EXPECT_TRUE(WaitGone(before, Scaled(milliseconds(3000))).empty())
       << Describe(WaitGone(before, milliseconds(0)));
   // Stopping again is fine.
   EXPECT_EQ(client().Request("POST", SbPath(id, "/stop")).status, 200);
@@ -885,7 +885,7 @@ TEST_F(LifecycleTest, FilesSurviveSigtermRestart) {
   const auto procs = Descendants(daemon().pid());
   ASSERT_TRUE(daemon().Stop()) << daemon().error() << "\n" << daemon().Log();
   // SIGTERM ends the sandboxes' processes.
-  auto alive = WaitGone(procs, milliseconds(3000));
+  auto alive = WaitGone(procs, Scaled(milliseconds(3000)));
   EXPECT_TRUE(alive.empty()) << Describe(alive);
   ASSERT_TRUE(daemon().Restart()) << daemon().error();
   client().Disconnect();
@@ -915,17 +915,17 @@ TEST_F(LifecycleTest, FilesSurviveSigkillAndNothingOfTheOldDaemonStays) {
     Client c = NewClient();
     c.PostJson(SbPath(a, "/exec"), json::object{{"command", "sleep 1000"}});
   });
-  std::this_thread::sleep_for(milliseconds(300));
+  std::this_thread::sleep_for(Scaled(milliseconds(300)));
   const auto procs2 = Descendants(daemon().pid());
   daemon().Kill();
   t.join();
   ASSERT_TRUE(daemon().Restart()) << daemon().error();
   client().Disconnect();
   // What the dead daemon left is gone once the new one answers (give it a moment).
-  auto alive = WaitGone(procs, milliseconds(5000));
-  auto alive2 = WaitGone(procs2, milliseconds(1000));
+  auto alive = WaitGone(procs, Scaled(milliseconds(5000)));
+  auto alive2 = WaitGone(procs2, Scaled(milliseconds(1000)));
   EXPECT_TRUE(alive.empty() && alive2.empty()) << Describe(alive) << Describe(alive2);
-  auto left = WaitCgroupsGone(cgroups, milliseconds(3000));
+  auto left = WaitCgroupsGone(cgroups, Scaled(milliseconds(3000)));
   EXPECT_TRUE(left.empty()) << "cgroups of the old sandboxes left: " << left.front();
   EXPECT_EQ(GetFile(a, "/workspace/a.txt").body, "aaa");
   EXPECT_EQ(Sh(b, "cat /workspace/b.txt; pgrep -c sleep || true"), "bbb\n0\n");

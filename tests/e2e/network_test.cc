@@ -139,10 +139,11 @@ class NetworkTest : public E2eTest {
 
   // curl inside the sandbox, timed inside it.
   Curl CurlIn(const std::string& id, const std::string& url, int max_seconds = 5) {
-    const std::string cmd = "s=$(date +%s%N); curl -sS --noproxy '*' -m " +
-                            std::to_string(max_seconds) + " '" + url +
-                            "' 2>&1; rc=$?; e=$(date +%s%N); "
-                            "echo; echo \"__rc=$rc ms=$(( (e - s) / 1000000 ))\"";
+    const std::string cmd =
+        "s=$(date +%s%N); curl -sS --noproxy '*' -m " +
+        std::to_string(Scaled(std::chrono::seconds(max_seconds)).count() / 1000) + " '" + url +
+        "' 2>&1; rc=$?; e=$(date +%s%N); "
+        "echo; echo \"__rc=$rc ms=$(( (e - s) / 1000000 ))\"";
     ExecResult r = Exec(id, cmd);
     Curl c;
     const std::string out = r.out();
