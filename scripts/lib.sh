@@ -26,9 +26,10 @@ install_packages() {
       missing+=("$pkg")
     fi
   done
-  # The TypeScript client's tests need Node.js >= 20 and npm; the machine's own are used when
-  # present (Debian 12's nodejs is 18, too old, so it is only a last resort).
-  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  # The TypeScript client's tests need Node.js >= 20 and npm (scripts/test sets NSBOX_WANT_NODE;
+  # the daemon does not need them); the machine's own are used when present (Debian 12's nodejs
+  # is 18, too old, so it is only a last resort).
+  if [[ ${NSBOX_WANT_NODE:-0} == 1 ]] && { ! command -v node >/dev/null || ! command -v npm >/dev/null; }; then
     for pkg in nodejs npm; do
       dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
         missing+=("$pkg")
