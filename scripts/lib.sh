@@ -10,7 +10,7 @@ NSBOX_PACKAGES=(
   libldns-dev libnftables-dev libmnl-dev
   libarchive-dev nettle-dev zlib1g-dev libzstd-dev liblzma-dev libbz2-dev liblz4-dev libacl1-dev
   clang-format
-  busybox-static debootstrap tmux perl
+  busybox-static debootstrap tmux perl curl
   nftables iproute2
   e2fsprogs # mkfs.ext4, for a sandbox's own disk (limits.diskBytes)
   bubblewrap # the peer nsbox-api-bench compares with
@@ -20,11 +20,14 @@ NSBOX_PACKAGES=(
 log() { printf '\033[1m==> [%dm%02ds] %s\033[0m\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*" >&2; }
 
 install_packages() {
-  local missing=()
+  local missing=() pkg status
+  local -A installed=()
+  # One dpkg-query for them all: a process per package costs seconds on a slow machine.
+  while read -r pkg status; do
+    [[ $status == "install ok installed" ]] && installed[${pkg%%:*}]=1
+  done < <(dpkg-query -W -f='${Package} ${Status}\n' "${NSBOX_PACKAGES[@]}" "$@" 2>/dev/null || true)
   for pkg in "${NSBOX_PACKAGES[@]}" "$@"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
-      missing+=("$pkg")
-    fi
+    [[ -n ${installed[$pkg]:-} ]] || missing+=("$pkg")
   done
   # The TypeScript client's tests need Node.js >= 20 and npm (scripts/test sets NSBOX_WANT_NODE;
   # the daemon does not need them); the machine's own are used when present (Debian 12's nodejs

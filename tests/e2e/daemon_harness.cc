@@ -373,6 +373,12 @@ bool Daemon::SpawnUnit(const std::vector<std::string>& argv) {
   // changes the state dir, then calls Restart): the unit's Restart=on-failure would start it
   // behind the test's back 1 s after a SIGKILL.
   drop_in += "Restart=no\n";
+  // How the main process ended, as systemd saw it, written where the harness reads it: the
+  // unit's ExecMainCode and ExecMainStatus are gone once systemd unloads the stopped unit (it is
+  // not enabled, so nothing keeps it loaded). UnitQuote doubles each $, so the shell gets one.
+  ::unlink(ExitFile().c_str());
+  drop_in += "ExecStopPost=/bin/sh -c " +
+             UnitQuote("echo \"$EXIT_CODE $EXIT_STATUS\" > " + ExitFile(), true) + "\n";
   const std::string drop_in_dir =
       std::string(kUnitDropIn).substr(0, std::string(kUnitDropIn).rfind('/'));
   std::filesystem::create_directories(drop_in_dir);
@@ -573,19 +579,24 @@ bool Daemon::Ended() {
         LogLine("=== e2e: " + std::string(kUnitName) + " still " + state +
                 " 10 s after its main process ended");
       }
-      // ExecMainCode is the si_code of waitid: CLD_EXITED, CLD_KILLED or CLD_DUMPED (a number;
-      // its name, should a systemctl print that); the status is the exit code or the signal.
-      // Put back into a waitpid status.
-      const std::string code_text = UnitProperty("ExecMainCode");
-      const int code = code_text == "exited"   ? CLD_EXITED
-                       : code_text == "killed" ? CLD_KILLED
-                       : code_text == "dumped" ? CLD_DUMPED
-                                               : std::atoi(code_text.c_str());
-      const int value = std::atoi(UnitProperty("ExecMainStatus").c_str());
-      if (code == CLD_EXITED) {
-        exit_status_ = (value & 0xff) << 8;
-      } else if (code == CLD_KILLED || code == CLD_DUMPED) {
-        exit_status_ = (value & 0x7f) | (code == CLD_DUMPED ? 0x80 : 0);
+      // ExecStopPost's record: $EXIT_CODE (exited, killed, dumped) and $EXIT_STATUS (the exit
+      // code, or the signal's name without SIG), put back into a waitpid status.
+      std::string record;
+      while ((record = ReadHostFile(ExitFile())).empty() && Clock::now() < deadline) {
+        std::this_thread::sleep_for(milliseconds(20));
+      }
+      std::istringstream words(record);
+      std::string code, value;
+      words >> code >> value;
+      int signal = 0;
+      for (int sig = 1; sig < 65 && signal == 0; ++sig) {
+        const char* abbrev = sigabbrev_np(sig);
+        if (abbrev != nullptr && value == abbrev) signal = sig;
+      }
+      if (code == "exited") {
+        exit_status_ = (std::atoi(value.c_str()) & 0xff) << 8;
+      } else if ((code == "killed" || code == "dumped") && signal != 0) {
+        exit_status_ = signal | (code == "dumped" ? 0x80 : 0);
       } else {
         exit_status_ = -1;
       }
@@ -609,7 +620,7 @@ std::string Daemon::HowItEnded() const {
   } else {
     how = "was killed by signal " + std::to_string(WTERMSIG(exit_status_));
   }
-  if (placement_ == Placement::kSystemdUnit) how += " (systemd's ExecMainCode and ExecMainStatus)";
+  if (placement_ == Placement::kSystemdUnit) how += " (the unit's ExecStopPost record)";
   if (placement_ == Placement::kSudoSession) how += " (su's exit code)";
   return how;
 }

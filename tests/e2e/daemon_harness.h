@@ -138,6 +138,8 @@ class Daemon {
   const std::string& socket_path() const { return socket_; }
   const std::string& state_dir() const { return state_; }
   std::string log_path() const { return dir_ + "/daemon.log"; }
+  // kSystemdUnit: where the unit's ExecStopPost writes how the daemon ended.
+  std::string ExitFile() const { return dir_ + "/unit-exit"; }
   Endpoint endpoint() const { return Endpoint::Unix(socket_); }
   const std::string& error() const { return error_; }
 
