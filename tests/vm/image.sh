@@ -57,14 +57,10 @@ GUEST_PACKAGES=(
   linux-image-amd64
   # Runtime libraries of the host-built binaries (`image.sh --check-libs` lists what they link;
   # most also come in as dependencies of the -dev packages, named here so that a slimmer
-  # NSBOX_PACKAGES never loses them). libsystemd0: the daemon links it for sd-bus.
+  # NSBOX_PACKAGES never loses them). libsystemd0: systemd's own tools (busctl, systemctl) link it.
   libc6 libstdc++6 libgcc-s1 libssl3 libldns3 libnftables1 libnftnl11 libmnl0 libxtables12
   libjansson4 libgmp10 libseccomp2 libcap2 liburing2 libspdlog1.10 libfmt9 libarchive13
   libnettle8 zlib1g libzstd1 liblzma5 libbz2-1.0 liblz4-1 libacl1 libsystemd0
-  # scripts/start's "install what is missing" check also wants node and npm on the PATH.
-  # bookworm's nodejs (18) is too old for the TypeScript tests, but it satisfies the check,
-  # so that `scripts/start` in the guest never tries apt-get (the guest has no network).
-  nodejs npm
 )
 
 # Packages of NSBOX_PACKAGES left out of the guest (none today). Anything listed here makes

@@ -4,13 +4,16 @@
 # (tests/vm/e2e_subset.txt) with nsboxd placed as users place it:
 #
 #   root-cgroup    no systemd (run.sh --init plain): the harness's own child, in the root cgroup
+#   container      `nsbox run` alone in a cgroup namespace of its own, as in a container
+#   cgroupfs       `nsbox run` in a cgroup that is not its own, without systemd
 #   systemd-unit   a real systemd as PID 1 running deploy/nsboxd.service (NSBOX_E2E_PLACEMENT)
 #   sudo-session   `sudo scripts/start` from user tester's login session under that systemd
 #   normal-user    `nsbox serve` and `nsbox run` as tester: refused at start, saying why
 #   service-as-is  deploy/nsboxd.service unchanged (ExecStart=/usr/local/bin/nsbox serve):
 #                  enable --now, a sandbox with a memory limit, stop
 #
-# Usage: tests/vm/tier.sh [--kernels "bookworm trixie"] [--build DIR] [--logs DIR]
+# Usage: tests/vm/tier.sh [--kernels "bookworm trixie"] [--boots "plain systemd"] [--build DIR]
+#                         [--logs DIR]
 # Every run's whole output goes to LOGS/<kernel>-<boot>.log (default build/vm-logs); a failed
 # placement prints its log's tail. The last lines are a table, one row per kernel and placement,
 # with PASS or FAIL, then "N passed, N failed". Exit status 0 when every row passed.
@@ -21,6 +24,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 kernels="bookworm trixie"
+boots="plain systemd"
 build="$ROOT/build"
 logs=
 while (($# > 0)); do
@@ -28,6 +32,7 @@ while (($# > 0)); do
     --kernels) kernels=${2:?} && shift 2 ;;
     --build) build=$(realpath "${2:?}") && shift 2 ;;
     --logs) logs=${2:?} && shift 2 ;;
+    --boots) boots=${2:?} && shift 2 ;;
     *) echo "tier.sh: unknown argument '$1'" >&2 && exit 2 ;;
   esac
 done
@@ -87,6 +92,33 @@ failed=0 t0=\$SECONDS
 export NSBOX_E2E_PLACEMENT=child
 $(subset_commands)
 result root-cgroup \$failed
+
+echo "== placement container: nsbox run alone in a cgroup namespace of its own (a container's)"
+failed=0 t0=\$SECONDS
+mkdir -p /sys/fs/cgroup/ctr
+# One process all along, as a container's only one (each step execs the next): it joins /ctr,
+# enters a cgroup namespace whose root that is, mounts its own cgroup2 view there (in a mount
+# namespace of its own), then is nsbox run.
+cat >/tmp/container.sh <<'SCRIPT'
+echo \$\$ >/sys/fs/cgroup/ctr/cgroup.procs
+exec unshare -C -m sh -c 'umount /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec "\$0" run --memory 64M --pids 16 -- sh -c "echo ran in \$(cat /proc/self/cgroup)"' "\$1"
+SCRIPT
+sh /tmp/container.sh "\$build/runtime/nsbox" || failed=1
+echo "/ctr afterwards: \$(ls -d /sys/fs/cgroup/ctr/*/ | tr '\n' ' '); passed on: \$(cat /sys/fs/cgroup/ctr/cgroup.subtree_control)"
+[[ -d /sys/fs/cgroup/ctr/supervisor && \$(cat /sys/fs/cgroup/ctr/cgroup.subtree_control) == *memory* ]] || failed=1
+result container \$failed
+
+echo "== placement cgroupfs: nsbox run in someone else's cgroup, no systemd"
+failed=0 t0=\$SECONDS
+mkdir -p /sys/fs/cgroup/job
+cat >/tmp/job.sh <<'SCRIPT'
+echo \$\$ >/sys/fs/cgroup/job/cgroup.procs
+exec "\$1" run --memory 64M --pids 16 -- sh -c 'echo ran'
+SCRIPT
+sh /tmp/job.sh "\$build/runtime/nsbox" || failed=1
+echo "/sys/fs/cgroup/nsbox passes on: \$(cat /sys/fs/cgroup/nsbox/cgroup.subtree_control 2>&1)"
+[[ \$(cat /sys/fs/cgroup/nsbox/cgroup.subtree_control) == *memory* ]] || failed=1
+result cgroupfs \$failed
 EOF
 }
 
@@ -122,6 +154,13 @@ scope=\$(dirname "/sys/fs/cgroup\${where#0::}")
 echo "its sandboxes' pids.max: \$(cat \$scope/nsbox-*/pids.max | tr '\\n' ' ')"
 grep -qx 32 \$scope/nsbox-*/pids.max || failed=1
 kill -TERM \$placed; wait
+# And sudo nsbox run from the same kind of session: a scope of its own too, limits enforced.
+out=\$(su -l tester -c "sudo \$build/runtime/nsbox run --memory 64M --pids 16 -- sh -c 'echo ran'" 2>&1); rc=\$?
+echo "sudo nsbox run from a login session: exit \$rc: \$out"
+[[ \$rc == 0 && \$out == *ran* ]] || failed=1
+out=\$(su -l tester -c "sudo \$build/runtime/nsbox run --memory 32M -- perl -e '\\\$x = q(a) x (128 << 20)'" 2>&1); rc=\$?
+echo "sudo nsbox run, 128 MiB under a 32 MiB limit: exit \$rc"
+[[ \$rc == 137 ]] || failed=1
 result sudo-session \$failed
 unset NSBOX_E2E_PLACEMENT
 
@@ -170,6 +209,18 @@ run_boot() { # KERNEL BOOT: boots one VM, collects its result lines
   echo "== tier.sh: $kernel, $boot boot (log: $log)" >&2
   "$ROOT/tests/vm/run.sh" --kernel "$kernel" --init "$boot" --share "$ROOT" --mem 3G \
     --timeout "${NSBOX_VM_TIMEOUT:-1500}" "$script" >"$log" 2>&1 || rc=$?
+  if ((rc == 125)); then
+    # The guest died without a status: under qemu's emulated CPU a guest kernel has been seen to
+    # panic (once, in kmalloc, under a fork storm at a pids limit) where the same test passes on
+    # the next boot. Said loudly, kept, and tried once more; a second death fails the row.
+    echo "== tier.sh: the $boot boot of $kernel died (exit 125); its console's tail:" >&2
+    tail -n 40 "$log" >&2
+    mv "$log" "$log.died"
+    echo "== tier.sh: booting it once more (log: $log)" >&2
+    rc=0
+    "$ROOT/tests/vm/run.sh" --kernel "$kernel" --init "$boot" --share "$ROOT" --mem 3G \
+      --timeout "${NSBOX_VM_TIMEOUT:-1500}" "$script" >"$log" 2>&1 || rc=$?
+  fi
   rm -f "$script"
   echo "== tier.sh: $kernel, $boot boot: exit $rc after $((SECONDS - started)) s" >&2
   local line found=0
@@ -191,8 +242,9 @@ run_boot() { # KERNEL BOOT: boots one VM, collects its result lines
 }
 
 for kernel in $kernels; do
-  run_boot "$kernel" plain
-  run_boot "$kernel" systemd
+  for boot in $boots; do
+    run_boot "$kernel" "$boot"
+  done
 done
 
 passed=0 failed=0
