@@ -41,7 +41,8 @@
 # Environment: NSBOX_VM_CACHE (image cache, see image.sh), NSBOX_VM_ACCEL=tcg|kvm (default:
 # tcg when /dev/kvm is missing or is PVM's, which cannot run a stock kernel; else kvm),
 # NSBOX_VM_BZIMAGE=1 (boot the compressed kernel the classic way, with KASLR: slower),
-# NSBOX_VM_APPEND (more kernel parameters, e.g. `systemd.log_level=debug`).
+# NSBOX_VM_APPEND (more kernel parameters, e.g. `systemd.log_level=debug`), NSBOX_VM_CONSOLE=PATH
+# (keep the guest's whole console log there).
 #
 # How it works: image.sh builds or finds the image. qemu boots its kernel and tiny initramfs
 # with the root disk in snapshot mode (the image never changes; VMs can run side by side), no
@@ -244,6 +245,12 @@ for name in stdout stderr; do
 done
 wait "$out_pid" "$err_pid" || true
 [[ -z $verbose ]] || echo "nsbox-vm: qemu ran $((SECONDS - start)) s" >&2
+
+# The whole console (kernel, init, systemd), kept where NSBOX_VM_CONSOLE names: a guest that
+# died (a kernel oops) says why at its start, long before the tail.
+if [[ -n ${NSBOX_VM_CONSOLE:-} ]]; then
+  cp "$work/console.log" "$NSBOX_VM_CONSOLE" || echo "nsbox-vm: cannot keep the console in $NSBOX_VM_CONSOLE" >&2
+fi
 
 # console_tail N: the console's last N lines and qemu's messages, on stderr.
 console_tail() {

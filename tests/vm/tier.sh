@@ -207,8 +207,8 @@ run_boot() { # KERNEL BOOT: boots one VM, collects its result lines
   script=$(mktemp)
   if [[ $boot == plain ]]; then plain_script >"$script"; else systemd_script >"$script"; fi
   echo "== tier.sh: $kernel, $boot boot (log: $log)" >&2
-  "$ROOT/tests/vm/run.sh" --kernel "$kernel" --init "$boot" --share "$ROOT" --mem 3G \
-    --timeout "${NSBOX_VM_TIMEOUT:-1500}" "$script" >"$log" 2>&1 || rc=$?
+  NSBOX_VM_CONSOLE="$log.console" "$ROOT/tests/vm/run.sh" --kernel "$kernel" --init "$boot" \
+    --share "$ROOT" --mem 3G --timeout "${NSBOX_VM_TIMEOUT:-1500}" "$script" >"$log" 2>&1 || rc=$?
   if ((rc == 125)); then
     # The guest died without a status: under qemu's emulated CPU a guest kernel has been seen to
     # panic (once, in kmalloc, under a fork storm at a pids limit) where the same test passes on
@@ -216,10 +216,11 @@ run_boot() { # KERNEL BOOT: boots one VM, collects its result lines
     echo "== tier.sh: the $boot boot of $kernel died (exit 125); its console's tail:" >&2
     tail -n 40 "$log" >&2
     mv "$log" "$log.died"
-    echo "== tier.sh: booting it once more (log: $log)" >&2
+    mv "$log.console" "$log.died.console" 2>/dev/null || true
+    echo "== tier.sh: booting it once more (log: $log; the first boot's console: $log.died.console)" >&2
     rc=0
-    "$ROOT/tests/vm/run.sh" --kernel "$kernel" --init "$boot" --share "$ROOT" --mem 3G \
-      --timeout "${NSBOX_VM_TIMEOUT:-1500}" "$script" >"$log" 2>&1 || rc=$?
+    NSBOX_VM_CONSOLE="$log.console" "$ROOT/tests/vm/run.sh" --kernel "$kernel" --init "$boot" \
+      --share "$ROOT" --mem 3G --timeout "${NSBOX_VM_TIMEOUT:-1500}" "$script" >"$log" 2>&1 || rc=$?
   fi
   rm -f "$script"
   echo "== tier.sh: $kernel, $boot boot: exit $rc after $((SECONDS - started)) s" >&2
