@@ -381,8 +381,15 @@ std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
     disks.detail = "limits.diskBytes: an ext4 image per sandbox on a loop device";
   } else {
     disks.status = "missing";
-    disks.detail = "limits.diskBytes is refused: " + in.disks.error().message();
-    disks.fix = "load the loop and ext4 modules (modprobe loop ext4); apt-get install e2fsprogs";
+    const std::string& why = in.disks.error().message();
+    disks.detail = "limits.diskBytes is refused: " + why;
+    // The fix for what DiskSupport found missing, not a list of everything it checks.
+    disks.fix = why.find("open_tree") != std::string::npos
+                    ? "Linux 6.15 or later (the jail clones a directory of the disk's detached "
+                      "mount, which earlier kernels refuse)"
+                : why.find("mkfs.ext4") != std::string::npos
+                    ? "apt-get install e2fsprogs"
+                    : "load the loop and ext4 modules (modprobe loop ext4)";
   }
   out.push_back(std::move(disks));
 

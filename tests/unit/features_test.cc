@@ -210,6 +210,21 @@ TEST(Doctor, NoLoopDevicesMeanNoSandboxDisksOnly) {
   EXPECT_EQ(disks->status, "missing");
   EXPECT_NE(disks->detail.find("/dev/loop-control"), std::string::npos) << disks->detail;
   EXPECT_NE(disks->fix.find("modprobe loop"), std::string::npos) << disks->fix;
+
+  // A kernel before 6.15 (Debian 12's and 13's): the loop modules are no fix.
+  in.disks =
+      Error::Sys("open_tree", "a directory of a detached mount", EINVAL)
+          .Context("the kernel cannot clone a directory of a detached mount (Linux 6.15 can)");
+  layers = runtime::DoctorLayers(in);
+  disks = Find(layers, "disks");
+  EXPECT_EQ(disks->status, "missing");
+  EXPECT_NE(disks->fix.find("Linux 6.15"), std::string::npos) << disks->fix;
+  EXPECT_EQ(disks->fix.find("modprobe"), std::string::npos) << disks->fix;
+
+  in.disks = Error(ENOENT, "mkfs.ext4 is not installed (Debian package e2fsprogs)");
+  layers = runtime::DoctorLayers(in);
+  disks = Find(layers, "disks");
+  EXPECT_EQ(disks->fix, "apt-get install e2fsprogs");
 }
 
 TEST(Doctor, MissingRequiredLayersFailWithAFix) {
