@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace nsbox {
@@ -16,6 +17,22 @@ std::vector<std::string_view> Split(std::string_view s, char sep) {
     start = end + 1;
   }
   return out;
+}
+
+std::vector<std::string> Words(std::string_view s) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find_first_of(" \n\t", i);
+    if (j == std::string_view::npos) j = s.size();
+    if (j > i) out.emplace_back(s.substr(i, j - i));
+    i = j + 1;
+  }
+  return out;
+}
+
+bool Contains(const std::vector<std::string>& v, std::string_view s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
 }
 
 std::string Join(const std::vector<std::string>& v, std::string_view sep) {

@@ -10,6 +10,12 @@ namespace nsbox {
 // one empty piece). The views point into `s`.
 std::vector<std::string_view> Split(std::string_view s, char sep);
 
+// The non-empty words of `s` separated by spaces, tabs or newlines (a cgroup file's list).
+std::vector<std::string> Words(std::string_view s);
+
+// Whether `v` holds `s`.
+bool Contains(const std::vector<std::string>& v, std::string_view s);
+
 // The strings of `v` with `sep` between them ("" for none).
 std::string Join(const std::vector<std::string>& v, std::string_view sep);
 

@@ -42,26 +42,6 @@ constexpr uint64_t kMinCpuQuotaUs = 1000;
 // The controllers nsbox limits, in the order their writes are planned.
 constexpr const char* kControllers[] = {"memory", "pids", "cpu"};
 
-// The non-empty words of `s` separated by spaces or newlines.
-std::vector<std::string> Words(std::string_view s) {
-  std::vector<std::string> out;
-  std::string word;
-  for (char c : s) {
-    if (c == ' ' || c == '\n' || c == '\t') {
-      if (!word.empty()) out.push_back(std::move(word));
-      word.clear();
-    } else {
-      word += c;
-    }
-  }
-  if (!word.empty()) out.push_back(std::move(word));
-  return out;
-}
-
-bool Contains(const std::vector<std::string>& v, std::string_view s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
-}
-
 std::string JoinPath(std::string_view dir, std::string_view rest) {
   std::string out(dir);
   if (!out.empty() && out.back() == '/' && !rest.empty() && rest.front() == '/') {

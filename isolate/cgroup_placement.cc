@@ -25,29 +25,12 @@ namespace {
 // enforce limits; io (with memory, pids and cpu) gives the per-exec usage figures.
 constexpr const char* kPlacementControllers[] = {"cpu", "io", "memory", "pids"};
 
-// The non-empty words of `s`, split at spaces and newlines.
-std::vector<std::string> Words(std::string_view s) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find_first_of(" \n\t", i);
-    if (j == std::string_view::npos) j = s.size();
-    if (j > i) out.emplace_back(s.substr(i, j - i));
-    i = j + 1;
-  }
-  return out;
-}
-
 // `s` without the white space around it, for a helper's message.
 std::string Trim(std::string_view s) {
   size_t b = s.find_first_not_of(" \n\t");
   if (b == std::string_view::npos) return "";
   size_t e = s.find_last_not_of(" \n\t");
   return std::string(s.substr(b, e - b + 1));
-}
-
-bool Has(const std::vector<std::string>& v, std::string_view s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
 }
 
 std::string JoinPathOf(std::string_view dir, std::string_view name) {
@@ -113,7 +96,7 @@ Status EnableControllers(const std::string& dir, const std::vector<std::string>&
   std::vector<std::string> enabled = Words(current);
   std::vector<std::string> enable;
   for (const std::string& c : controllers) {
-    if (!Has(enabled, c)) enable.push_back("+" + c);
+    if (!Contains(enabled, c)) enable.push_back("+" + c);
   }
   if (enable.empty()) return Ok();
   Status st =
@@ -182,9 +165,9 @@ Result<PlacementPlan> PlanPlacement(const PlacementFacts& f) {
   }
   std::vector<std::string> need;
   for (const char* c : kPlacementControllers) {
-    if (!Has(v2.controllers, c)) continue;
+    if (!Contains(v2.controllers, c)) continue;
     plan.controllers.emplace_back(c);
-    if (!Has(v2.subtree_control, c)) need.emplace_back(c);
+    if (!Contains(v2.subtree_control, c)) need.emplace_back(c);
   }
   if (v2.is_root || need.empty()) {
     plan.kind = PlacementKind::kAsFound;
@@ -240,19 +223,24 @@ Result<PlacementPlan> PlanPlacement(const PlacementFacts& f) {
 }
 
 Result<PlacementFacts> GatherPlacementFacts() {
-  PlacementFacts f;
+  // This process's own cgroup, not a placement's base (LoadCgroupLayout's after one).
   NSBOX_ASSIGN_OR_RETURN(std::string cgroup, ReadFile("/proc/self/cgroup"));
   NSBOX_ASSIGN_OR_RETURN(std::string mountinfo, ReadFile("/proc/self/mountinfo"));
   NSBOX_ASSIGN_OR_RETURN(CgroupLayout layout, ParseCgroupLayout(cgroup, mountinfo));
-  if (!layout.v2.has_value()) {
+  if (layout.v2.has_value()) NSBOX_TRY(LoadCgroupV2State(&*layout.v2));
+  return GatherPlacementFacts(layout);
+}
+
+Result<PlacementFacts> GatherPlacementFacts(const CgroupLayout& own) {
+  PlacementFacts f;
+  if (!own.v2.has_value()) {
     f.v2_mounted = false;  // a v1-only host: nothing to place
     return f;
   }
-  f.v2 = std::move(*layout.v2);
-  NSBOX_TRY(LoadCgroupV2State(&f.v2));
+  f.v2 = *own.v2;
   bool needed = false;
   for (const char* c : kPlacementControllers) {
-    needed = needed || (Has(f.v2.controllers, c) && !Has(f.v2.subtree_control, c));
+    needed = needed || (Contains(f.v2.controllers, c) && !Contains(f.v2.subtree_control, c));
   }
   if (f.v2.is_root || !needed) return f;  // PlanPlacement needs nothing more: kAsFound
   struct stat st;
@@ -364,7 +352,7 @@ Result<PlacementPlan> ApplyPlacement(const PlacementPlan& plan, std::string_view
       done.leaf = JoinPathOf(now.v2.dir, kPlacementLeaf);
       done.controllers.clear();
       for (const char* c : kPlacementControllers) {
-        if (Has(now.v2.controllers, c)) done.controllers.emplace_back(c);
+        if (Contains(now.v2.controllers, c)) done.controllers.emplace_back(c);
       }
       [[fallthrough]];
     }
@@ -390,9 +378,11 @@ Result<PlacementPlan> ApplyPlacement(const PlacementPlan& plan, std::string_view
   return done;
 }
 
-Result<PlacementPlan> PlaceSelf(std::string_view who, std::string_view scope_name, bool quiet) {
+Result<PlacementPlan> PlaceSelf(std::string_view who, std::string_view scope_name, bool quiet,
+                                const CgroupLayout* own) {
   auto placed = [&]() -> Result<PlacementPlan> {
-    NSBOX_ASSIGN_OR_RETURN(PlacementFacts facts, GatherPlacementFacts());
+    NSBOX_ASSIGN_OR_RETURN(PlacementFacts facts,
+                           own != nullptr ? GatherPlacementFacts(*own) : GatherPlacementFacts());
     NSBOX_ASSIGN_OR_RETURN(PlacementPlan plan, PlanPlacement(facts));
     return ApplyPlacement(plan, scope_name);
   }();

@@ -71,6 +71,9 @@ std::string UnitOfCgroupPath(std::string_view cgroup_path);
 
 // The facts for this process: its cgroup, systemd's answers (systemctl show) when systemd runs.
 Result<PlacementFacts> GatherPlacementFacts();
+// The same from the process's layout as LoadCgroupLayout gave it before any placement, which
+// the caller already holds (nothing of it is read again).
+Result<PlacementFacts> GatherPlacementFacts(const CgroupLayout& own);
 
 // Applies a plan: the moves, mkdirs and subtree_control writes (a scope is asked of systemd,
 // named `scope_name`, "nsboxd-1234.scope"). On success, the place where the sandboxes' cgroups
@@ -79,8 +82,10 @@ Result<PlacementFacts> GatherPlacementFacts();
 Result<PlacementPlan> ApplyPlacement(const PlacementPlan& plan, std::string_view scope_name);
 
 // GatherPlacementFacts, PlanPlacement and ApplyPlacement, logged: where nsbox ended up and why.
-// `who` names the caller in the log ("nsboxd", "nsbox run"); `quiet` logs at debug only.
-Result<PlacementPlan> PlaceSelf(std::string_view who, std::string_view scope_name, bool quiet);
+// `who` names the caller in the log ("nsboxd", "nsbox run"); `quiet` logs at debug only; `own`,
+// when given, is the process's layout before any placement (else it is read).
+Result<PlacementPlan> PlaceSelf(std::string_view who, std::string_view scope_name, bool quiet,
+                                const CgroupLayout* own = nullptr);
 
 // For a daemon whose PlaceSelf failed: tries it again, at most once every 2 s, so that a systemd
 // that did not answer at start, or a cgroup tree put right by hand, is used once it is there.

@@ -210,7 +210,10 @@ DoctorInput ProbeDoctorInput() {
   DoctorInput in;
   in.features = ProbeFeatures();
   in.layout = isolate::LoadCgroupLayout();
-  if (auto facts = isolate::GatherPlacementFacts(); facts.ok()) {
+  // The doctor never places itself: its layout is its own cgroup's.
+  auto facts = in.layout.ok() ? isolate::GatherPlacementFacts(*in.layout)
+                              : Result<isolate::PlacementFacts>(in.layout.error());
+  if (facts.ok()) {
     in.placement = isolate::PlanPlacement(*facts);
   } else {
     in.placement = std::move(facts).error();

@@ -159,11 +159,13 @@ int Run(const RunOptions& options) {
   if (!planned.ok()) return Fail(planned.error());
   PreparedJail& plan = *planned;
 
+  auto layout = isolate::LoadCgroupLayout();
+  if (!layout.ok()) return Fail(std::move(layout).error().Context("cgroups"));
   // Where the jail's cgroups go: on a pure v2 host nsbox may first have to leave the cgroup it
   // was started in (a login session's scope) for one it may pass controllers on from
   // (docs/cgroups.md "Placement"). A dry run only says where that would be.
   if (options.dry_run) {
-    auto facts = isolate::GatherPlacementFacts();
+    auto facts = isolate::GatherPlacementFacts(*layout);
     auto placement = facts.ok() ? isolate::PlanPlacement(*facts)
                                 : Result<isolate::PlacementPlan>(std::move(facts).error());
     std::printf("cgroup placement: %s\n",
@@ -171,13 +173,16 @@ int Run(const RunOptions& options) {
                                   placement->why + ")")
                                      .c_str()
                                : ("impossible: " + placement.error().message()).c_str());
-  } else if (auto placed = isolate::PlaceSelf(
-                 "nsbox run", "nsbox-run-" + std::to_string(::getpid()) + ".scope", true);
-             !placed.ok()) {
-    return Fail(std::move(placed).error().Context("cgroups"));
+  } else {
+    auto placed = isolate::PlaceSelf(
+        "nsbox run", "nsbox-run-" + std::to_string(::getpid()) + ".scope", true, &*layout);
+    if (!placed.ok()) return Fail(std::move(placed).error().Context("cgroups"));
+    // Moved: the jail's cgroups go under the placement's base, which the layout now names.
+    if (placed->kind != isolate::PlacementKind::kAsFound) {
+      layout = isolate::LoadCgroupLayout();
+      if (!layout.ok()) return Fail(std::move(layout).error().Context("cgroups"));
+    }
   }
-  auto layout = isolate::LoadCgroupLayout();
-  if (!layout.ok()) return Fail(std::move(layout).error().Context("cgroups"));
   auto cgroup_plan =
       isolate::PlanCgroups(*layout, plan.limits, "nsbox-run-" + std::to_string(::getpid()));
   if (!cgroup_plan.ok()) return Fail(std::move(cgroup_plan).error().Context("cgroups"));

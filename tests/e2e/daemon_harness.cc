@@ -66,6 +66,33 @@ const Daemon* unit_owner = nullptr;
 // nothing to build. Not the daemon's time: its own 10 s count from its exec.
 constexpr milliseconds kSessionStartAllowance(120000);
 
+// Forks a child that dies with this process (PR_SET_PDEATHSIG), has stdin on /dev/null and
+// stdout and stderr on `log`, default SIGPIPE and no blocked signal, and executes `file` (PATH
+// searched when `search_path`) with `argv` and `envp`, built by the caller: nothing is allocated
+// between fork and exec. Its pid, or -1 with errno when fork failed.
+pid_t ForkExec(const char* file, char* const* argv, char* const* envp, int log, bool search_path) {
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (getppid() != parent) _exit(127);
+  int devnull = open("/dev/null", O_RDONLY);
+  dup2(devnull, 0);
+  dup2(log, 1);
+  dup2(log, 2);
+  signal(SIGPIPE, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // SAFETY: argv and envp are arrays of NUL-terminated strings ending in nullptr.
+  if (search_path) {
+    execvpe(file, argv, envp);
+  } else {
+    execve(file, argv, envp);
+  }
+  _exit(127);
+}
+
 // `word` quoted for a unit file (systemd.syntax(7), systemd.service(5) "Command lines"): in
 // double quotes, with C escapes for \, " and newline, % doubled (ExecStart= and Environment=
 // expand specifiers), and $ doubled on a command line (ExecStart= expands $VAR).
@@ -294,27 +321,11 @@ bool Daemon::SpawnChild(const std::vector<std::string>& argv_in, int log) {
   }
   for (auto& e : extra_env_) cenv.push_back(e.data());
   cenv.push_back(nullptr);
-  const pid_t parent = getpid();
-  pid_t pid = fork();
+  // The daemon dies with the test process, so a crashed test leaves no daemon behind.
+  const pid_t pid = ForkExec(kNsboxBin, cargv.data(), cenv.data(), log, /*search_path=*/false);
   if (pid < 0) {
     error_ = std::string("fork: ") + strerror(errno);
     return false;
-  }
-  if (pid == 0) {
-    // The daemon dies with the test process, so a crashed test leaves no daemon behind.
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    if (getppid() != parent) _exit(127);
-    int devnull = open("/dev/null", O_RDONLY);
-    dup2(devnull, 0);
-    dup2(log, 1);
-    dup2(log, 2);
-    signal(SIGPIPE, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    // SAFETY: execve's argv and envp are arrays of NUL-terminated strings ending in nullptr.
-    execve(kNsboxBin, cargv.data(), cenv.data());
-    _exit(127);
   }
   pid_ = pid;
   child_ = pid;
@@ -442,28 +453,12 @@ bool Daemon::SpawnSession(const std::vector<std::string>& argv, int log) {
   // su -l builds the session's environment itself; it gets only a PATH to find its helpers.
   char path_env[] = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
   char* cenv[] = {path_env, nullptr};
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
+  // su dies with the test process (the daemon, su's grandchild, outlives a crashed test: its
+  // socket and state dir are that test's alone, so no later test meets it).
+  const pid_t pid = ForkExec(cargv[0], cargv.data(), cenv, log, /*search_path=*/true);
   if (pid < 0) {
     error_ = std::string("fork: ") + strerror(errno);
     return false;
-  }
-  if (pid == 0) {
-    // su dies with the test process (the daemon, su's grandchild, outlives a crashed test: its
-    // socket and state dir are that test's alone, so no later test meets it).
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    if (getppid() != parent) _exit(127);
-    int devnull = open("/dev/null", O_RDONLY);
-    dup2(devnull, 0);
-    dup2(log, 1);
-    dup2(log, 2);
-    signal(SIGPIPE, SIG_DFL);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    // SAFETY: execve's argv and envp are arrays of NUL-terminated strings ending in nullptr.
-    execvpe(cargv[0], cargv.data(), cenv);
-    _exit(127);
   }
   child_ = pid;
   pid_ = -1;  // known once scripts/start has executed it (FindSessionDaemon)

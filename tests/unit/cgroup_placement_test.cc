@@ -22,6 +22,17 @@ PlacementFacts At(std::string path, std::vector<std::string> subtree = {}) {
   return f;
 }
 
+// The cgroup of the systemd unit at `path` (its last component), systemd running; `delegated`:
+// Delegate=yes.
+PlacementFacts InUnit(const std::string& path, bool delegated) {
+  PlacementFacts f = At(path);
+  f.systemd = true;
+  f.unit = UnitOfCgroupPath(path);
+  f.unit_delegated = delegated;
+  f.unit_cgroup = path;
+  return f;
+}
+
 TEST(PlanPlacement, TheRootCgroupIsUsedAsFound) {
   PlacementFacts f = At("/");
   f.v2.is_root = true;
@@ -44,11 +55,7 @@ TEST(PlanPlacement, AHybridHostsV2WithoutControllersIsUsedAsFound) {
 }
 
 TEST(PlanPlacement, TheDelegatedServiceMovesIntoALeafOfItsOwnCgroup) {
-  PlacementFacts f = At("/system.slice/nsboxd.service");
-  f.systemd = true;
-  f.unit = "nsboxd.service";
-  f.unit_delegated = true;
-  f.unit_cgroup = "/system.slice/nsboxd.service";
+  PlacementFacts f = InUnit("/system.slice/nsboxd.service", /*delegated=*/true);
   auto plan = PlanPlacement(f);
   ASSERT_TRUE(plan.ok()) << plan.error().message();
   EXPECT_EQ(plan->kind, PlacementKind::kOwnLeaf);
@@ -58,10 +65,7 @@ TEST(PlanPlacement, TheDelegatedServiceMovesIntoALeafOfItsOwnCgroup) {
 }
 
 TEST(PlanPlacement, AServiceThatDoesNotDelegateGetsAScope) {
-  PlacementFacts f = At("/system.slice/ci-runner.service");
-  f.systemd = true;
-  f.unit = "ci-runner.service";
-  f.unit_cgroup = "/system.slice/ci-runner.service";
+  PlacementFacts f = InUnit("/system.slice/ci-runner.service", /*delegated=*/false);
   auto plan = PlanPlacement(f);
   ASSERT_TRUE(plan.ok()) << plan.error().message();
   EXPECT_EQ(plan->kind, PlacementKind::kSystemdScope);
@@ -69,10 +73,7 @@ TEST(PlanPlacement, AServiceThatDoesNotDelegateGetsAScope) {
 }
 
 TEST(PlanPlacement, SudoFromALoginSessionGetsAScope) {
-  PlacementFacts f = At("/user.slice/user-1000.slice/session-3.scope");
-  f.systemd = true;
-  f.unit = "session-3.scope";
-  f.unit_cgroup = "/user.slice/user-1000.slice/session-3.scope";
+  PlacementFacts f = InUnit("/user.slice/user-1000.slice/session-3.scope", /*delegated=*/false);
   f.others = {812, 813};  // the login shell and sudo
   auto plan = PlanPlacement(f);
   ASSERT_TRUE(plan.ok()) << plan.error().message();
@@ -80,11 +81,7 @@ TEST(PlanPlacement, SudoFromALoginSessionGetsAScope) {
 }
 
 TEST(PlanPlacement, ADelegatedUnitThatHoldsOthersGetsAScope) {
-  PlacementFacts f = At("/system.slice/runner.service");
-  f.systemd = true;
-  f.unit = "runner.service";
-  f.unit_delegated = true;
-  f.unit_cgroup = "/system.slice/runner.service";
+  PlacementFacts f = InUnit("/system.slice/runner.service", /*delegated=*/true);
   f.others = {99};
   auto plan = PlanPlacement(f);
   ASSERT_TRUE(plan.ok()) << plan.error().message();
