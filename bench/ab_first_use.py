@@ -17,7 +17,7 @@ comparable (docs/benchmarks.md).
 build, with and without its pool). --pace waits that long between sandboxes, and before each
 first use until the daemon's pool (docs/daemon.md "The pool") is full again: sandboxes made at a
 human pace rather than in a burst. --bwrap also times `bwrap --unshare-all ... /bin/true`
-(perf-baselines.md §2.2) in the same interleaving, the peer of issue 4's first-use target.
+(the command of docs/benchmarks.md's "Baselines measured before nsbox") in the same interleaving, the peer of issue 4's first-use target.
 """
 
 import argparse

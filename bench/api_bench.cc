@@ -147,7 +147,8 @@ double Run(const std::vector<std::string>& args) {
   return us;
 }
 
-// The command of perf-baselines.md section 2.2 (bubblewrap 0.8.0), with /bin/true appended.
+// The bwrap command of docs/benchmarks.md "Baselines measured before nsbox" (bubblewrap 0.8.0),
+// with /bin/true appended.
 // clang-format off
 const std::vector<std::string> kBwrapJail = {
     "/usr/bin/bwrap", "--unshare-all", "--die-with-parent",

@@ -17,7 +17,8 @@
 //   under /var/tmp), each made by a PUT and started by an exec of /bin/true, as nsbox-api-bench's
 //   idle figure; the daemon's own growth counts with its nsbox-inits' PSS.
 // - bwrap: `bwrap --unshare-all --die-with-parent` with the host's /usr, /proc, /dev and a /tmp
-//   tmpfs, running `sleep infinity` (the research's "bwrap, host /usr" row).
+//   tmpfs, running `sleep infinity` (the row of docs/benchmarks.md's
+//   "Baselines measured before nsbox" for bwrap with the host's /usr).
 //
 // For each kind: after the first --first sandboxes and after all N, the kernel memory held
 // (SUnreclaim, SReclaimable, KernelStack, PageTables, Percpu, Shmem, after dropping the
