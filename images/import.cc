@@ -26,6 +26,7 @@
 #include "base/syscalls.h"
 #include "base/unique_fd.h"
 #include "images/tar_stream.h"
+#include "images/xattrs.h"
 
 namespace nsbox::images::internal {
 
@@ -1159,8 +1160,8 @@ class Unpacker {
     }
     if (dropped_xattrs_.count > 0) {
       out.push_back("dropped " + Plural(dropped_xattrs_.count, "xattr", "xattrs") +
-                    " of the trusted.* and security.selinux namespaces, which mean nothing "
-                    "inside a sandbox (first: " +
+                    " outside user.* and security.capability (trusted.*, security.selinux and "
+                    "the like are the host's, not the image's; first: " +
                     dropped_xattrs_.first + ")");
     }
     if (refused_xattrs_.count > 0) {
@@ -1170,6 +1171,10 @@ class Unpacker {
     if (acls_.count > 0) {
       out.push_back("dropped the ACLs of " + Plural(acls_.count, "entry", "entries") +
                     " (first: " + acls_.first + "); their modes are kept");
+    }
+    if (fflags_.count > 0) {
+      out.push_back("dropped the file flags (chattr) of " +
+                    Plural(fflags_.count, "entry", "entries") + " (first: " + fflags_.first + ")");
     }
     return out;
   }
@@ -1329,40 +1334,44 @@ class Unpacker {
     return RemoveLower(dir.get(), Child(dir_rel, name), name);
   }
 
+  // The entry's xattrs as images/xattrs.h plans them: user.* kept, security.capability bound to
+  // the sandboxes' root, the rest dropped with a note. Also the notes for the entry's ACLs and
+  // file flags, which are never applied.
   Status ApplyXattrs(int fd, struct archive_entry* e, const std::string& path) {
+    std::vector<Xattr> xattrs;
     archive_entry_xattr_reset(e);
     const char* name = nullptr;
     const void* value = nullptr;
     size_t size = 0;
-    // libarchive's pax writer stores each xattr twice (SCHILY.xattr.* and LIBARCHIVE.xattr.*)
-    // and its reader hands both back: the first of a name is the one.
-    std::set<std::string_view> seen;
     while (archive_entry_xattr_next(e, &name, &value, &size) == ARCHIVE_OK) {
-      std::string_view n = name;
-      if (!seen.insert(n).second) continue;
-      if (n.substr(0, 8) == "trusted." || n == "security.selinux") {
-        dropped_xattrs_.Add(std::string(n) + " on " + path);
-        continue;
-      }
+      xattrs.emplace_back(name, std::string(static_cast<const char*>(value), size));
+    }
+    NSBOX_ASSIGN_OR_RETURN(XattrPlan plan, PlanXattrs(xattrs, ids_.uid, "entry " + Quote(path)));
+    for (const std::string& n : plan.others) dropped_xattrs_.Add(Shown(n) + " on " + Shown(path));
+    for (const auto& [n, v] : plan.apply) {
       if (fd < 0) {  // a symlink: Linux keeps no user.* xattrs on one, and there is no fd to use
-        refused_xattrs_.Add(std::string(n) + " on the symlink " + path);
+        refused_xattrs_.Add(Shown(n) + " on the symlink " + Shown(path));
         continue;
       }
-      if (::fsetxattr(fd, name, value, size, 0) != 0) {
-        // The file system does not take it (no xattr support, a namespace it refuses, a value
-        // too large): said once in the warnings, the import goes on.
+      if (::fsetxattr(fd, n.c_str(), v.data(), v.size(), 0) != 0) {
+        // The file system does not take it (no xattr support, a value too large, no room left
+        // in the inode's xattr block): said once in the warnings, the import goes on.
         if (errno == EPERM || errno == ENOTSUP || errno == EOPNOTSUPP || errno == E2BIG ||
-            errno == ERANGE || errno == EINVAL) {
-          refused_xattrs_.Add(std::string(n) + " on " + path + ": " + ErrnoName(errno));
+            errno == ERANGE || errno == EINVAL || errno == ENOSPC) {
+          refused_xattrs_.Add(Shown(n) + " on " + Shown(path) + ": " + ErrnoName(errno));
           continue;
         }
-        return Error::Sys("fsetxattr", path + " " + std::string(n), errno);
+        return Error::Sys("fsetxattr", Shown(path) + " " + Shown(n), errno);
       }
     }
-    if (archive_entry_acl_count(e, ARCHIVE_ENTRY_ACL_TYPE_POSIX1E | ARCHIVE_ENTRY_ACL_TYPE_NFS4) >
-        0) {
-      acls_.Add(path);
+    if (!plan.acls.empty() || archive_entry_acl_count(e, ARCHIVE_ENTRY_ACL_TYPE_POSIX1E |
+                                                             ARCHIVE_ENTRY_ACL_TYPE_NFS4) > 0) {
+      acls_.Add(Shown(path));
     }
+    unsigned long set = 0;
+    unsigned long clear = 0;
+    archive_entry_fflags(e, &set, &clear);
+    if (set != 0) fflags_.Add(Shown(path));
     return Ok();
   }
 
@@ -1604,6 +1613,7 @@ class Unpacker {
   Tally dropped_xattrs_;
   Tally refused_xattrs_;
   Tally acls_;
+  Tally fflags_;
   // What written_ and dir_mtimes_ hold (kMaxHeldBytes), and of it written_'s.
   uint64_t held_bytes_ = 0;
   uint64_t written_bytes_ = 0;
