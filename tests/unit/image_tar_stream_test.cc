@@ -8,70 +8,27 @@
 #include <archive.h>
 #include <archive_entry.h>
 
-#include <cstdio>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "tests/common/image_builder.h"
+#include "tests/common/raw_tar.h"
 
 namespace nsbox::images::internal {
 namespace {
 
-constexpr std::string_view kUstar(
-    "ustar\0"
-    "00",
-    8);
-constexpr std::string_view kGnu("ustar  \0", 8);
-
-// One 512-byte header; `tweak` may change it before its checksum is computed.
-template <typename Tweak>
-std::string Header(std::string_view name, uint64_t size, char type, std::string_view magic,
-                   std::string_view link, Tweak tweak) {
-  std::string h(512, '\0');
-  std::memcpy(&h[0], name.data(), std::min<size_t>(name.size(), 100));
-  std::snprintf(&h[100], 8, "%07o", 0644);
-  std::snprintf(&h[108], 8, "%07o", 0);
-  std::snprintf(&h[116], 8, "%07o", 0);
-  std::snprintf(&h[124], 12, "%011llo", static_cast<unsigned long long>(size));
-  std::snprintf(&h[136], 12, "%011o", 1700000000);
-  h[156] = type;
-  std::memcpy(&h[157], link.data(), std::min<size_t>(link.size(), 100));
-  std::memcpy(&h[257], magic.data(), magic.size());
-  tweak(h);
-  std::memset(&h[148], ' ', 8);
-  unsigned sum = 0;
-  for (unsigned char c : h) sum += c;
-  std::snprintf(&h[148], 8, "%06o", sum);
-  return h;
-}
-std::string Header(std::string_view name, uint64_t size, char type = '0',
-                   std::string_view magic = kUstar, std::string_view link = "") {
-  return Header(name, size, type, magic, link, [](std::string&) {});
-}
-
-std::string Padded(std::string data) {
-  data.append((512 - data.size() % 512) % 512, '\0');
-  return data;
-}
-
-// A pax record: "LEN KEY=VALUE\n", LEN counting itself.
+using testutil::raw_tar::File;
+using testutil::raw_tar::Header;
+using testutil::raw_tar::kEnd;
+using testutil::raw_tar::Padded;
+using testutil::raw_tar::Special;
+constexpr std::string_view kUstar = testutil::raw_tar::kUstarMagic;
+constexpr std::string_view kGnu = testutil::raw_tar::kGnuMagic;
 std::string Rec(std::string_view key, std::string_view value) {
-  const std::string body = " " + std::string(key) + "=" + std::string(value) + "\n";
-  size_t n = body.size() + 1;
-  while (std::to_string(n).size() + body.size() != n) n = std::to_string(n).size() + body.size();
-  return std::to_string(n) + body;
+  return testutil::raw_tar::Record(key, value);
 }
-
-std::string Special(char type, const std::string& body, std::string_view name = "PaxHeader") {
-  return Header(name, body.size(), type) + Padded(body);
-}
-std::string File(std::string_view name, const std::string& data = "x") {
-  return Header(name, data.size()) + Padded(data);
-}
-const std::string kEnd(1024, '\0');
 
 // The tar's bytes, handed out in chunks (a layer's blob read in place).
 class MemorySource : public ByteSource {
