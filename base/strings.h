@@ -27,6 +27,24 @@ constexpr int HexDigitValue(char c) {
   return -1;
 }
 
+// `s` with what a terminal would act on made visible, for every text that reaches a terminal or a
+// log line from outside nsbox (a name from an image or from inside a sandbox, a server's message):
+// C0 control bytes and DEL become `\xNN` (`\n`, `\r` and `\t` by their letters), so that a name
+// can neither move the cursor, retitle the window or clear the screen nor end a log line and forge
+// the next; C1 controls (U+0080 to U+009F, which terminals also obey), the bidirectional overrides
+// and isolates (U+202A to U+202E, U+2066 to U+2069: text shown in another order than it is) and
+// bytes that are not UTF-8 become `\xNN` for each of their bytes. Other text, UTF-8 included, is
+// unchanged; a backslash is left as it is.
+std::string EscapeControl(std::string_view s);
+
+// Whether EscapeControl would change `s`.
+bool NeedsEscape(std::string_view s);
+
+// `s` in single quotes for a message, escaped (EscapeControl); past `max` bytes, its first `max`
+// bytes and "... (N bytes)" after the closing quote, so that a hostile megabyte-long name costs a
+// message no more than a line.
+std::string Quote(std::string_view s, size_t max = 256);
+
 // Now, as api.md writes times: RFC 3339 UTC with milliseconds, 2026-11-30T09:00:00.000Z.
 std::string NowRfc3339();
 

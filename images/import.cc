@@ -25,6 +25,8 @@
 #include "base/strings.h"
 #include "base/syscalls.h"
 #include "base/unique_fd.h"
+#include "images/tar_stream.h"
+#include "images/xattrs.h"
 
 namespace nsbox::images::internal {
 
@@ -41,6 +43,12 @@ constexpr size_t kReadChunk = 256 * 1024;
 // Real images nest a few dozen levels at most. The bound keeps the fds held by RemoveTreeAt
 // (one per level) far below any RLIMIT_NOFILE.
 constexpr size_t kMaxPathComponents = 128;
+// The paths the unpacking keeps while it runs (every path a layer made, for its whiteouts; every
+// directory, for its mtime), counted as their bytes and 96 for each one's node: a million files
+// of 40-byte paths fit, the most any public image has by far; a hostile layer of millions of
+// 4 KiB names is refused before it costs the daemon more.
+constexpr uint64_t kMaxHeldBytes = 128 * kMiB;
+constexpr uint64_t kHeldNodeBytes = 96;
 // An index may point at an index (a platform list inside a layout's index.json); never deeper
 // than this in practice.
 constexpr int kMaxIndexNesting = 4;
@@ -80,12 +88,14 @@ std::atomic<bool> g_use_openat2{true};
 
 Error BadInput(std::string message) { return Error(EINVAL, std::move(message)); }
 
-// A name from the input, quoted for a message; control characters (a newline in a tar entry's
-// name) become '?' so that a message stays one line.
-std::string Quote(std::string_view s) {
-  std::string out = "'";
-  for (char c : s) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
-  return out + "'";
+// Names from the input are quoted in messages with base/strings' Quote: escaped (a newline or an
+// escape sequence in a tar entry's name reaches no terminal and no log line) and cut short.
+
+// A name from the input as a note shows it, unquoted: escaped and cut short as Quote does.
+std::string Shown(std::string_view s) {
+  constexpr size_t kMax = 256;
+  if (s.size() <= kMax) return EscapeControl(s);
+  return EscapeControl(s.substr(0, kMax)) + "... (" + std::to_string(s.size()) + " bytes)";
 }
 
 std::string Plural(uint64_t n, std::string_view one, std::string_view many) {
@@ -264,7 +274,7 @@ class GzipCheck {
 // The bytes [offset, offset + size) of a file, fed to libarchive's read callback and hashed on
 // the way, so that a blob is verified in the same single pass that unpacks it. pread, not read:
 // a blob is a range of the outer tar, and nothing depends on the fd's file position.
-class RangeReader {
+class RangeReader : public ByteSource {
  public:
   RangeReader(int fd, uint64_t offset, uint64_t size, std::string what, Progress* progress)
       : fd_(fd), offset_(offset), size_(size), what_(std::move(what)), progress_(progress) {
@@ -283,8 +293,36 @@ class RangeReader {
   const std::optional<Error>& error() const { return error_; }
   uint64_t consumed() const { return pos_; }
 
-  // The next chunk: 0 bytes at the end of the range.
-  Result<size_t> Read(const void** data) {
+  Result<std::string> Head(size_t n) override {
+    std::string head(static_cast<size_t>(std::min<uint64_t>(n, size_)), '\0');
+    ssize_t got;
+    do {
+      got = ::pread(fd_, head.data(), head.size(), static_cast<off_t>(offset_));
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) return Error::Sys("pread", what_, errno);
+    head.resize(static_cast<size_t>(got));
+    return head;
+  }
+
+  // The next chunk: 0 bytes at the end of the range. A failure is also kept (error()), for
+  // ArchiveError to report whole whichever libarchive reader met it.
+  Result<size_t> Read(const void** data) override {
+    auto n = ReadChunk(data);
+    if (!n.ok() && !error_) error_ = n.error();
+    return n;
+  }
+
+  // Skips up to `n` bytes when AllowSkip was called (and no gzip stream is being checked).
+  uint64_t Skip(uint64_t n) override {
+    if (!skip_ok_ || gzip_ || n == 0) return 0;
+    n = std::min<uint64_t>(n, size_ - pos_);
+    pos_ += n;
+    if (progress_ != nullptr) progress_->Add(n);
+    return n;
+  }
+
+ private:
+  Result<size_t> ReadChunk(const void** data) {
     if (progress_ != nullptr && progress_->cancelled()) return Cancelled();
     if (pos_ >= size_) return size_t{0};
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - pos_));
@@ -310,6 +348,7 @@ class RangeReader {
     return got;
   }
 
+ public:
   // Reads what libarchive left unread (the end-of-archive blocks, a compressor's trailer), so
   // that the digest covers the whole blob.
   Status Drain() {
@@ -322,24 +361,15 @@ class RangeReader {
   // "sha256:<hex>" of every byte read; call once, after Drain.
   std::string Digest() { return hash_.Digest(); }
 
+  // For a raw libarchive reader (OpenRaw): a tar is read through a TarStream instead.
   static la_ssize_t ReadCallback(struct archive* a, void* self, const void** buffer) {
     auto* r = static_cast<RangeReader*>(self);
     auto n = r->Read(buffer);
     if (!n.ok()) {
-      r->error_ = n.error();
       archive_set_error(a, n.error().code(), "%s", n.error().message().c_str());
       return -1;
     }
     return static_cast<la_ssize_t>(*n);
-  }
-  static la_int64_t SkipCallback(struct archive*, void* self, la_int64_t request) {
-    auto* r = static_cast<RangeReader*>(self);
-    // 0: libarchive reads through instead.
-    if (!r->skip_ok_ || r->gzip_ || request <= 0) return 0;
-    const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(request), r->size_ - r->pos_);
-    r->pos_ += n;
-    if (r->progress_ != nullptr) r->progress_->Add(n);
-    return static_cast<la_int64_t>(n);
   }
 
  private:
@@ -357,9 +387,6 @@ class RangeReader {
   std::optional<Error> error_;
 };
 
-struct ArchiveReadFree {
-  void operator()(struct archive* a) const { archive_read_free(a); }
-};
 using ArchiveReader = std::unique_ptr<struct archive, ArchiveReadFree>;
 
 // What went wrong in libarchive: the reader's own error (a failed pread) when there is one,
@@ -373,32 +400,22 @@ Error ArchiveError(struct archive* a, const RangeReader& reader, std::string_vie
                   (msg != nullptr ? msg : "corrupt or truncated archive"));
 }
 
-enum class ArchiveFormat { kTar, kRaw };
-
-// A libarchive reader over `reader`: a tar (kTar) or the bare decompressed stream (kRaw), bare or
-// compressed with gzip, zstd, xz or bzip2, detected from the data. Only these are enabled:
+// A libarchive reader of the bare decompressed stream of `reader`, compressed with gzip, zstd, xz
+// or bzip2 (or not), detected from the data. Only these are enabled:
 // archive_read_support_{format,filter}_all would also link every other format (and libxml2)
-// into the static binaries.
-Result<ArchiveReader> OpenArchive(RangeReader* reader, ArchiveFormat format,
-                                  std::string_view what) {
+// into the static binaries. A tar is read through a TarStream (images/tar_stream.h), which
+// enables the same.
+Result<ArchiveReader> OpenRaw(RangeReader* reader, std::string_view what) {
   ArchiveReader a(archive_read_new());
   if (!a) return Error(ENOMEM, "archive_read_new: out of memory");
-  if (format == ArchiveFormat::kTar) {
-    archive_read_support_format_tar(a.get());
-  } else {
-    archive_read_support_format_raw(a.get());
-  }
+  archive_read_support_format_raw(a.get());
   archive_read_support_filter_gzip(a.get());
   archive_read_support_filter_zstd(a.get());
   archive_read_support_filter_xz(a.get());
   archive_read_support_filter_bzip2(a.get());
-  if (archive_read_open2(a.get(), reader, nullptr, &RangeReader::ReadCallback,
-                         &RangeReader::SkipCallback, nullptr) != ARCHIVE_OK) {
-    return ArchiveError(a.get(), *reader,
-                        std::string(what) + (format == ArchiveFormat::kTar
-                                                 ? ": not a tar archive (or an unsupported "
-                                                   "compression)"
-                                                 : ": cannot decompress"));
+  if (archive_read_open2(a.get(), reader, nullptr, &RangeReader::ReadCallback, nullptr, nullptr) !=
+      ARCHIVE_OK) {
+    return ArchiveError(a.get(), *reader, std::string(what) + ": cannot decompress");
   }
   return a;
 }
@@ -432,8 +449,20 @@ struct Member {
   std::string link;  // hardlink target (a member key) or symlink text
 };
 
+// What the index of an outer tar's members may hold: 64 bytes for each member's map node and its
+// strings' bytes. An OCI or docker save tarball has a few members per layer (a 500-layer image's
+// index is under 100 KiB); a root file system tarball of any size needs none (only the three
+// names below tell its format), so past this the index stops growing and is not used.
+constexpr uint64_t kMaxIndexBytes = 16 * kMiB;
+constexpr uint64_t kIndexNodeBytes = 64;
+
 struct ScannedTar {
   std::map<std::string, Member> members;  // by MemberKey; a later member of a name wins
+  // The index outgrew kMaxIndexBytes and is incomplete: only a root file system can be read.
+  bool index_full = false;
+  bool has_oci_layout = false;
+  bool has_index_json = false;
+  bool has_manifest_json = false;
   bool compressed = false;
 };
 
@@ -449,17 +478,16 @@ Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Pro
   reader.AllowSkip();
   // A root file system tarball has no digest: a gzip one is checked by its own CRC-32.
   reader.CheckGzip();
-  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kTar, source));
+  NSBOX_ASSIGN_OR_RETURN(std::unique_ptr<TarStream> tar, TarStream::Open(&reader, source));
+  struct archive* a = tar->archive();
   ScannedTar scan;
   uint64_t entries = 0;
+  uint64_t index_bytes = 0;
   for (;;) {
     struct archive_entry* e = nullptr;
-    int rc = archive_read_next_header(a.get(), &e);
-    if (rc == ARCHIVE_EOF) break;
-    // ARCHIVE_RETRY is a damaged header that libarchive would skip: corrupt input all the same.
-    if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
-      return ArchiveError(a.get(), reader, source + ": corrupt tar archive");
-    }
+    auto more = tar->Next(&e);
+    if (!more.ok()) return std::move(more).error().Context(source);
+    if (!*more) break;
     ++entries;
     const char* name = archive_entry_pathname(e);
     if (name == nullptr) name = archive_entry_pathname_utf8(e);
@@ -471,7 +499,7 @@ Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Pro
       m.kind = Member::Kind::kFile;
       // After the header (pax and GNU long-name headers included), the decompressed stream's
       // position is the first byte of this member's data.
-      m.offset = static_cast<uint64_t>(archive_filter_bytes(a.get(), 0));
+      m.offset = tar->position();
       m.size = static_cast<uint64_t>(archive_entry_size(e));
       m.sparse = archive_entry_sparse_count(e) > 0;
     } else if (archive_entry_filetype(e) == AE_IFLNK) {
@@ -479,16 +507,31 @@ Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Pro
       const char* target = archive_entry_symlink(e);
       m.link = target != nullptr ? target : "";
     }
-    if (name != nullptr) scan.members[MemberKey(name)] = std::move(m);
-    if (archive_read_data_skip(a.get()) != ARCHIVE_OK) {
-      return ArchiveError(a.get(), reader, source + ": truncated or corrupt tar archive");
+    if (name != nullptr) {
+      std::string key = MemberKey(name);
+      scan.has_oci_layout |= key == "oci-layout";
+      scan.has_index_json |= key == "index.json";
+      scan.has_manifest_json |= key == "manifest.json";
+      if (!scan.index_full) {
+        const uint64_t cost = kIndexNodeBytes + key.size() + m.link.size();
+        auto [it, added] = scan.members.try_emplace(std::move(key));
+        if (added) index_bytes += cost;
+        it->second = std::move(m);
+        if (index_bytes > kMaxIndexBytes) {
+          scan.index_full = true;
+          scan.members.clear();
+        }
+      }
+    }
+    if (archive_read_data_skip(a) != ARCHIVE_OK) {
+      return ArchiveError(a, reader, source + ": truncated or corrupt tar archive");
     }
   }
   if (entries == 0) {
     return BadInput(source +
                     ": not a tar archive (or an unsupported compression): it holds no entries");
   }
-  scan.compressed = archive_filter_code(a.get(), 0) != ARCHIVE_FILTER_NONE;
+  scan.compressed = tar->compressed();
   // The gzip trailer comes after the tar's end, which libarchive stops at.
   NSBOX_TRY_CTX(reader.Drain(), source + ": corrupt tar archive");
   NSBOX_TRY_CTX(reader.FinishCheck(), source + ": corrupt tar archive");
@@ -509,7 +552,7 @@ Result<UniqueFd> DecompressToScratch(int fd, uint64_t size, int work_fd, const s
   if (::unlinkat(work_fd, scratch.c_str(), 0) != 0) return Error::Sys("unlinkat", scratch, errno);
   progress.Rewind();
   RangeReader reader(fd, 0, size, source, &progress);
-  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kRaw, source));
+  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenRaw(&reader, source));
   struct archive_entry* e = nullptr;
   if (archive_read_next_header(a.get(), &e) != ARCHIVE_OK) {
     return ArchiveError(a.get(), reader, source + ": cannot decompress");
@@ -1064,19 +1107,15 @@ class Unpacker {
 
   // Applies one layer's entries, read from `a`, in order. Errors name the entry; the caller
   // adds which layer.
-  Status ApplyLayer(struct archive* a, const RangeReader& reader) {
+  Status ApplyLayer(TarStream& tar, const RangeReader& reader) {
     written_.clear();
+    held_bytes_ -= written_bytes_;
+    written_bytes_ = 0;
     for (;;) {
       struct archive_entry* e = nullptr;
-      int rc = archive_read_next_header(a, &e);
-      if (rc == ARCHIVE_EOF) return Ok();
-      // ARCHIVE_WARN is about a name's charset or an unknown pax keyword: the entry is whole.
-      // ARCHIVE_RETRY is a damaged header (a bad checksum) that libarchive would skip over:
-      // refused, like any corruption.
-      if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
-        return ArchiveError(a, reader, "corrupt or truncated tar");
-      }
-      NSBOX_TRY(ApplyEntry(a, reader, e));
+      NSBOX_ASSIGN_OR_RETURN(bool more, tar.Next(&e));
+      if (!more) return Ok();
+      NSBOX_TRY(ApplyEntry(tar.archive(), reader, e));
     }
   }
 
@@ -1121,8 +1160,8 @@ class Unpacker {
     }
     if (dropped_xattrs_.count > 0) {
       out.push_back("dropped " + Plural(dropped_xattrs_.count, "xattr", "xattrs") +
-                    " of the trusted.* and security.selinux namespaces, which mean nothing "
-                    "inside a sandbox (first: " +
+                    " outside user.* and security.capability (trusted.*, security.selinux and "
+                    "the like are the host's, not the image's; first: " +
                     dropped_xattrs_.first + ")");
     }
     if (refused_xattrs_.count > 0) {
@@ -1132,6 +1171,10 @@ class Unpacker {
     if (acls_.count > 0) {
       out.push_back("dropped the ACLs of " + Plural(acls_.count, "entry", "entries") +
                     " (first: " + acls_.first + "); their modes are kept");
+    }
+    if (fflags_.count > 0) {
+      out.push_back("dropped the file flags (chattr) of " +
+                    Plural(fflags_.count, "entry", "entries") + " (first: " + fflags_.first + ")");
     }
     return out;
   }
@@ -1153,6 +1196,21 @@ class Unpacker {
   }
 
   Owner RootOwner() const { return Owner{ids_.uid.outside, ids_.gid.outside}; }
+
+  // A path kept in written_ (`written`) or dir_mtimes_: its bytes and its node's count against
+  // kMaxHeldBytes.
+  Status Hold(uint64_t bytes, bool written) {
+    const uint64_t cost = kHeldNodeBytes + bytes;
+    held_bytes_ += cost;
+    if (written) written_bytes_ += cost;
+    if (held_bytes_ > kMaxHeldBytes) {
+      return BadInput("the image's paths take more than " + std::to_string(kMaxHeldBytes / kMiB) +
+                      " MiB of nsboxd's memory while they are unpacked (" +
+                      std::to_string(written_.size()) + " in this layer, " +
+                      std::to_string(dir_mtimes_.size()) + " directories in all)");
+    }
+    return Ok();
+  }
 
   // The directory `parts[0..n)` of the image, as an O_PATH fd. Each component must be a real
   // directory: an entry may not be written through a symlink, not even one that resolves inside
@@ -1200,7 +1258,7 @@ class Unpacker {
         if (::fchmodat(cur.get(), name, 0755, 0) != 0) {
           return Error::Sys("fchmodat", "/" + prefix, errno);
         }
-        written_.insert(prefix);
+        if (written_.insert(prefix).second) NSBOX_TRY(Hold(prefix.size(), true));
       } else if (S_ISLNK(st.st_mode)) {
         return BadInput(what + ": its parent " + Quote(prefix) +
                         " is a symlink (refused: an entry is never written through a symlink, "
@@ -1276,40 +1334,44 @@ class Unpacker {
     return RemoveLower(dir.get(), Child(dir_rel, name), name);
   }
 
+  // The entry's xattrs as images/xattrs.h plans them: user.* kept, security.capability bound to
+  // the sandboxes' root, the rest dropped with a note. Also the notes for the entry's ACLs and
+  // file flags, which are never applied.
   Status ApplyXattrs(int fd, struct archive_entry* e, const std::string& path) {
+    std::vector<Xattr> xattrs;
     archive_entry_xattr_reset(e);
     const char* name = nullptr;
     const void* value = nullptr;
     size_t size = 0;
-    // libarchive's pax writer stores each xattr twice (SCHILY.xattr.* and LIBARCHIVE.xattr.*)
-    // and its reader hands both back: the first of a name is the one.
-    std::set<std::string_view> seen;
     while (archive_entry_xattr_next(e, &name, &value, &size) == ARCHIVE_OK) {
-      std::string_view n = name;
-      if (!seen.insert(n).second) continue;
-      if (n.substr(0, 8) == "trusted." || n == "security.selinux") {
-        dropped_xattrs_.Add(std::string(n) + " on " + path);
-        continue;
-      }
+      xattrs.emplace_back(name, std::string(static_cast<const char*>(value), size));
+    }
+    NSBOX_ASSIGN_OR_RETURN(XattrPlan plan, PlanXattrs(xattrs, ids_.uid, "entry " + Quote(path)));
+    for (const std::string& n : plan.others) dropped_xattrs_.Add(Shown(n) + " on " + Shown(path));
+    for (const auto& [n, v] : plan.apply) {
       if (fd < 0) {  // a symlink: Linux keeps no user.* xattrs on one, and there is no fd to use
-        refused_xattrs_.Add(std::string(n) + " on the symlink " + path);
+        refused_xattrs_.Add(Shown(n) + " on the symlink " + Shown(path));
         continue;
       }
-      if (::fsetxattr(fd, name, value, size, 0) != 0) {
-        // The file system does not take it (no xattr support, a namespace it refuses, a value
-        // too large): said once in the warnings, the import goes on.
+      if (::fsetxattr(fd, n.c_str(), v.data(), v.size(), 0) != 0) {
+        // The file system does not take it (no xattr support, a value too large, no room left
+        // in the inode's xattr block): said once in the warnings, the import goes on.
         if (errno == EPERM || errno == ENOTSUP || errno == EOPNOTSUPP || errno == E2BIG ||
-            errno == ERANGE || errno == EINVAL) {
-          refused_xattrs_.Add(std::string(n) + " on " + path + ": " + ErrnoName(errno));
+            errno == ERANGE || errno == EINVAL || errno == ENOSPC) {
+          refused_xattrs_.Add(Shown(n) + " on " + Shown(path) + ": " + ErrnoName(errno));
           continue;
         }
-        return Error::Sys("fsetxattr", path + " " + std::string(n), errno);
+        return Error::Sys("fsetxattr", Shown(path) + " " + Shown(n), errno);
       }
     }
-    if (archive_entry_acl_count(e, ARCHIVE_ENTRY_ACL_TYPE_POSIX1E | ARCHIVE_ENTRY_ACL_TYPE_NFS4) >
-        0) {
-      acls_.Add(path);
+    if (!plan.acls.empty() || archive_entry_acl_count(e, ARCHIVE_ENTRY_ACL_TYPE_POSIX1E |
+                                                             ARCHIVE_ENTRY_ACL_TYPE_NFS4) > 0) {
+      acls_.Add(Shown(path));
     }
+    unsigned long set = 0;
+    unsigned long clear = 0;
+    archive_entry_fflags(e, &set, &clear);
+    if (set != 0) fflags_.Add(Shown(path));
     return Ok();
   }
 
@@ -1353,7 +1415,7 @@ class Unpacker {
     }
     NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW));
     NSBOX_TRY(SetMetadata(fd.get(), e, owner, path));
-    dir_mtimes_[rel] = MtimeOf(e);
+    if (dir_mtimes_.insert_or_assign(rel, MtimeOf(e)).second) NSBOX_TRY(Hold(rel.size(), false));
     return Ok();
   }
 
@@ -1496,16 +1558,16 @@ class Unpacker {
 
     const std::string rel = JoinParts(parts, parts.size());
     if (hardlink == nullptr && (type == AE_IFCHR || type == AE_IFBLK)) {
-      devices_.Add("/" + rel);  // a sandbox gets its own minimal /dev; an image's nodes are moot
+      devices_.Add(Shown("/" + rel));  // a sandbox gets its own /dev; an image's nodes are moot
       return Ok();
     }
     if (hardlink == nullptr && type == AE_IFSOCK) {
-      sockets_.Add("/" + rel);
+      sockets_.Add(Shown("/" + rel));
       return Ok();
     }
     if (hardlink == nullptr && type != AE_IFDIR && type != AE_IFREG && type != AE_IFLNK &&
         type != AE_IFIFO) {
-      unknown_.Add("/" + rel);
+      unknown_.Add(Shown("/" + rel));
       return Ok();
     }
     Owner owner{};
@@ -1533,7 +1595,7 @@ class Unpacker {
     } else {
       NSBOX_TRY(MakeFifo(e, parent.get(), name, rel, owner));
     }
-    written_.insert(rel);
+    if (written_.insert(rel).second) NSBOX_TRY(Hold(rel.size(), true));
     ++files_;
     return Ok();
   }
@@ -1551,13 +1613,17 @@ class Unpacker {
   Tally dropped_xattrs_;
   Tally refused_xattrs_;
   Tally acls_;
+  Tally fflags_;
+  // What written_ and dir_mtimes_ hold (kMaxHeldBytes), and of it written_'s.
+  uint64_t held_bytes_ = 0;
+  uint64_t written_bytes_ = 0;
 };
 
 // The sha256 of a compressed layer's decompressed stream: a docker save layer that is
 // compressed and not named by its digest can only be checked against its diff_id this way.
 Result<std::string> UncompressedDigest(const LayerPlan& layer, const std::string& what) {
   RangeReader reader(layer.blob.fd, layer.blob.offset, layer.blob.size, layer.blob.name, nullptr);
-  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kRaw, what));
+  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenRaw(&reader, what));
   struct archive_entry* e = nullptr;
   if (archive_read_next_header(a.get(), &e) != ARCHIVE_OK) {
     return ArchiveError(a.get(), reader, what + ": cannot decompress");
@@ -1583,9 +1649,9 @@ Status ApplyLayer(Unpacker& unpacker, const LayerPlan& layer, size_t index, size
   progress.Start("layer", index + 1, count);
   const std::string what = "layer " + std::to_string(index + 1) + " " + layer.label;
   RangeReader reader(layer.blob.fd, layer.blob.offset, layer.blob.size, layer.blob.name, &progress);
-  NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kTar, what));
-  NSBOX_TRY_CTX(unpacker.ApplyLayer(a.get(), reader), what);
-  const bool compressed = archive_filter_code(a.get(), 0) != ARCHIVE_FILTER_NONE;
+  NSBOX_ASSIGN_OR_RETURN(std::unique_ptr<TarStream> tar, TarStream::Open(&reader, what));
+  NSBOX_TRY_CTX(unpacker.ApplyLayer(*tar, reader), what);
+  const bool compressed = tar->compressed();
   NSBOX_TRY_CTX(reader.Drain(), what);
   const std::string got = reader.Digest();
   if (!layer.digest.empty() && got != layer.digest) {
@@ -1652,10 +1718,14 @@ Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int ro
     progress.SetTotal(size);
     progress.Start("reading", 0, 0);
     NSBOX_ASSIGN_OR_RETURN(ScannedTar scan, ScanTar(fd.get(), size, source, progress));
-    const bool oci =
-        scan.members.count("oci-layout") != 0 ||
-        (scan.members.count("index.json") != 0 && scan.members.count("manifest.json") == 0);
-    const bool docker = !oci && scan.members.count("manifest.json") != 0;
+    const bool oci = scan.has_oci_layout || (scan.has_index_json && !scan.has_manifest_json);
+    const bool docker = !oci && scan.has_manifest_json;
+    if ((oci || docker) && scan.index_full) {
+      return BadInput(source + ": an " + (oci ? "OCI" : "docker save") +
+                      " tarball whose member names take more than " +
+                      std::to_string(kMaxIndexBytes / kMiB) +
+                      " MiB (a real one has a few members per layer)");
+    }
     if (!oci && !docker) {
       // A root file system tarball: the whole file is its one layer, nothing names a digest.
       plan.format = "rootfs";

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -546,9 +547,13 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
   }
 
   // 2. Unpack and verify, without the lock: imports run side by side.
-  NSBOX_ASSIGN_OR_RETURN(
-      internal::UnpackedImage unpacked,
-      internal::UnpackImage(source, work_fd.get(), rootfs_fd.get(), ids_, progress, &cancel_));
+  Result<internal::UnpackedImage> unpacked_or =
+      internal::UnpackImage(source, work_fd.get(), rootfs_fd.get(), ids_, progress, &cancel_);
+  // What the unpacking allocated (libarchive's buffers, the paths it kept) is free now, but glibc
+  // keeps a worker thread's freed memory in its arena: given back to the kernel here, so that an
+  // import, a failed one of a hostile image included, leaves nsboxd no larger than it found it.
+  ::malloc_trim(0);
+  NSBOX_ASSIGN_OR_RETURN(internal::UnpackedImage unpacked, std::move(unpacked_or));
   if (cancel_.load()) return internal::Cancelled();
   // Where a sandbox mounts its own /dev, /proc and /tmp, the image must have directories (or
   // nothing): a symlink or a file there would make every start of its sandboxes fail (mkdir
@@ -584,8 +589,8 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
   // NAME=VALUE entries of Env (runtime/serve.cc, PutSandbox).
   const std::string& workdir = info.config.working_dir;
   if (!workdir.empty() && workdir[0] != '/') {
-    unpacked.warnings.push_back("the config's WorkingDir '" + workdir +
-                                "' is not absolute: ignored, sandboxes start in /workspace");
+    unpacked.warnings.push_back("the config's WorkingDir " + Quote(workdir) +
+                                " is not absolute: ignored, sandboxes start in /workspace");
   } else if (!workdir.empty()) {
     struct open_how how {};
     how.flags = O_PATH | O_DIRECTORY | O_CLOEXEC;
@@ -596,14 +601,15 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
     if (fd >= 0) {
       ::close(fd);
     } else if (errno == ENOENT || errno == ENOTDIR) {
-      unpacked.warnings.push_back("the config's WorkingDir " + workdir +
+      unpacked.warnings.push_back("the config's WorkingDir " + Quote(workdir) +
                                   " is not a directory of the image: a command of its sandboxes "
                                   "fails unless it is given another cwd");
     }
   }
   for (const std::string& kv : info.config.env) {
     if (kv.empty() || kv[0] == '=' || kv.find('=') == std::string::npos) {
-      unpacked.warnings.push_back("the config's Env entry '" + kv + "' is not NAME=VALUE: ignored");
+      unpacked.warnings.push_back("the config's Env entry " + Quote(kv) +
+                                  " is not NAME=VALUE: ignored");
     }
   }
   // They quote names of the archive, which need not be UTF-8; image.json and the API's JSON

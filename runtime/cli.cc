@@ -25,6 +25,7 @@
 
 #include "base/base64.h"
 #include "base/files.h"
+#include "base/strings.h"
 #include "base/unique_fd.h"
 #include "images/store.h"
 #include "isolate/cgroup.h"
@@ -121,9 +122,13 @@ using Options = ClientCommands::Options;
 
 // ---- errors ----
 
+// Everything printed below that comes from the daemon (its messages, names from an image or from
+// inside a sandbox, ids) goes through EscapeControl first: such text is hostile, and a name with
+// escape sequences would otherwise act on the user's terminal (retitle it, clear it, forge lines
+// of output). The JSON of --json is left to the daemon's serializer, which escapes them.
 int Fail(std::string_view what, std::string_view message, int code = kExitApiError) {
-  std::fprintf(stderr, "nsbox: %.*s: %.*s\n", static_cast<int>(what.size()), what.data(),
-               static_cast<int>(message.size()), message.data());
+  std::fprintf(stderr, "nsbox: %s: %s\n", EscapeControl(what).c_str(),
+               EscapeControl(message).c_str());
   return code;
 }
 
@@ -206,11 +211,16 @@ size_t DisplayWidth(std::string_view s) {
 
 void PrintTable(const std::vector<std::vector<std::string>>& rows) {
   std::vector<size_t> widths;
+  std::vector<std::vector<std::string>> shown;
   for (const auto& row : rows) {
+    shown.emplace_back();
+    for (const std::string& cell : row) shown.back().push_back(EscapeControl(cell));
+  }
+  for (const auto& row : shown) {
     widths.resize(std::max(widths.size(), row.size()));
     for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], DisplayWidth(row[i]));
   }
-  for (const auto& row : rows) {
+  for (const auto& row : shown) {
     std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
       line += row[i];
@@ -326,10 +336,10 @@ int Network(const Options& o, ApiClient& client) {
   auto parsed = answer->Json();
   const json::object* top = parsed.ok() ? parsed->if_object() : nullptr;
   if (top == nullptr) return Fail(what, "the daemon's answer is not a JSON object");
-  std::printf("network: %s\n", PolicyText(top->if_contains("network")).c_str());
+  std::printf("network: %s\n", EscapeControl(PolicyText(top->if_contains("network"))).c_str());
   const json::value* address = top->if_contains("address");
   std::printf("address: %s\n", address != nullptr && address->is_string()
-                                   ? std::string(address->get_string()).c_str()
+                                   ? EscapeControl(address->get_string()).c_str()
                                    : "none (stopped, or no network)");
   return 0;
 }
@@ -494,7 +504,7 @@ int AddPort(const Options& o, ApiClient& client) {
   auto parsed = answer->Json();
   const json::object* top = parsed.ok() ? parsed->if_object() : nullptr;
   if (top == nullptr) return Fail("port add " + o.id, "the daemon's answer is not an object");
-  std::printf("%s\n", JsonText(*top, "url").c_str());
+  std::printf("%s\n", EscapeControl(JsonText(*top, "url")).c_str());
   return 0;
 }
 
@@ -550,7 +560,7 @@ class ProgressLine {
   ~ProgressLine() { Done(); }
   void Show(const std::string& text) {
     if (!tty_) return;
-    std::fprintf(stderr, "\r\033[K%s", text.c_str());
+    std::fprintf(stderr, "\r\033[K%s", EscapeControl(text).c_str());
     shown_ = true;
   }
   void Done() {
@@ -717,19 +727,21 @@ int ImportImage(const Options& o, ApiClient& client) {
   if (o.json) {
     std::printf("%s\n", json::serialize(*image).c_str());
   } else {
+    const auto text = [&](std::string_view key) { return EscapeControl(JsonText(*image, key)); };
     std::printf("%s imported: %s, %s layer%s, %s files, %s (id %s)\n", o.image_name.c_str(),
-                JsonText(*image, "format").c_str(), JsonText(*image, "layers").c_str(),
-                JsonText(*image, "layers") == "1" ? "" : "s", JsonText(*image, "files").c_str(),
+                text("format").c_str(), text("layers").c_str(),
+                JsonText(*image, "layers") == "1" ? "" : "s", text("files").c_str(),
                 image->contains("sizeBytes") && image->at("sizeBytes").is_number()
                     ? Mebibytes(image->at("sizeBytes").to_number<uint64_t>()).c_str()
                     : "-",
-                JsonText(*image, "id").c_str());
+                text("id").c_str());
   }
   if (const json::value* warnings = image->if_contains("warnings");
       warnings != nullptr && warnings->is_array()) {
     for (const json::value& w : warnings->get_array()) {
       if (w.is_string()) {
-        std::fprintf(stderr, "nsbox: %s: note: %s\n", what.c_str(), w.get_string().c_str());
+        std::fprintf(stderr, "nsbox: %s: note: %s\n", what.c_str(),
+                     EscapeControl(w.get_string()).c_str());
       }
     }
   }
@@ -1404,7 +1416,7 @@ int Copy(const Options& o, ApiClient& client) {
                          : CopyFromSandbox(client, src, o.dst, skipped, progress);
   progress.Done();
   for (const std::string& item : skipped.items) {
-    std::fprintf(stderr, "nsbox: cp: skipped %s\n", item.c_str());
+    std::fprintf(stderr, "nsbox: cp: skipped %s\n", EscapeControl(item).c_str());
   }
   if (!st.ok()) return Fail(what, st.error().message());
   return 0;

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
@@ -28,6 +29,7 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -520,12 +522,137 @@ int CmdUdp(const char* src, const char* dst, const char* port_text, const char* 
   return 0;
 }
 
+// ---- bind, getcap, exec-as: what a file capability grants, and where ----------------------
+
+// Binds a TCP socket to 0.0.0.0:PORT (below 1024 it takes CAP_NET_BIND_SERVICE in the user
+// namespace that owns the network namespace); prints bind=0 or the errno's name, the uid and the
+// effective capabilities.
+int CmdBind(const char* port_text) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(atoi(port_text)));
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  // SAFETY: sockaddr_in is the address of an AF_INET socket.
+  Print("bind", Outcome(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a)));
+  close(fd);
+  printf("uid=%d\n", static_cast<int>(getuid()));
+  FILE* f = fopen("/proc/self/status", "re");
+  char line[256];
+  while (f != nullptr && fgets(line, sizeof line, f) != nullptr) {
+    if (strncmp(line, "CapEff:\t", 8) == 0) printf("CapEff=%s", line + 8);
+  }
+  if (f != nullptr) fclose(f);
+  fflush(stdout);
+  return 0;
+}
+
+// The security.capability xattr of PATH as the caller's user namespace sees it (the kernel shows
+// a revision-3 capability whose rootid is this namespace's root as revision 2): its size,
+// revision, effective flag, permitted set and rootid (revision 3).
+int CmdGetcap(const char* path) {
+  unsigned char v[64] = {};
+  ssize_t n = getxattr(path, "security.capability", v, sizeof v);
+  if (n < 0) {
+    Print("cap", ErrName(errno));
+    return 0;
+  }
+  auto le32 = [&](int at) {
+    return static_cast<unsigned>(v[at]) | static_cast<unsigned>(v[at + 1]) << 8 |
+           static_cast<unsigned>(v[at + 2]) << 16 | static_cast<unsigned>(v[at + 3]) << 24;
+  };
+  const unsigned magic = le32(0);
+  printf("cap.bytes=%zd\ncap.revision=%u\ncap.effective=%u\n", n, magic >> 24, magic & 1);
+  const unsigned long long high = n >= 20 ? le32(12) : 0;
+  printf("cap.permitted=%016llx\n", high << 32 | le32(4));
+  if (n >= 24) printf("cap.rootid=%u\n", le32(20));
+  fflush(stdout);
+  return 0;
+}
+
+// exec-as [--netns] [--userns BASE] UID PATH ARGS...: runs PATH as UID (and gid UID, no
+// supplementary groups), after unsharing a network namespace (--netns) and, with --userns, in a
+// new user namespace whose root is host uid BASE (uid_map and gid_map "0 BASE 65536", as a
+// jail's), that network namespace then its own. PATH is opened first, as the caller, and executed
+// by its fd: the child need not be able to reach it. Prints exec=ERRNO when the exec fails.
+int CmdExecAs(int argc, char** argv) {
+  bool netns = false;
+  long base = -1;
+  int i = 0;
+  for (; i < argc && argv[i][0] == '-'; ++i) {
+    if (strcmp(argv[i], "--netns") == 0) {
+      netns = true;
+    } else if (strcmp(argv[i], "--userns") == 0 && i + 1 < argc) {
+      base = atol(argv[++i]);
+    } else {
+      return 2;
+    }
+  }
+  if (argc - i < 2) return 2;
+  const uid_t uid = static_cast<uid_t>(atoi(argv[i]));
+  char** exec_argv = argv + i + 1;
+  int fd = open(exec_argv[0], O_PATH | O_CLOEXEC);
+  if (fd < 0) {
+    Print("open", ErrName(errno));
+    return 1;
+  }
+  int ready[2];
+  int go[2];
+  if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) return 1;
+  pid_t child = fork();
+  if (child < 0) return 1;
+  if (child == 0) {
+    char c = 0;
+    if (base >= 0 && unshare(CLONE_NEWUSER) != 0) {
+      Print("unshare_user", ErrName(errno));
+      _exit(1);
+    }
+    (void)!write(ready[1], "r", 1);
+    if (read(go[0], &c, 1) != 1) _exit(1);
+    if (netns && unshare(CLONE_NEWNET) != 0) {
+      Print("unshare_net", ErrName(errno));
+      _exit(1);
+    }
+    if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 ||
+        setresuid(uid, uid, uid) != 0) {
+      Print("setuid", ErrName(errno));
+      _exit(1);
+    }
+    // SAFETY: execveat(2) with AT_EMPTY_PATH runs the file `fd` refers to; the argument vector
+    // is NULL-terminated (main's argv) and environ is the process's own.
+    syscall(SYS_execveat, fd, "", exec_argv, environ, AT_EMPTY_PATH);
+    Print("exec", ErrName(errno));
+    _exit(1);
+  }
+  char c = 0;
+  if (read(ready[0], &c, 1) != 1) return 1;
+  if (base >= 0) {
+    char map[64];
+    snprintf(map, sizeof map, "0 %ld 65536\n", base);
+    for (const char* file : {"uid_map", "gid_map"}) {
+      char path[64];
+      snprintf(path, sizeof path, "/proc/%d/%s", static_cast<int>(child), file);
+      int m = open(path, O_WRONLY | O_CLOEXEC);
+      if (m < 0 || write(m, map, strlen(map)) < 0) {
+        Print(file, ErrName(errno));
+        kill(child, SIGKILL);
+      }
+      if (m >= 0) close(m);
+    }
+  }
+  (void)!write(go[1], "g", 1);
+  int status = 0;
+  waitpid(child, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
 int Usage() {
   fprintf(stderr,
           "usage: nsbox-attacker procscan | ptrace PID | ptrace-child | connect tcp|tcp6 HOST "
           "PORT\n       | connect unix PATH | connect abstract NAME | exchange A B STOPFILE "
           "SECONDS\n       | userns | fds | sock PATH | orphans N [--keep-zombie SECONDS]\n"
-          "       | whoami [FILE...] | udp SRC|- DST PORT MESSAGE\n");
+          "       | whoami [FILE...] | udp SRC|- DST PORT MESSAGE | bind PORT | getcap PATH\n"
+          "       | exec-as [--netns] [--userns BASE] UID PATH ARGS...\n");
   return 2;
 }
 
@@ -547,6 +674,10 @@ int main(int argc, char** argv) {
   }
   if (strcmp(cmd, "sock") == 0 && argc == 3) return CmdSock(argv[2]);
   if (strcmp(cmd, "udp") == 0 && argc == 6) return CmdUdp(argv[2], argv[3], argv[4], argv[5]);
+  if (strcmp(cmd, "bind") == 0 && argc == 3) return CmdBind(argv[2]);
+  if (strcmp(cmd, "getcap") == 0 && argc == 3) return CmdGetcap(argv[2]);
+  // On the host: namespaces made in a child, the program it runs binds in its own namespace.
+  if (strcmp(cmd, "exec-as") == 0) return CmdExecAs(argc - 2, argv + 2);
   if (strcmp(cmd, "orphans") == 0 && argc >= 3) {
     const bool keep = argc >= 5 && strcmp(argv[3], "--keep-zombie") == 0;
     return CmdOrphans(atoi(argv[2]), keep, keep ? atoi(argv[4]) : 0);

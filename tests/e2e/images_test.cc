@@ -354,7 +354,7 @@ TEST_F(Images, ConfigEntriesThatCannotServeAreWarnedAbout) {
   spec.env = {"GOOD=1", "BAD", "=v"};
   spec.working_dir = "/does/not/exist";
   EXPECT_EQ(warnings_of(spec, "odd-config"),
-            "the config's WorkingDir /does/not/exist is not a directory of the image: a command "
+            "the config's WorkingDir '/does/not/exist' is not a directory of the image: a command "
             "of its sandboxes fails unless it is given another cwd\n"
             "the config's Env entry 'BAD' is not NAME=VALUE: ignored\n"
             "the config's Env entry '=v' is not NAME=VALUE: ignored\n");

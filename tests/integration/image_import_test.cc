@@ -207,7 +207,7 @@ TEST_F(ImageImportTest, OciLayoutDirectory) {
   // says so.
   EXPECT_EQ(
       info.warnings,
-      std::vector<std::string>{"the config's WorkingDir /srv is not a directory of the image: a "
+      std::vector<std::string>{"the config's WorkingDir '/srv' is not a directory of the image: a "
                                "command of its sandboxes fails unless it is given another cwd"})
       << Joined(info.warnings);
 
