@@ -7,7 +7,8 @@
 // succeed where the jail refuses, so that a refusal in the jail means the defence and not a
 // broken probe. None of them disturbs the host: `ptrace` and `vmread` act only on a child of the
 // attacker's own unless they run in a new pid namespace, `connect` only connects and reads, and
-// `exchange` swaps two names it is given (the tests give it names in the sandbox's workspace).
+// `exchange` swaps two names it is given (the tests give it names in the sandbox's workspace),
+// and `deeptree` makes the directories it is told to.
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -33,6 +34,7 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <string>
 
 namespace {
 
@@ -520,12 +522,41 @@ int CmdUdp(const char* src, const char* dst, const char* port_text, const char* 
   return 0;
 }
 
+// ---- deeptree: a chain of directories deeper than anyone's fd limit ---------------------------
+
+// Makes DIR and DEPTH directories "d" in a chain under it, each made and entered by fd (no path
+// is longer than one name), and a file at the bottom. Prints the depth made.
+int CmdDeepTree(const char* dir, long depth) {
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    Print("deeptree", ErrName(errno));
+    return 1;
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  long made = 0;
+  while (fd >= 0 && made < depth) {
+    if (mkdirat(fd, "d", 0755) != 0) break;
+    const int next = openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    close(fd);
+    fd = next;
+    if (fd >= 0) ++made;
+  }
+  if (fd >= 0) {
+    const int file = openat(fd, "bottom", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (file >= 0) close(file);
+    close(fd);
+  }
+  printf("made=%ld\n", made);
+  fflush(stdout);
+  return made == depth ? 0 : 1;
+}
+
 int Usage() {
   fprintf(stderr,
           "usage: nsbox-attacker procscan | ptrace PID | ptrace-child | connect tcp|tcp6 HOST "
           "PORT\n       | connect unix PATH | connect abstract NAME | exchange A B STOPFILE "
           "SECONDS\n       | userns | fds | sock PATH | orphans N [--keep-zombie SECONDS]\n"
-          "       | whoami [FILE...] | udp SRC|- DST PORT MESSAGE\n");
+          "       | whoami [FILE...] | udp SRC|- DST PORT MESSAGE\n"
+          "       | deeptree DIR DEPTH\n");
   return 2;
 }
 
@@ -547,6 +578,7 @@ int main(int argc, char** argv) {
   }
   if (strcmp(cmd, "sock") == 0 && argc == 3) return CmdSock(argv[2]);
   if (strcmp(cmd, "udp") == 0 && argc == 6) return CmdUdp(argv[2], argv[3], argv[4], argv[5]);
+  if (strcmp(cmd, "deeptree") == 0 && argc == 4) return CmdDeepTree(argv[2], atol(argv[3]));
   if (strcmp(cmd, "orphans") == 0 && argc >= 3) {
     const bool keep = argc >= 5 && strcmp(argv[3], "--keep-zombie") == 0;
     return CmdOrphans(atoi(argv[2]), keep, keep ? atoi(argv[4]) : 0);
