@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <filesystem>
 
 namespace nsbox {
 
@@ -132,14 +131,6 @@ Result<UniqueFd> LockFileExclusive(const std::string& path, pid_t* holder) {
   }
   if (holder != nullptr) *holder = pid;
   return Error(EBUSY, path + " is locked" + (pid > 0 ? " by pid " + std::to_string(pid) : ""));
-}
-
-// std::filesystem::remove_all does not follow symlinks.
-Status RemoveTree(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
-  if (ec) return Error(ec.value(), "remove " + path + ": " + ec.message());
-  return Ok();
 }
 
 std::string RandomHex(size_t digits) {

@@ -48,8 +48,13 @@ Status WriteFileAtomic(const std::string& dir, const std::string& name, std::str
 // file elsewhere (POSIX drops the lock at any close of it). Held by another: EBUSY, and
 // `*holder` (when given) is the holder's pid where the kernel names it, else 0.
 Result<UniqueFd> LockFileExclusive(const std::string& path, pid_t* holder = nullptr);
-// A whole tree, without following symlinks. Only for trees nothing else is using.
+// A whole tree (or a file, or a symlink itself), whatever its depth, with three fds at most
+// (base/remove_tree.cc): never following a symlink, never entering a mount point (its rmdir is
+// EBUSY), and stopping (EBUSY) when a directory it is in was moved elsewhere meanwhile. A missing
+// path is success. Meant for trees nothing else writes to; one that something does may stop it.
 Status RemoveTree(const std::string& path);
+// The same for `name` in the directory `dir_fd`; `display` names it in errors.
+Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& display);
 
 // The first of `relatives` (each "/name" or "/../dir/name", appended to the running executable's
 // directory) that is an executable file: how nsbox finds nsbox-init and nsbox-net, installed

@@ -40,8 +40,7 @@ constexpr uint64_t kProgressStep = 4 * kMiB;
 // An index, a manifest or a config is a few KiB; this bounds what a hostile one costs in memory.
 constexpr uint64_t kMaxJsonBytes = 16 * kMiB;
 constexpr size_t kReadChunk = 256 * 1024;
-// Real images nest a few dozen levels at most. The bound keeps the fds held by RemoveTreeAt
-// (one per level) far below any RLIMIT_NOFILE.
+// Real images nest a few dozen levels at most; a deeper path is a hostile archive's.
 constexpr size_t kMaxPathComponents = 128;
 // The paths the unpacking keeps while it runs (every path a layer made, for its whiteouts; every
 // directory, for its mtime), counted as their bytes and 96 for each one's node: a million files
@@ -1779,72 +1778,8 @@ Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int ro
   return out;
 }
 
-namespace {
-
-// The entries of the directory `fd` (which it takes), "." and ".." left out.
-Result<std::vector<std::pair<std::string, unsigned char>>> ListDir(UniqueFd fd,
-                                                                   const std::string& display) {
-  std::unique_ptr<DIR, int (*)(DIR*)> dir(::fdopendir(fd.get()), ::closedir);
-  if (!dir) return Error::Sys("fdopendir", display, errno);
-  fd.release();  // the DIR owns it now
-  std::vector<std::pair<std::string, unsigned char>> out;
-  for (;;) {
-    errno = 0;
-    struct dirent* d = ::readdir(dir.get());
-    if (d == nullptr) {
-      if (errno != 0) return Error::Sys("readdir", display, errno);
-      return out;
-    }
-    std::string_view n = d->d_name;
-    if (n != "." && n != "..") out.emplace_back(std::string(n), d->d_type);
-  }
-}
-
-// Empties the directory `name` in `parent_fd`, depth first. Each level is opened with
-// O_NOFOLLOW relative to its parent's fd, so a symlink is removed, never followed.
-Status RemoveChildren(int parent_fd, const std::string& name, const std::string& display) {
-  UniqueFd fd(::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return Ok();
-    return Error::Sys("openat", display, errno);
-  }
-  UniqueFd dir_fd(::dup(fd.get()));
-  if (!dir_fd.valid()) return Error::Sys("dup", display, errno);
-  NSBOX_ASSIGN_OR_RETURN(auto entries, ListDir(std::move(fd), display));
-  for (const auto& [child, type] : entries) {
-    const std::string child_display = display + "/" + child;
-    bool is_dir = type == DT_DIR;
-    if (type == DT_UNKNOWN) {
-      struct stat st {};
-      if (::fstatat(dir_fd.get(), child.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        if (errno == ENOENT) continue;
-        return Error::Sys("fstatat", child_display, errno);
-      }
-      is_dir = S_ISDIR(st.st_mode);
-    }
-    if (is_dir) NSBOX_TRY(RemoveChildren(dir_fd.get(), child, child_display));
-    if (::unlinkat(dir_fd.get(), child.c_str(), is_dir ? AT_REMOVEDIR : 0) != 0 &&
-        errno != ENOENT) {
-      return Error::Sys("unlinkat", child_display, errno);
-    }
-  }
-  return Ok();
-}
-
-}  // namespace
-
 Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& display) {
-  struct stat st {};
-  if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-    if (errno == ENOENT) return Ok();
-    return Error::Sys("fstatat", display, errno);
-  }
-  if (S_ISDIR(st.st_mode)) NSBOX_TRY(RemoveChildren(dir_fd, name, display));
-  if (::unlinkat(dir_fd, name.c_str(), S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) != 0 &&
-      errno != ENOENT) {
-    return Error::Sys("unlinkat", display, errno);
-  }
-  return Ok();
+  return ::nsbox::RemoveTreeAt(dir_fd, name, display);
 }
 
 }  // namespace nsbox::images::internal

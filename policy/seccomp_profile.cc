@@ -24,6 +24,9 @@ static_assert(kCloneNewMask == 0x7E020000);
 // garbage in the high bits cannot slip past an exact 64-bit match (CVE-2019-10063).
 constexpr uint64_t kIoctlRequestMask = 0xFFFFFFFF;
 
+// pid_t arguments are 32-bit in the kernel (SYSCALL_DEFINE4(prlimit64, pid_t pid, ...)).
+constexpr uint64_t kPidMask = 0xFFFFFFFF;
+
 // Query-only personality(0xffffffff) and the four personalities Docker allows.
 constexpr uint64_t kPersonalityQuery = 0xFFFFFFFF;
 constexpr uint64_t kUname26Linux32 = uint64_t{UNAME26} | uint64_t{PER_LINUX32};
@@ -110,6 +113,11 @@ SeccompProfile DefaultSeccompProfile() {
       {"kcmp", EPERM, {}, "compares other processes' kernel objects"},
       {"pidfd_getfd", EPERM, {}, "copies a file descriptor out of another process"},
       {"process_madvise", EPERM, {}, "acts on another process's memory"},
+      // nsbox-init's resource limits: a lowered nofile fails every later exec, a CPU limit gets
+      // it killed. Its credentials already refuse every command (runtime/init_guard.h); this
+      // names PID 1 once more, under the pid_t's 32 bits (as kIoctlRequestMask), so that a
+      // change there cannot open it. Other pids (a command's own children) stay allowed.
+      {"prlimit64", EPERM, {{0, Cmp::kMaskedEq, kPidMask, 1}}, "would change nsbox-init's limits"},
       // Large kernel attack surface.
       {"bpf", EPERM, {}, "a large kernel attack surface"},
       {"perf_event_open", EPERM, {}, "a long CVE history; observes host activity"},

@@ -31,6 +31,7 @@
 #include "exec/direct.h"
 #include "exec/spawn.h"
 #include "isolate/mount_plan.h"
+#include "runtime/init_guard.h"
 
 namespace nsbox::runtime {
 
@@ -822,10 +823,21 @@ int InitMain(int argc, char** argv) {
   }
   if (control_fd < 0) Die("no --control-fd");
 
-  // Protect PID 1 from the commands it runs: not dumpable (its /proc entries belong to the host's
+  // Protect PID 1 from the commands it runs: credentials that no command matches (prlimit(2)
+  // would otherwise let any command lower its limits: runtime/init_guard.h), set while this is
+  // the only thread; its limits read before any command can run, for the commands' own; not
+  // dumpable (its /proc entries belong to the host's
   // root, so no command reads its memory, fds or environment: CVE-2016-9962); no fd of it leaks
   // (everything is CLOEXEC and the runner closes the rest); a write to a closed pipe is an
   // error, not a death.
+  auto saved_ids = GuardSavedIds();
+  if (!saved_ids.ok()) Die("guard its credentials: " + saved_ids.error().message());
+  if (!saved_ids->guarded()) {
+    log::warn("the jail maps one uid and one gid only: commands can change nsbox-init's limits");
+  }
+  auto own_limits = ReadOwnLimits();
+  if (!own_limits.ok()) Die(own_limits.error().message());
+  RaiseOwnSoftLimits();
   ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
   ::signal(SIGPIPE, SIG_IGN);
@@ -878,6 +890,8 @@ int InitMain(int argc, char** argv) {
     if (::chdir("/workspace") < 0) Die("chdir /workspace: " + ErrnoText(errno));
   }
   passed.clear();
+  // Every limit a command starts with is set in its child: none is inherited from nsbox-init.
+  hello->rlimits = CommandRlimits(hello->rlimits, *own_limits);
   // Of use to the adoption only; adopted ahead, it is the writable clone the daemon opens through
   // /proc to write the sandbox's hosts and hostname (isolate::AdoptionSpec::ahead), kept.
   if (own_etc_fd >= 0 && !(adopt && hello->adoption->ahead)) ::close(own_etc_fd);

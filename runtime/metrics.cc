@@ -322,6 +322,17 @@ std::string RenderPool(size_t ready, size_t size, size_t adopted_ahead) {
   return out;
 }
 
+std::string RenderTrash(size_t pending, uint64_t failures) {
+  std::string out;
+  AppendFamilyHeader(out, "nsbox_sandbox_removals_pending", "gauge",
+                     "Deleted sandboxes whose files are not all removed yet (retried).");
+  AppendSample(out, "nsbox_sandbox_removals_pending", "", pending);
+  AppendFamilyHeader(out, "nsbox_sandbox_removal_failures_total", "counter",
+                     "Removals of a deleted sandbox's files that failed, retries included.");
+  AppendSample(out, "nsbox_sandbox_removal_failures_total", "", failures);
+  return out;
+}
+
 std::string RenderNetworkConnections(const std::map<std::string, NetworkConnections>& by_sandbox) {
   std::string out;
   AppendFamilyHeader(out, "nsbox_network_connections_total", "counter",

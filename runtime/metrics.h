@@ -106,4 +106,9 @@ std::string RenderNetworkConnections(const std::map<std::string, NetworkConnecti
 // (docs/daemon.md "The pool").
 std::string RenderPool(size_t ready, size_t size, size_t adopted_ahead);
 
+// nsbox_sandbox_removals_pending and nsbox_sandbox_removal_failures_total: deleted sandboxes
+// whose files are not all removed yet, and the removals that failed (runtime/trash.h,
+// docs/daemon.md "Deleting a sandbox").
+std::string RenderTrash(size_t pending, uint64_t failures);
+
 }  // namespace nsbox::runtime

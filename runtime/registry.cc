@@ -422,7 +422,7 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
     break;
   }
   r->janitor_spare_ = true;  // the first creation's directories, made ahead
-  r->janitor_work_ = !r->janitor_trash_.empty();
+  r->janitor_work_ = r->trash_.pending() > 0;
   r->janitor_ = std::thread([registry = r.get()] { registry->JanitorLoop(); });
   if (options.pool_size > 0) {
     r->pool_thread_ = std::thread([registry = r.get()] { registry->PoolLoop(); });
@@ -572,7 +572,7 @@ Status Registry::Load() {
     if (name.rfind(".trash-", 0) == 0) {
       // A DELETE the previous daemon did not finish: the sandbox was already gone. Removed by
       // the janitor, once the daemon serves.
-      janitor_trash_.push_back(path);
+      trash_.Add(path);
       continue;
     }
     auto text = ReadFile(path + "/config.json");
@@ -1574,9 +1574,32 @@ ApiOutcome<bool> Registry::Stop(SandboxEntry& entry) {
   return true;
 }
 
-ApiOutcome<bool> Registry::Delete(std::string_view id) {
+namespace {
+
+// The answer to a DELETE whose sandbox is gone but some of whose files are not: api.md's 204 says
+// the data is deleted, which would not be true.
+ApiError FilesLeft(std::string_view id, const Error& error) {
+  return ApiError::Internal(
+      "delete sandbox '" + std::string(id) +
+      "': it is stopped and gone, but its files are not all removed from the host yet: " +
+      error.message() +
+      ". The daemon retries the removal (nsbox_sandbox_removals_pending in GET /metrics); a "
+      "DELETE of this id retries it at once and answers 204 when they are gone");
+}
+
+}  // namespace
+
+ApiOutcome<Registry::Deleted> Registry::Delete(std::string_view id) {
+  // Files that earlier DELETEs of this id left: ".trash-<hash>-<hex>".
+  const std::string leftovers = ".trash-" + IdHash(id) + "-";
   std::shared_ptr<SandboxEntry> entry = Find(id);
-  if (entry == nullptr) return ApiError::SandboxNotFound(std::string(id));
+  if (entry == nullptr) {
+    std::optional<Status> retried = trash_.RetryNow(leftovers);
+    if (!retried) return ApiError::SandboxNotFound(std::string(id));
+    if (!retried->ok()) return Deleted{FilesLeft(id, retried->error())};
+    log::info("sandbox={} the files an earlier delete left are removed", id);
+    return Deleted{};
+  }
   std::lock_guard<std::mutex> lifecycle(entry->lifecycle_mu_);
   {
     std::lock_guard<std::mutex> lock(entry->mu_);
@@ -1591,7 +1614,7 @@ ApiOutcome<bool> Registry::Delete(std::string_view id) {
   // Out of the registry and renamed aside in one step (under the registry's lock, so that a PUT
   // of the same id makes a fresh directory); a crash from here on leaves a .trash- directory
   // that the next start removes.
-  const std::string trash = sandboxes_dir_ + "/.trash-" + entry->hash_ + "-" + RandomHex(8);
+  const std::string trash = sandboxes_dir_ + "/" + leftovers + RandomHex(8);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (::rename(entry->dir_.c_str(), trash.c_str()) != 0) {
@@ -1606,16 +1629,29 @@ ApiOutcome<bool> Registry::Delete(std::string_view id) {
     by_id_.erase(entry->config_.id);
   }
   (void)FsyncPath(sandboxes_dir_);
-  if (auto st = RemoveTree(trash); !st.ok()) {
-    log::error("sandbox={} remove {}: {}", entry->config_.id, trash, st.error().message());
+  // Any depth, a few fds (base/remove_tree.cc). What cannot be removed now is kept and retried
+  // (TrashBin), and the answer says so.
+  Status removed = trash_.Remove(trash);
+  if (removed.ok()) {
+    if (std::optional<Status> older = trash_.RetryNow(leftovers)) removed = std::move(*older);
   }
   if (!entry->config_.image_id.empty()) {
     // It may have been the last user of an image that was since replaced or removed.
     std::lock_guard<std::mutex> lock(mu_);
     CollectImagesLocked();
   }
+  if (!removed.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(janitor_mu_);
+      janitor_trash_kept_ = true;  // the janitor retries it when it is due
+    }
+    janitor_cv_.notify_one();
+    log::error("sandbox={} deleted, but its files are not all removed: {}", entry->config_.id,
+               removed.error().message());
+    return Deleted{FilesLeft(entry->config_.id, removed.error())};
+  }
   log::info("sandbox={} deleted", entry->config_.id);
-  return true;
+  return Deleted{};
 }
 
 Status Registry::MountDiskLocked(SandboxEntry& entry) {
@@ -1705,8 +1741,24 @@ void Registry::WakeJanitor() {
 void Registry::JanitorLoop() {
   std::unique_lock<std::mutex> lock(janitor_mu_);
   for (;;) {
-    janitor_cv_.wait(lock, [this] { return janitor_work_ || janitor_spare_ || janitor_stop_; });
+    auto ready = [this] {
+      return janitor_work_ || janitor_spare_ || janitor_stop_ || janitor_trash_kept_;
+    };
+    // A removal that failed is retried when it is due (TrashBin).
+    if (std::optional<TrashBin::Clock::time_point> due = trash_.NextDue()) {
+      janitor_cv_.wait_until(lock, *due, ready);
+    } else {
+      janitor_cv_.wait(lock, ready);
+    }
     if (janitor_stop_) break;
+    janitor_trash_kept_ = false;
+    if (!janitor_work_ && !janitor_spare_) {
+      // Woken for a removal that is due only.
+      lock.unlock();
+      (void)trash_.RetryDue();
+      lock.lock();
+      continue;
+    }
     if (!janitor_work_ && !spares_.empty() &&
         std::chrono::steady_clock::now() < spare_not_before_) {
       // One skeleton is still ready: the next waits for the delay (AskForSpareDir), unless a
@@ -1719,13 +1771,8 @@ void Registry::JanitorLoop() {
     const bool spare = janitor_spare_ && spares_.size() < kSpares;
     janitor_work_ = false;
     janitor_spare_ = false;
-    std::vector<std::string> trash = std::move(janitor_trash_);
-    janitor_trash_.clear();
     lock.unlock();
-    for (const std::string& path : trash) {
-      log::info("finishing the removal of {}", path);
-      if (auto st = RemoveTree(path); !st.ok()) log::error("{}", st.error().message());
-    }
+    (void)trash_.RetryDue();
     if (purge) {
       if (auto st = images_->PurgeTrash(); !st.ok()) {
         log::error("remove unused image content: {}", st.error().message());

@@ -40,6 +40,7 @@
 #include "runtime/api_error.h"
 #include "runtime/metrics.h"
 #include "runtime/sandbox.h"
+#include "runtime/trash.h"
 
 namespace nsbox::runtime {
 
@@ -238,8 +239,15 @@ class Registry {
   // or the last look that saw one. Never waits for the sandbox's lifecycle lock: a start, stop or
   // delete under way is left to finish. Whether it stopped it.
   bool StopIfIdle(SandboxEntry& entry);
-  // Stop, then removes the sandbox and all its files. sandbox_not_found when there is none.
-  ApiOutcome<bool> Delete(std::string_view id);
+  // What a DELETE did. The sandbox is gone (stopped, out of the registry, its id free); when
+  // `files_left` is set, some of its files are still on the host (docs/daemon.md "Deleting a
+  // sandbox"): the answer is that error, not 204, and the removal is retried.
+  struct Deleted {
+    std::optional<ApiError> files_left;
+  };
+  // Stop, then removes the sandbox and all its files, and retries the removal of what earlier
+  // DELETEs of the same id left (TrashBin::RetryNow). sandbox_not_found when there is neither.
+  ApiOutcome<Deleted> Delete(std::string_view id);
   // At shutdown: stops every sandbox.
   void StopAll();
   // Image imports under way end unpublished (images::ImageStore::CancelImports).
@@ -275,6 +283,8 @@ class Registry {
   // creation of a host-image sandbox takes both (docs/daemon.md "The pool").
   size_t AdoptedAheadReady() const;
   size_t pool_size() const { return options_.pool_size; }
+  // Deleted sandboxes whose files are not all removed yet, and the removals that failed.
+  const TrashBin& trash() const { return trash_; }
 
  private:
   Registry() = default;
@@ -377,9 +387,12 @@ class Registry {
   mutable std::mutex janitor_mu_;
   std::condition_variable janitor_cv_;
   bool janitor_work_ = false;
-  // .trash- directories of DELETEs a previous daemon did not finish: removed by the janitor, so
-  // that a start does not wait for a workspace of 300,000 files (1.3 s) to go.
-  std::vector<std::string> janitor_trash_;
+  // .trash- directories of DELETEs that did not finish: one a previous daemon left is removed by
+  // the janitor, so that a start does not wait for a workspace of 300,000 files (1.3 s) to go;
+  // one whose removal failed is retried by the janitor when it is due.
+  TrashBin trash_;
+  // A removal failed and was kept: the janitor's wait takes its due time into account.
+  bool janitor_trash_kept_ = false;
   bool janitor_spare_ = false;
   bool janitor_stop_ = false;
   std::vector<Spare> spares_;  // under janitor_mu_, oldest first

@@ -1892,6 +1892,7 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
         return metrics_.Render(registry_.CountByState()) +
                RenderPool(registry_.PoolReady(), registry_.pool_size(),
                           registry_.AdoptedAheadReady()) +
+               RenderTrash(registry_.trash().pending(), registry_.trash().failures()) +
                RenderNetworkConnections(registry_.NetworkCounters());
       };
       std::string reply_body = co_await Blocking(std::move(work));
@@ -3054,6 +3055,10 @@ asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
     }
     co_await asio::post(io_, asio::use_awaitable);
     for (const auto& s : sessions) DropSession(*s);
+  }
+  if (deleted.value().files_left) {
+    const ApiError reply_error = *deleted.value().files_left;
+    co_return co_await ReplyError(c, reply_error);
   }
   co_return co_await ReplyNoContent(c);
 }

@@ -7,7 +7,9 @@
 // succeed where the jail refuses, so that a refusal in the jail means the defence and not a
 // broken probe. None of them disturbs the host: `ptrace` and `vmread` act only on a child of the
 // attacker's own unless they run in a new pid namespace, `connect` only connects and reads, and
-// `exchange` swaps two names it is given (the tests give it names in the sandbox's workspace).
+// `exchange` swaps two names it is given (the tests give it names in the sandbox's workspace);
+// `prlimit` and `prlimit-scan` change only its own processes' limits on the host, and `deeptree`
+// makes the directories it is told to.
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -23,6 +25,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -35,6 +38,7 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <string>
 
 namespace {
 
@@ -570,6 +574,67 @@ int CmdGetcap(const char* path) {
   return 0;
 }
 
+// ---- prlimit: another process's resource limits ---------------------------------------------
+
+int ResourceOf(const char* name) {
+  if (strcmp(name, "nofile") == 0) return RLIMIT_NOFILE;
+  if (strcmp(name, "cpu") == 0) return RLIMIT_CPU;
+  if (strcmp(name, "fsize") == 0) return RLIMIT_FSIZE;
+  if (strcmp(name, "core") == 0) return RLIMIT_CORE;
+  return -1;
+}
+
+// prlimit64(PID, RESOURCE, {SOFT, HARD}): PID as a whole 64-bit register (4294967297 is pid 1
+// with a high bit set, which the kernel truncates to a pid_t). Prints prlimit=0 or the errno.
+int CmdPrlimit(const char* pid_text, const char* resource, const char* soft, const char* hard) {
+  const int res = ResourceOf(resource);
+  if (res < 0) return 2;
+  const struct rlimit value = {strtoull(soft, nullptr, 10), strtoull(hard, nullptr, 10)};
+  const unsigned long long pid = strtoull(pid_text, nullptr, 10);
+  // Never another process of the host's: only in a jail's pid namespace.
+  if (InInitialPidNamespace()) {
+    Print("prlimit", "not-run-on-the-host");
+    return 0;
+  }
+  // SAFETY: prlimit64 reads `value`; the old limits are not asked for.
+  Print("prlimit", Outcome(syscall(SYS_prlimit64, pid, res, &value, nullptr)));
+  return 0;
+}
+
+// Lowers RLIMIT_CORE to 0 (harmless: nothing here dumps core) of every pid from 1 to MAX that
+// exists, with a child of its own alive (the control: its own processes are in its reach).
+// Prints self, child, and the pids reached and refused.
+int CmdPrlimitScan(long max) {
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  const struct rlimit zero = {0, 0};
+  std::string reached;
+  std::string refused;
+  std::string other;
+  // On the host (the initial pid namespace) only its own two processes: the host's others are
+  // not its to change.
+  const bool host = InInitialPidNamespace();
+  for (long pid = 1; pid <= max; ++pid) {
+    if (host && pid != getpid() && pid != child) continue;
+    // SAFETY: prlimit64 reads `zero`; the old limits are not asked for.
+    const long rc = syscall(SYS_prlimit64, pid, RLIMIT_CORE, &zero, nullptr);
+    if (rc != 0 && errno == ESRCH) continue;
+    std::string& list = rc == 0 ? reached : errno == EPERM ? refused : other;
+    list += (list.empty() ? "" : ",") + std::to_string(pid);
+  }
+  if (child > 0) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+  }
+  printf("self=%d\nchild=%d\nreached=%s\nrefused=%s\nother=%s\n", static_cast<int>(getpid()),
+         static_cast<int>(child), reached.c_str(), refused.c_str(), other.c_str());
+  fflush(stdout);
+  return 0;
+}
+
 // exec-as [--netns] [--userns BASE] UID PATH ARGS...: runs PATH as UID (and gid UID, no
 // supplementary groups), after unsharing a network namespace (--netns) and, with --userns, in a
 // new user namespace whose root is host uid BASE (uid_map and gid_map "0 BASE 65536", as a
@@ -646,13 +711,43 @@ int CmdExecAs(int argc, char** argv) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }
 
+// ---- deeptree: a chain of directories deeper than anyone's fd limit ---------------------------
+
+// Makes DIR and DEPTH directories "d" in a chain under it, each made and entered by fd (no path
+// is longer than one name), and a file at the bottom. Prints the depth made.
+int CmdDeepTree(const char* dir, long depth) {
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    Print("deeptree", ErrName(errno));
+    return 1;
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  long made = 0;
+  while (fd >= 0 && made < depth) {
+    if (mkdirat(fd, "d", 0755) != 0) break;
+    const int next = openat(fd, "d", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    close(fd);
+    fd = next;
+    if (fd >= 0) ++made;
+  }
+  if (fd >= 0) {
+    const int file = openat(fd, "bottom", O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (file >= 0) close(file);
+    close(fd);
+  }
+  printf("made=%ld\n", made);
+  fflush(stdout);
+  return made == depth ? 0 : 1;
+}
+
 int Usage() {
   fprintf(stderr,
           "usage: nsbox-attacker procscan | ptrace PID | ptrace-child | connect tcp|tcp6 HOST "
           "PORT\n       | connect unix PATH | connect abstract NAME | exchange A B STOPFILE "
           "SECONDS\n       | userns | fds | sock PATH | orphans N [--keep-zombie SECONDS]\n"
           "       | whoami [FILE...] | udp SRC|- DST PORT MESSAGE | bind PORT | getcap PATH\n"
-          "       | exec-as [--netns] [--userns BASE] UID PATH ARGS...\n");
+          "       | exec-as [--netns] [--userns BASE] UID PATH ARGS...\n"
+          "       | prlimit PID nofile|cpu|fsize|core SOFT HARD | prlimit-scan MAX\n"
+          "       | deeptree DIR DEPTH\n");
   return 2;
 }
 
@@ -678,6 +773,11 @@ int main(int argc, char** argv) {
   if (strcmp(cmd, "getcap") == 0 && argc == 3) return CmdGetcap(argv[2]);
   // On the host: namespaces made in a child, the program it runs binds in its own namespace.
   if (strcmp(cmd, "exec-as") == 0) return CmdExecAs(argc - 2, argv + 2);
+  if (strcmp(cmd, "prlimit") == 0 && argc == 6) {
+    return CmdPrlimit(argv[2], argv[3], argv[4], argv[5]);
+  }
+  if (strcmp(cmd, "prlimit-scan") == 0 && argc == 3) return CmdPrlimitScan(atol(argv[2]));
+  if (strcmp(cmd, "deeptree") == 0 && argc == 4) return CmdDeepTree(argv[2], atol(argv[3]));
   if (strcmp(cmd, "orphans") == 0 && argc >= 3) {
     const bool keep = argc >= 5 && strcmp(argv[3], "--keep-zombie") == 0;
     return CmdOrphans(atoi(argv[2]), keep, keep ? atoi(argv[4]) : 0);

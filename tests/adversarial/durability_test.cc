@@ -4,12 +4,16 @@
 // and nothing of the old jails survives (processes, cgroups). The control: an upload that was
 // answered 204 before the kill is the new content.
 
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <random>
 #include <thread>
+#include <vector>
 
+#include "runtime/registry.h"
 #include "tests/adversarial/fixture.h"
 
 namespace nsbox::adversarial {
@@ -159,6 +163,110 @@ TEST_F(DurabilityTest, SigkillWithSandboxesRunning) {
     EXPECT_EQ(Str(Obj(Call("GET", SbPath(ids[static_cast<size_t>(i)]))), "state"), "stopped");
     EXPECT_EQ(Sh(ids[static_cast<size_t>(i)], "cat /workspace/keep"), "kept-" + std::to_string(i));
   }
+}
+
+// The value of a sample without labels in GET /metrics' text, -1 when it is not there.
+long MetricValue(const std::string& text, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return -1;
+  return std::strtol(text.c_str() + at + key.size(), nullptr, 10);
+}
+
+// Mount points the case made under `dir` on the host; each is detached when it ends, failed or
+// not, so that nothing of it stays in the host's table.
+class HostMounts {
+ public:
+  ~HostMounts() {
+    for (const auto& m : points_) umount2(m.c_str(), MNT_DETACH);
+  }
+  bool Add(const std::string& point) {
+    if (mount("none", point.c_str(), "tmpfs", 0, "size=64k") != 0) return false;
+    points_.push_back(point);
+    return true;
+  }
+  bool Detach(const std::string& point) {
+    std::erase(points_, point);
+    return umount2(point.c_str(), MNT_DETACH) == 0;
+  }
+
+ private:
+  std::vector<std::string> points_;
+};
+
+// A deletion that cannot finish now is never answered 204 (issue 44: DELETE answered 204 and
+// left the data on the host). Nothing inside a sandbox can block a removal any more, so the host
+// blocks it here: a mount on a directory of the stopped sandbox's workspace, which the removal
+// never enters (its rmdir is EBUSY). The DELETE answers 500 internal saying the files are not all
+// removed; the sandbox is gone from the API; GET /metrics counts the removal pending and the
+// failure; the log says why. A DELETE of the id again retries at once: 500 while the mount
+// stays, 204 once it is gone. One still blocked when the daemon restarts is retried by the new
+// daemon, and removed by its janitor once it can be (control: the mount made it fail).
+TEST_F(DurabilityTest, ADeletionThatCannotFinishIsRetriedAndNeverAnswered204) {
+  HostMounts mounts;
+  const std::vector<std::string> ids = {NewSandbox("a"), NewSandbox("b")};
+  for (const auto& id : ids) {
+    Sh(id, "mkdir -p /workspace/m /workspace/sub && echo data > /workspace/sub/f");
+    ASSERT_EQ(Call("POST", SbPath(id, "/stop")).status, 200);
+    ASSERT_TRUE(mounts.Add(daemon().SandboxDir(id) + "/workspace/m")) << strerror(errno);
+  }
+  for (const auto& id : ids) {
+    Response del = Call("DELETE", SbPath(id));
+    EXPECT_EQ(del.status, 500) << del.Describe();
+    const json::object body = Obj(del);
+    EXPECT_NE(json::serialize(body).find("internal"), std::string::npos) << del.body;
+    EXPECT_NE(del.body.find("not all removed"), std::string::npos) << del.body;
+    EXPECT_NE(del.body.find("EBUSY"), std::string::npos) << del.body;
+    EXPECT_EQ(Call("GET", SbPath(id)).status, 404) << "the sandbox is gone from the API";
+  }
+  std::string metrics = Call("GET", "/metrics").body;
+  EXPECT_EQ(MetricValue(metrics, "nsbox_sandbox_removals_pending"), 2) << metrics;
+  EXPECT_EQ(MetricValue(metrics, "nsbox_sandbox_removal_failures_total"), 2);
+  EXPECT_NE(daemon().Log().find("is not removed yet"), std::string::npos);
+  // Where the mounts are now: the sandboxes' directories were renamed to .trash-*.
+  std::vector<std::string> trash;
+  for (const auto& e : std::filesystem::directory_iterator(daemon().state_dir() + "/sandboxes")) {
+    if (e.path().filename().string().rfind(".trash-", 0) == 0) trash.push_back(e.path());
+  }
+  ASSERT_EQ(trash.size(), 2u) << "control: the files are still on the host";
+  auto trash_of = [&](const std::string& id) {
+    const std::string prefix = ".trash-" + runtime::IdHash(id) + "-";
+    for (const auto& t : trash) {
+      if (std::filesystem::path(t).filename().string().rfind(prefix, 0) == 0) return t;
+    }
+    return std::string();
+  };
+  const std::string a = trash_of(ids[0]);
+  const std::string b = trash_of(ids[1]);
+  ASSERT_FALSE(a.empty() || b.empty());
+
+  // Again, blocked: 500. Unblocked: 204, and nothing of it left.
+  EXPECT_EQ(Call("DELETE", SbPath(ids[0])).status, 500);
+  ASSERT_TRUE(mounts.Detach(a + "/workspace/m"));
+  Response done = Call("DELETE", SbPath(ids[0]));
+  EXPECT_EQ(done.status, 204) << done.Describe();
+  EXPECT_FALSE(std::filesystem::exists(a));
+  EXPECT_EQ(Call("DELETE", SbPath(ids[0])).status, 404) << "nothing of it is left";
+
+  // The other one across a restart: the new daemon's janitor tries it (and fails while the mount
+  // stays), then removes it once the mount is gone, within its retry delays (1 s, then 2 s).
+  RestartDaemon(/*kill=*/false);
+  auto poll_metric = [&](const std::string& name, auto pred) {
+    for (int i = 0; i < 100; ++i) {
+      metrics = Call("GET", "/metrics").body;
+      if (pred(MetricValue(metrics, name))) return true;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return false;
+  };
+  EXPECT_TRUE(poll_metric("nsbox_sandbox_removal_failures_total", [](long v) { return v >= 1; }))
+      << "control: the new daemon's first attempt fails: " << metrics;
+  EXPECT_EQ(MetricValue(metrics, "nsbox_sandbox_removals_pending"), 1);
+  ASSERT_TRUE(mounts.Detach(b + "/workspace/m"));
+  EXPECT_TRUE(poll_metric("nsbox_sandbox_removals_pending", [](long v) { return v == 0; }))
+      << metrics;
+  EXPECT_FALSE(std::filesystem::exists(b));
+  EXPECT_EQ(Call("DELETE", SbPath(ids[1])).status, 404);
 }
 
 }  // namespace

@@ -437,6 +437,8 @@ const SyscallCase kDenied[] = {
     {"ioctl_tiocsti", "ioctl"},
     {"ioctl_tiocsti_high", "ioctl"},
     {"ioctl_tioclinux", "ioctl"},
+    {"prlimit_pid1", "prlimit64"},
+    {"prlimit_pid1_high", "prlimit64"},
 };
 
 std::optional<int> ProfileErrno(const policy::SeccompProfile& p, const std::string& name) {
@@ -464,7 +466,8 @@ TEST_F(ExecEscapeTest, DeniedSyscallsWithHarmlessBadArguments) {
       EXPECT_NE(Get(host, key), Get(in, key)) << "control on the host";
     }
   }
-  for (const char* allowed : {"sys.personality_query", "sys.socket_unix", "sys.ioctl_fionread"}) {
+  for (const char* allowed :
+       {"sys.personality_query", "sys.socket_unix", "sys.ioctl_fionread", "sys.prlimit_self"}) {
     EXPECT_EQ(Get(in, allowed), Get(host, allowed)) << allowed;
   }
 }

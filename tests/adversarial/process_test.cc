@@ -8,7 +8,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <algorithm>
+#include <atomic>
+#include <map>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "exec/spawn.h"
@@ -70,8 +76,59 @@ class ProcessTest : public AdversarialTest {
               "for p in $(cat " + file + "); do kill -0 $p 2>/dev/null && echo $p; done; true");
   }
 
+  // The sandbox's nsbox-init, seen from the host (-1 when there is none).
+  pid_t InitHostPid() {
+    for (const auto& p : e2e::Descendants(daemon().pid())) {
+      if (p.comm.rfind("nsbox-init", 0) == 0) return p.pid;
+    }
+    return -1;
+  }
+
+  // The ids that nsbox-init's threads and its child made ahead (nsbox-next) have in the
+  // sandbox's PID namespace: the last field of NSpid in their status, read from the host.
+  std::map<long, std::string> InitIdsInside(pid_t init) {
+    std::map<long, std::string> ids;
+    auto ns_id = [](const std::string& status_path) {
+      std::istringstream in(e2e::ReadHostFile(status_path));
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind("NSpid:", 0) != 0) continue;
+        std::istringstream fields(line.substr(6));
+        long id = -1;
+        for (long v; fields >> v;) id = v;
+        return id;
+      }
+      return -1L;
+    };
+    const std::string task = "/proc/" + std::to_string(init) + "/task";
+    if (DIR* d = opendir(task.c_str())) {
+      while (struct dirent* e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        const std::string dir = task + "/" + e->d_name;
+        const std::string comm = e2e::ReadHostFile(dir + "/comm");
+        if (long id = ns_id(dir + "/status"); id > 0) ids[id] = comm.substr(0, comm.find('\n'));
+      }
+      closedir(d);
+    }
+    for (const auto& p : e2e::Descendants(init)) {
+      if (p.comm != nsbox::exec::kWarmChildName) continue;
+      if (long id = ns_id("/proc/" + std::to_string(p.pid) + "/status"); id > 0) ids[id] = p.comm;
+    }
+    return ids;
+  }
+
   std::string id_;
 };
+
+// The comma-separated numbers of a probe's value.
+std::set<long> NumberSet(const std::string& text) {
+  std::set<long> out;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.insert(std::strtol(item.c_str(), nullptr, 10));
+  }
+  return out;
+}
 
 // Control: with no kill, the tree outlives its main process (the answer comes, the rest runs).
 TEST_F(ProcessTest, ControlTheTreeOutlivesItsMainProcess) {
@@ -183,6 +240,103 @@ TEST_F(ProcessTest, KillingPidOneFromInsideFails) {
   EXPECT_EQ(sigs.out(), "rc=0\n") << "control: pid 1 exists for signals";
   ExpectInitAnswers(id_);
   EXPECT_EQ(Sh(id_, "echo still"), "still\n");
+}
+
+// A command cannot change nsbox-init's resource limits (issue 44): `prlimit --pid 1 --nofile=8:8`
+// made every later exec fail and readdir answer 500, `--cpu=1:1` had the kernel kill nsbox-init
+// (the sandbox restarted, its processes and /tmp gone). nsbox-init's saved uid and gid differ
+// from its real and effective ones, so no command's credentials match it in the kernel's
+// prlimit check, whichever of its ids (its threads', which hidepid hides but does not make
+// unguessable) the command names; and the commands' filter refuses prlimit64 on pid 1. Control:
+// the same calls reach a command's own child.
+TEST_F(ProcessTest, InitsLimitsAreOutOfTheCommandsReach) {
+  InstallTools(id_);
+  const pid_t init = InitHostPid();
+  ASSERT_GT(init, 0);
+  const std::string limits_before = e2e::ReadHostFile("/proc/" + std::to_string(init) + "/limits");
+  ASSERT_FALSE(limits_before.empty());
+  // The attacks of the issue, as a user types them (util-linux's prlimit, from the host's /usr).
+  for (const char* limit : {"--nofile=8:8", "--cpu=1:1", "--fsize=1024:1024"}) {
+    ExecResult r = Exec(id_, std::string("prlimit --pid 1 ") + limit);
+    EXPECT_NE(r.exit_code(), 0) << limit << ": " << r.Describe();
+    EXPECT_NE(r.err().find("Operation not permitted"), std::string::npos) << r.Describe();
+  }
+  // Control: the same tool on a command's own child.
+  ExecResult own = Exec(id_,
+                        "sleep 100 & c=$!; prlimit --pid $c --nofile=8:8 --cpu=1:1 && "
+                        "grep -E 'Max (open files|cpu time)' /proc/$c/limits | tr -s ' ' | "
+                        "sed 's/ $//'; kill $c");
+  EXPECT_EQ(own.exit_code(), 0) << own.Describe();
+  EXPECT_EQ(own.out(), "Max cpu time 1 1 seconds\nMax open files 8 8 files\n") << "control";
+  // PID 1 by a raw prlimit64, also with a high bit set in the register (the kernel reads a
+  // pid_t: 4294967297 is pid 1).
+  EXPECT_EQ(Get(Attack(id_, "prlimit 1 nofile 8 8"), "prlimit"), "EPERM");
+  EXPECT_EQ(Get(Attack(id_, "prlimit 4294967297 cpu 1 1"), "prlimit"), "EPERM");
+
+  // Every id of the sandbox's PID namespace, nsbox-init's threads among them, while file verbs
+  // keep its workers running.
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    Client c = NewClient();
+    while (!stop.load()) {
+      c.PostJson(SbPath(id_, "/fs/stat"), json::object{{"path", "/workspace"}});
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(200));
+  const std::map<long, std::string> before = InitIdsInside(init);
+  const long highest = before.empty() ? 0 : before.rbegin()->first;
+  KeyValues scan =
+      Attack(id_, "prlimit-scan " + std::to_string(std::max<long>(4096, highest + 256)));
+  const std::map<long, std::string> after = InitIdsInside(init);
+  stop = true;
+  busy.join();
+  std::map<long, std::string> init_ids = before;
+  init_ids.insert(after.begin(), after.end());
+  // The child made ahead before the scan is the scan itself now: the command it was made for.
+  const long self = std::strtol(Get(scan, "self").c_str(), nullptr, 10);
+  const long child = std::strtol(Get(scan, "child").c_str(), nullptr, 10);
+  init_ids.erase(self);
+  EXPECT_GE(init_ids.size(), 2u) << "control: nsbox-init's loop and a worker thread were there";
+  const std::set<long> reached = NumberSet(Get(scan, "reached"));
+  const std::set<long> refused = NumberSet(Get(scan, "refused"));
+  EXPECT_EQ(Get(scan, "other"), "");
+  for (const auto& [id, comm] : init_ids) {
+    EXPECT_EQ(reached.count(id), 0u)
+        << "a command changed the limits of nsbox-init's id " << id << " (" << comm << ")";
+  }
+  EXPECT_EQ(refused.count(1), 1u);
+  for (const auto& [id, comm] : before) {
+    if (after.count(id) == 0 || id == self) continue;  // a worker that ended meanwhile
+    EXPECT_EQ(refused.count(id), 1u) << "id " << id;
+  }
+  EXPECT_EQ(reached.count(self), 1u) << "control: its own limits";
+  EXPECT_EQ(reached.count(child), 1u) << "control: its own child's limits";
+
+  // Nothing changed: nsbox-init's limits, and what the issue saw break.
+  EXPECT_EQ(e2e::ReadHostFile("/proc/" + std::to_string(init) + "/limits"), limits_before);
+  EXPECT_EQ(InitHostPid(), init) << "nsbox-init was replaced (the sandbox restarted)";
+  EXPECT_EQ(Sh(id_, "echo still"), "still\n");
+  Response listing = Fs(id_, "readdir", json::object{{"path", "/workspace"}});
+  EXPECT_EQ(listing.status, 200) << listing.Describe();
+  ExpectInitAnswers(id_);
+}
+
+// A command starts with the sandbox's limits, whatever the commands before it did to their own
+// limits or tried on nsbox-init's (issue 44: a lowered fsize was inherited by every later
+// command, since fsize is not among the limits a command's child sets). Control: the command
+// that lowers its own limits has them lowered.
+TEST_F(ProcessTest, ACommandStartsWithTheSandboxsLimitsWhateverTheOnesBeforeDid) {
+  const std::string first = Sh(id_, "cat /proc/self/limits");
+  ASSERT_NE(first.find("Max file size"), std::string::npos) << first;
+  ExecResult lowered = Exec(id_,
+                            "ulimit -f 16; ulimit -t 50; ulimit -n 64; "
+                            "prlimit --pid 1 --fsize=1024:1024 --cpu=50:50 --nofile=64:64; "
+                            "grep -E 'Max (file size|open files)' /proc/self/limits | "
+                            "tr -s ' ' | sed 's/ $//'");
+  EXPECT_EQ(lowered.out(), "Max file size 16384 16384 bytes\nMax open files 64 64 files\n")
+      << "control: " << lowered.Describe();
+  EXPECT_EQ(Sh(id_, "cat /proc/self/limits"), first);
+  EXPECT_EQ(Sh(id_, "cat /proc/self/limits | cat"), first) << "through bash";
 }
 
 // POST stop ends every process of the sandbox; the running exec answers "stopped" (137).

@@ -116,6 +116,73 @@ bool CanConnectTcp(int port) {
 
 // ---- running the CLI ----
 
+// Whether uid and gid 65534 with no groups may execute `path`: every directory above it
+// searchable by others, the file executable by others. A clone under a 0700 directory (what
+// `mktemp -d` makes) fails the first.
+bool NobodyCanExecute(const std::string& path, std::string* why) {
+  std::filesystem::path p(path);
+  for (std::filesystem::path dir = p.parent_path(); !dir.empty(); dir = dir.parent_path()) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || (st.st_mode & S_IXOTH) == 0) {
+      *why = dir.string() + " is not searchable by others";
+      return false;
+    }
+    if (dir == dir.root_path()) break;
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & S_IXOTH) == 0) {
+    *why = path + " is not executable by others";
+    return false;
+  }
+  return true;
+}
+
+// The nsbox that a test runs as nobody: the built one when nobody may execute it where it is,
+// else a copy of it in a directory of its own under /var/tmp (0755, removed when the test
+// process exits). Empty, with the reason in *why, when neither is possible.
+std::string NsboxForNobody(std::string* why) {
+  struct Copy {
+    std::string dir;
+    std::string binary;
+    std::string error;
+    ~Copy() {
+      if (!dir.empty()) RemoveTree(dir);
+    }
+  };
+  static Copy copy = [] {
+    Copy c;
+    std::string unreachable;
+    if (NobodyCanExecute(kNsbox, &unreachable)) {
+      c.binary = kNsbox;
+      return c;
+    }
+    char tmpl[] = "/var/tmp/nsbox-cli-nobody-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+      c.error = unreachable + ", and mkdtemp /var/tmp failed: " + strerror(errno);
+      return c;
+    }
+    c.dir = tmpl;
+    const std::string target = c.dir + "/nsbox";
+    std::error_code ec;
+    std::filesystem::copy_file(kNsbox, target, ec);
+    if (ec || ::chmod(c.dir.c_str(), 0755) != 0 || ::chmod(target.c_str(), 0755) != 0) {
+      c.error = unreachable + ", and a copy to " + target + " failed: " + ec.message();
+      return c;
+    }
+    std::string still;
+    if (!NobodyCanExecute(target, &still)) {
+      c.error = unreachable + ", and so is the copy: " + still;
+      return c;
+    }
+    std::fprintf(stderr, "note: %s; running a copy at %s as nobody\n", unreachable.c_str(),
+                 target.c_str());
+    c.binary = target;
+    return c;
+  }();
+  *why = copy.error;
+  return copy.binary;
+}
+
 struct CliResult {
   int code = -1;  // the exit code, or 128 + the signal that killed it
   std::string out;
@@ -153,7 +220,20 @@ class CliProcess {
         out[1] = ::fcntl(err[1], F_DUPFD_CLOEXEC, 0);
       }
     }
-    std::vector<std::string> argv_s = {kNsbox};
+    // nobody runs the binary from where it may (NsboxForNobody); a test that cannot place it
+    // there fails saying why, not with an exit code 127.
+    std::string binary = kNsbox;
+    if (as_nobody) {
+      std::string why;
+      binary = NsboxForNobody(&why);
+      if (binary.empty()) {
+        ADD_FAILURE() << "cannot run nsbox as nobody: " << why;
+        binary = kNsbox;
+      }
+    }
+    std::vector<std::string> argv_s = {binary};
+    const std::string exec_failed =
+        "test harness: execve " + binary + (as_nobody ? " as uid 65534" : "") + ": ";
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
@@ -177,7 +257,12 @@ class CliProcess {
           (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)) {
         ::_exit(126);
       }
-      ::execve(kNsbox, argv.data(), envp.data());
+      ::execve(argv[0], argv.data(), envp.data());
+      // Said on stderr, with nothing allocated after the fork.
+      const char* name = strerrorname_np(errno);
+      (void)!::write(2, exec_failed.data(), exec_failed.size());
+      (void)!::write(2, name != nullptr ? name : "?", name != nullptr ? strlen(name) : 1);
+      (void)!::write(2, "\n", 1);
       ::_exit(127);
     }
     ::close(in[0]);

@@ -1,4 +1,5 @@
 #include "tests/e2e/daemon_harness.h"
+#include "runtime/registry.h"
 #include "tests/common/cgroups.h"
 
 #include <arpa/inet.h>
@@ -6,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pwd.h>
@@ -249,11 +251,32 @@ Daemon::~Daemon() {
     unlink(kUnitDropIn);
   }
   if (unit_owner == this) unit_owner = nullptr;
+  RemoveLeftCgroups();
   if (getenv("NSBOX_E2E_KEEP") != nullptr) {
     std::fprintf(stderr, "e2e harness: NSBOX_E2E_KEEP: kept %s\n", dir_.c_str());
     return;
   }
   RemoveTree(dir_);
+}
+
+std::string Daemon::CgroupPrefix() const {
+  // Registry::Open: "nsbox-" and the first 8 hex digits of the hash of the state dir's real path.
+  char real[PATH_MAX];
+  if (state_.empty() || realpath(state_.c_str(), real) == nullptr) return "";
+  return "nsbox-" + runtime::IdHash(real).substr(0, 8) + "-";
+}
+
+void Daemon::RemoveLeftCgroups() {
+  // A daemon that stopped cleanly removed its cgroups; one that was SIGKILLed leaves them to
+  // the next daemon of its state dir, which removes them at its start (RemoveStaleCgroups), and
+  // there is none once this harness is gone: they would stay on the host, where the leak checks
+  // of every later test run would find them.
+  const std::string prefix = CgroupPrefix();
+  if (prefix.empty() || testutil::FindCgroupsNamed(prefix).empty()) return;
+  const std::vector<std::string> left = testutil::RemoveCgroupsNamed(prefix, milliseconds(5000));
+  std::fprintf(stderr, "e2e harness: removed the cgroups %s* the daemon of %s left%s\n",
+               prefix.c_str(), dir_.c_str(), left.empty() ? "" : "; could not remove:");
+  for (const std::string& l : left) std::fprintf(stderr, "  %s\n", l.c_str());
 }
 
 void Daemon::LogLine(const std::string& line) const {

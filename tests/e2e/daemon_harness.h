@@ -103,7 +103,9 @@ std::vector<std::string> NewNsboxCgroups(const std::set<std::string>& before);
 class Daemon {
  public:
   // Makes a temp dir (removed with everything in it by the destructor, after the daemon is
-  // stopped) holding nsboxd.sock, state/ and daemon.log.
+  // stopped) holding nsboxd.sock, state/ and daemon.log. The destructor also removes the cgroups
+  // the daemon left on the host (RemoveLeftCgroups): one that was SIGKILLed leaves them to the
+  // next daemon of its state dir, and there is none after this harness.
   Daemon();
   ~Daemon();
   Daemon(const Daemon&) = delete;
@@ -151,6 +153,9 @@ class Daemon {
   int CountFds() const;
   // A listing of them (fd -> target) for messages.
   std::string DescribeFds() const;
+
+  // The names of the daemon's cgroups begin with it ("nsbox-<8 hex>-"); "" before its start.
+  std::string CgroupPrefix() const;
 
   // state/sandboxes/<entry> for every entry (the on-disk names).
   std::vector<std::string> SandboxDirs() const;
@@ -200,6 +205,9 @@ class Daemon {
   std::string HowItEnded() const;
   // A line into the log (the harness's notes among the daemon's own lines).
   void LogLine(const std::string& line) const;
+  // Removes the cgroups of this harness's daemon that it left on the host (killed, it had no
+  // chance to), saying so on stderr. The daemon must have ended.
+  void RemoveLeftCgroups();
 };
 
 // Removes a tree without crossing into other mounts (FTW_MOUNT) or following symlinks.

@@ -288,10 +288,13 @@ const SyscallCase kDeniedSyscalls[] = {
     {"ioctl_tiocsti", "ioctl"},
     {"ioctl_tiocsti_high", "ioctl"},
     {"ioctl_tioclinux", "ioctl"},
+    {"prlimit_pid1", "prlimit64"},
+    {"prlimit_pid1_high", "prlimit64"},
 };
 
 // Calls the filter must let through: the same answer inside and on the host.
-const char* const kAllowedSyscalls[] = {"personality_query", "socket_unix", "ioctl_fionread"};
+const char* const kAllowedSyscalls[] = {"personality_query", "socket_unix", "ioctl_fionread",
+                                        "prlimit_self"};
 
 // The errno the profile gives `name`: from its deny rules (every rule on a name must agree), its
 // argument allowlists, or ENOSYS for a syscall numbered above enosys_above that was not reviewed.

@@ -524,6 +524,13 @@ const Probe kProbes[] = {
     {"ioctl_tiocsti_high",
      [] { return Outcome(syscall(SYS_ioctl, -1, TIOCSTI | (1UL << 32), kBadPtr)); }},
     {"ioctl_tioclinux", [] { return Outcome(syscall(SYS_ioctl, -1, TIOCLINUX, kBadPtr)); }},
+    // prlimit64 of pid 1 that reads and sets nothing: 0 on the host (root, or the same user as
+    // init), refused by the filter; with a high bit in the register too, which the kernel drops
+    // (pid_t); of itself (pid 0) for contrast: 0 everywhere.
+    {"prlimit_pid1", [] { return Outcome(syscall(SYS_prlimit64, 1, RLIMIT_CORE, 0, 0)); }},
+    {"prlimit_pid1_high",
+     [] { return Outcome(syscall(SYS_prlimit64, 1UL | (1UL << 32), RLIMIT_CORE, 0, 0)); }},
+    {"prlimit_self", [] { return Outcome(syscall(SYS_prlimit64, 0, RLIMIT_CORE, 0, 0)); }},
     // An allowed ioctl, for contrast: FIONREAD on fd -1 -> EBADF everywhere.
     {"ioctl_fionread", [] { return Outcome(syscall(SYS_ioctl, -1, FIONREAD, kBadPtr)); }},
     // The i386 ABI (int 0x80, getpid = 20), in a child: the filter kills a foreign ABI.

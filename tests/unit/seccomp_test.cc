@@ -414,6 +414,23 @@ TEST(SeccompBpfTest, IoctlTerminalInjectionIsDeniedWhateverTheHighBits) {
   EXPECT_EQ(Eval("ioctl", {0, FIONREAD}), kAllow);
 }
 
+// nsbox-init is PID 1 of every command's PID namespace: its limits are out of prlimit's reach,
+// however the 64-bit register around the pid_t is filled; a command's own processes are not.
+TEST(SeccompBpfTest, PrlimitOfPidOneIsDeniedWhateverTheHighBits) {
+  constexpr uint64_t kLimit = 0x7fff0000;  // any pointer: the filter does not read it
+  EXPECT_EQ(Eval("prlimit64", {1, RLIMIT_NOFILE, kLimit, 0}), Errno(EPERM));
+  EXPECT_EQ(Eval("prlimit64", {1, RLIMIT_CPU, kLimit, kLimit}), Errno(EPERM));
+  EXPECT_EQ(Eval("prlimit64", {1, RLIMIT_NOFILE, 0, kLimit}), Errno(EPERM));
+  EXPECT_EQ(Eval("prlimit64", {uint64_t{1} | 0x100000000, RLIMIT_FSIZE, kLimit, 0}), Errno(EPERM));
+  EXPECT_EQ(Eval("prlimit64", {0xFFFFFFFF00000001, RLIMIT_FSIZE, kLimit, 0}), Errno(EPERM));
+  // Itself (0, what glibc's setrlimit passes) and any other pid: the kernel's checks decide.
+  EXPECT_EQ(Eval("prlimit64", {0, RLIMIT_NOFILE, kLimit, 0}), kAllow);
+  EXPECT_EQ(Eval("prlimit64", {0x100000000, RLIMIT_NOFILE, kLimit, 0}), kAllow);
+  EXPECT_EQ(Eval("prlimit64", {2, RLIMIT_NOFILE, kLimit, 0}), kAllow);
+  EXPECT_EQ(Eval("prlimit64", {4097, RLIMIT_NOFILE, kLimit, 0}), kAllow);
+  EXPECT_EQ(Eval("setrlimit", {RLIMIT_NOFILE, kLimit}), kAllow);
+}
+
 TEST(SeccompBpfTest, SocketFamiliesOutsideTheAllowlistGetEafnosupport) {
   for (uint64_t family : {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK}) {
     EXPECT_EQ(Eval("socket", {family, SOCK_STREAM, 0}), kAllow) << family;
@@ -692,13 +709,16 @@ TEST(SeccompLiveTest, EveryRuleOfTheTableMatchesOnTheRunningKernel) {
         Report(fd, ErrnoOf(syscall(SYS_personality, ADDR_NO_RANDOMIZE)));
         Report(fd, ErrnoOf(syscall(SYS_socket, AF_ALG, SOCK_SEQPACKET, 0)));
         Report(fd, ErrnoOf(syscall(SYS_socketpair, AF_TIPC, SOCK_DGRAM, 0, nullptr)));
+        // Reads nothing and sets nothing: the kernel would check permission only.
+        Report(fd, ErrnoOf(syscall(SYS_prlimit64, uint64_t{1} | 0x100000000, RLIMIT_CORE, nullptr,
+                                   nullptr)));
       },
       &r);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
     GTEST_SKIP() << "unshare(CLONE_NEWUSER) is not permitted here";
   }
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
-  ASSERT_EQ(r.size(), 1 + unconditional.size() + 6);
+  ASSERT_EQ(r.size(), 1 + unconditional.size() + 7);
   EXPECT_EQ(r[0], 0) << "LoadSeccomp";
   for (size_t i = 0; i < unconditional.size(); ++i) {
     EXPECT_EQ(r[1 + i], kSentinel)
