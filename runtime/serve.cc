@@ -71,6 +71,7 @@
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
 #include "runtime/channel_watch.h"
+#include "runtime/exec_events.h"
 #include "runtime/exec_session.h"
 #include "runtime/metrics.h"
 #include "runtime/netns.h"
@@ -1171,86 +1172,6 @@ void AppendToBlocks(std::vector<std::string>& blocks, std::string_view bytes) {
     bytes.remove_prefix(n);
   }
 }
-
-// One stream's bytes given in pieces, cut where each cut encodes on its own as the whole stream
-// would: an incomplete UTF-8 character (text) or the bytes short of a group of three (base64) at
-// a piece's end wait for the next. The NDJSON events and the buffered answer both cut this way.
-class StreamCut {
- public:
-  explicit StreamCut(bool base64) : base64_(base64) {}
-
-  // The bytes to encode now: `piece` after what was held, less what is held for the next. A view
-  // of `piece` itself when nothing was held (no copy), else of a buffer of the cut's own; valid
-  // until the next call.
-  std::string_view Next(std::string_view piece) {
-    std::string_view all = piece;
-    if (!held_.empty()) {
-      joined_ = std::move(held_);
-      joined_.append(piece);
-      all = joined_;
-    }
-    const size_t keep = base64_ ? all.size() % 3 : utf8::IncompleteTailLength(all);
-    held_.assign(all.substr(all.size() - keep));
-    return all.substr(0, all.size() - keep);
-  }
-  // What is still held, at the stream's end (text: U+FFFD once decoded; base64: padded).
-  std::string Finish() { return std::exchange(held_, std::string()); }
-  size_t held() const { return held_.size(); }
-
- private:
-  bool base64_;
-  std::string held_;
-  std::string joined_;
-};
-
-// Turns the log into NDJSON output events: offsets of the raw bytes; text decoded as UTF-8
-// without splitting a character (bytes held back at a piece's end go with the next event of
-// their stream, whose offset is that of its first held byte), or base64 of the exact bytes.
-class EventEncoder {
- public:
-  explicit EventEncoder(bool base64) : base64_(base64) {}
-
-  // nullopt when everything was held back.
-  std::optional<json::object> Encode(const ExecSession::Piece& p) {
-    const int i = p.stream == 2 ? 1 : 0;
-    json::object o;
-    o["type"] = i == 0 ? "stdout" : "stderr";
-    if (base64_) {
-      o["offset"] = p.offset;
-      o["dataBase64"] = Base64Encode(p.data);
-      return o;
-    }
-    StreamCut& cut = cuts_[i];
-    const uint64_t first = cut.held() > 0 ? held_offset_[i] : p.offset;
-    const std::string_view bytes = cut.Next(p.data);
-    if (cut.held() > 0 && cut.held() <= p.data.size()) {
-      held_offset_[i] = p.offset + p.data.size() - cut.held();
-    }
-    if (bytes.empty()) return std::nullopt;
-    o["offset"] = first;
-    o["data"] = utf8::DecodeLossy(bytes);
-    return o;
-  }
-  // At the end of the output: what is still held (as U+FFFD), one event per stream.
-  std::vector<json::object> Finish() {
-    std::vector<json::object> out;
-    for (int i = 0; i < 2; ++i) {
-      const std::string held = cuts_[i].Finish();
-      if (held.empty()) continue;
-      json::object o;
-      o["type"] = i == 0 ? "stdout" : "stderr";
-      o["offset"] = held_offset_[i];
-      o["data"] = utf8::DecodeLossy(held);
-      out.push_back(std::move(o));
-    }
-    return out;
-  }
-
- private:
-  bool base64_;
-  StreamCut cuts_[2] = {StreamCut(false), StreamCut(false)};
-  uint64_t held_offset_[2] = {0, 0};  // of a stream's first held byte
-};
 
 json::object ExecJson(const ExecSession& s) {
   json::object o;
@@ -3215,6 +3136,17 @@ asio::awaitable<Daemon::LogSent> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSes
                                                  uint64_t offset, bool follow, bool base64,
                                                  std::shared_ptr<HangupWatch> watch) {
   EventEncoder encoder(base64);
+  if (!base64 && offset > s->oldest()) {
+    // Each stream starts with the character it began before `offset`, if it did: a client that
+    // re-attaches at the `end` of the last event it has gets it whole, as it would have.
+    for (int stream : {1, 2}) {
+      std::vector<ExecSession::Piece> tail;
+      for (const ExecSession::Span& span : s->StreamTail(stream, offset, 3)) {
+        for (auto& p : co_await s->ReadLog(span.offset, span.len)) tail.push_back(std::move(p));
+      }
+      encoder.Resume(stream, tail);
+    }
+  }
   bool start_sent = false;
   std::string lines;  // the events not yet sent
   auto add = [&lines](const json::object& event) {
