@@ -697,6 +697,47 @@ FsOutcome<proto::ReaddirReply> InitClient::Readdir(const std::string& path, bool
   return parts->listing.Take();
 }
 
+void InitClient::StartReaddir(const std::string& path, bool with_types,
+                              std::function<void(std::string payload)> part,
+                              std::function<void(FsOutcome<Unit>)> done) {
+  if (auto bad = TooLongToSend(path, "scandir")) {
+    done(*bad);
+    return;
+  }
+  struct State {
+    std::function<void(std::string)> part;
+    std::function<void(FsOutcome<Unit>)> done;
+    size_t bytes = 0;
+    bool over = false;  // done has run with EPROTO; the rest is swallowed
+  };
+  auto state = std::make_shared<State>(State{std::move(part), std::move(done)});
+  SendAsync(
+      Type::kReaddir, proto::Encode(proto::ReaddirRequest{path, with_types}),
+      [state, path](const proto::FrameReader::FrameView& frame, UniqueFd) {
+        const Type type = frame.header.type;
+        const bool last = type != Type::kReaddirPart;
+        if (state->over) return last;
+        if (type != Type::kReaddirPart && type != Type::kReaddirResult) {
+          state->done(ReplyError({type, std::string(frame.payload)}, "readdir-result"));
+          return true;
+        }
+        // Bytes from inside the sandbox: within the listing's bounds, or refused.
+        state->bytes += frame.payload.size();
+        if (state->bytes > proto::kMaxReaddirBytes) {
+          state->over = true;
+          FsError e;
+          e.err = EPROTO;
+          e.message = "nsbox-init sent an oversized listing of '" + path + "'";
+          state->done(e);
+          return last;
+        }
+        state->part(std::string(frame.payload));
+        if (last) state->done(Unit{});
+        return last;
+      },
+      [state](const FsError& e) { state->done(e); });
+}
+
 FsOutcome<bool> InitClient::Exists(const std::string& path) {
   if (TooLongToSend(path, "access")) return false;  // as nsbox-init: never an error
   auto r = Call(Type::kExists, proto::Encode(proto::PathRequest{path}));

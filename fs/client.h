@@ -138,6 +138,15 @@ class InitClient {
   FsOutcome<Unit> WriteFile(const std::string& path, std::string_view data);
   FsOutcome<proto::StatReply> Stat(const std::string& path);
   FsOutcome<proto::ReaddirReply> Readdir(const std::string& path, bool with_types);
+  // Readdir without a waiting thread, for a caller that passes the listing on as it comes
+  // (nsboxd streams it to its client): `part` takes each frame's payload in order (kReaddirPart
+  // frames, then the kReaddirResult's), undecoded (proto::ReaddirCursor reads it), and `done`
+  // runs once after the last, or instead of any part with nsbox-init's error, or after some with
+  // EPROTO for a listing past proto::kMaxReaddirBytes (no part follows). Both run on the reader
+  // thread (or at once, on the caller, when the channel is closed).
+  void StartReaddir(const std::string& path, bool with_types,
+                    std::function<void(std::string payload)> part,
+                    std::function<void(FsOutcome<Unit>)> done);
   FsOutcome<bool> Exists(const std::string& path);
   FsOutcome<Unit> Mkdir(const std::string& path, bool recursive);
   FsOutcome<Unit> Rm(const std::string& path, bool recursive, bool force);

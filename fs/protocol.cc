@@ -602,6 +602,35 @@ std::vector<std::string> EncodeReaddirParts(std::vector<ReaddirReply::Entry> ent
   return parts;
 }
 
+ReaddirCursor::ReaddirCursor(std::string_view payload) : in_(payload) {
+  ok_ = in_.size() >= 4;
+  if (ok_) {
+    left_ = static_cast<uint32_t>(GetLe(in_.data(), 4));
+    in_.remove_prefix(4);
+    ok_ = left_ <= kMaxListEntries;
+  }
+  if (ok_ && left_ == 0) ok_ = in_.empty();
+}
+
+bool ReaddirCursor::Next(std::string_view* name, uint8_t* type) {
+  if (!ok_ || left_ == 0) return false;
+  ok_ = false;  // until the entry is read whole
+  if (in_.size() < 4) return false;
+  const size_t n = static_cast<size_t>(GetLe(in_.data(), 4));
+  if (n > 255 || in_.size() < 4 + n + 1) return false;
+  *name = in_.substr(4, n);
+  *type = static_cast<uint8_t>(in_[4 + n]);
+  // As Decode: nothing a directory could hold.
+  if (*type > 3 || name->empty() || *name == "." || *name == ".." ||
+      name->find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
+    return false;
+  }
+  in_.remove_prefix(4 + n + 1);
+  --left_;
+  ok_ = left_ > 0 || in_.empty();
+  return ok_;
+}
+
 bool ReaddirGatherer::Add(std::string_view payload) {
   bytes_ += payload.size();
   ReaddirReply part;

@@ -34,9 +34,9 @@ inline constexpr uint64_t kInlineFileLimit = 256u << 10;  // readFile inline up 
 inline constexpr uint32_t kMaxPathBytes = 64u << 10;      // decoding bound, not PATH_MAX
 inline constexpr uint32_t kMaxListEntries = 1u << 20;
 // A directory's listing goes in frames of up to kReaddirPartBytes (kReaddirPart, then the last
-// as kReaddirResult), and all of them together carry at most kMaxReaddirBytes and
-// kMaxListEntries names: beyond that nsbox-init answers E2BIG instead of handing the host that
-// much memory (the daemon holds a listing whole, and its JSON).
+// as kReaddirResult), its names sorted by byte value across them (the daemon passes them on as
+// they come, runtime/listing.h), and all of them together carry at most kMaxReaddirBytes and
+// kMaxListEntries names: beyond that nsbox-init answers E2BIG.
 inline constexpr size_t kReaddirPartBytes = 1u << 20;
 inline constexpr size_t kMaxReaddirBytes = 64u << 20;
 inline constexpr uint32_t kMaxInputChunk = 256u << 10;  // exec input per kExecInput frame
@@ -354,6 +354,22 @@ class ReaddirGatherer {
   ReaddirReply listing_;
   size_t bytes_ = 0;
 };
+// One frame's listing read entry by entry without copying (nsboxd passes a listing on as it
+// comes, a few entries at a time): the same checks as Decode. `payload` must outlive the cursor.
+class ReaddirCursor {
+ public:
+  explicit ReaddirCursor(std::string_view payload);
+  // The next entry (views into the payload); false at the end or at a malformed entry: then
+  // ok() says which (a cursor that stopped at the end of a well-formed listing is ok).
+  bool Next(std::string_view* name, uint8_t* type);
+  bool ok() const { return ok_; }
+
+ private:
+  std::string_view in_;
+  uint32_t left_ = 0;
+  bool ok_ = true;
+};
+
 bool DecodeU64(std::string_view payload, uint64_t* v);
 // ExecOutput without copying its data: `data` points into `payload`.
 bool DecodeExecOutputView(std::string_view payload, uint8_t* stream, std::string_view* data);

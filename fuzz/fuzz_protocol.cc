@@ -41,6 +41,26 @@ void DecodeEverything(std::string_view payload) {
   RoundTrip<ErrorReply>(payload);
   RoundTrip<StatReply>(payload);
   RoundTrip<ReaddirReply>(payload);
+  // The daemon's streaming reader takes exactly what Decode takes, the same entries, and its
+  // views stay inside the payload.
+  ReaddirReply listing;
+  const bool decoded = Decode(payload, &listing);
+  ReaddirCursor cursor(payload);
+  std::string_view name;
+  uint8_t type = 0;
+  size_t n = 0;
+  while (cursor.Next(&name, &type)) {
+    if (name.data() < payload.data() ||
+        name.data() + name.size() > payload.data() + payload.size()) {
+      std::abort();
+    }
+    if (decoded && (n >= listing.entries.size() || listing.entries[n].name != name ||
+                    listing.entries[n].type != type)) {
+      std::abort();
+    }
+    ++n;
+  }
+  if (cursor.ok() != decoded || (decoded && n != listing.entries.size())) std::abort();
   uint64_t u = 0;
   if (DecodeU64(payload, &u) && EncodeU64(u) != payload) std::abort();
   bool b = false;

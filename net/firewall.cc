@@ -127,23 +127,21 @@ std::string Firewall::Rules(int slot, uint32_t address, const NetworkPolicy& pol
   for (const char* proto : {"tcp", "udp"}) {
     c += rule("ip daddr " + Ipv4Text(config_.gateway) + " " + proto + " dport 53 accept");
   }
-  // The CIDR entries, in two rounds around the refusal of the other sandboxes. Another sandbox
-  // is reachable only when an entry names its one address, on purpose; a range that merely
-  // covers the sandboxes' range (10.0.0.0/8, 0.0.0.0/0) does not open it to every sandbox, since
-  // nothing new may enter a sandbox's link unasked. The gateway is the host's address on the
-  // link: a range may cover it, as any host address, and without one it is refused below as the
-  // host (it is local), so the range needs no refusal of its own after the entries. Listed, an
-  // entry is reachable even where the protections below (the host, the special addresses)
-  // refuse.
-  const uint32_t range_mask =
-      config_.range_prefix == 0 ? 0 : ~uint32_t{0} << (32 - config_.range_prefix);
-  auto one_sandbox = [&](const AllowEntry& e) {
-    return e.prefix == 32 && (e.address & range_mask) == (config_.range & range_mask);
-  };
-  auto entries = [&](bool of_a_sandbox) {
+  // The CIDR entries, in two rounds around the refusals of what a sandbox reaches only by name:
+  // another sandbox, the host (its addresses, the gateway's among them, and a directed broadcast
+  // of one of its links), loopback, link-local (cloud metadata at 169.254.169.254), multicast.
+  // An entry of one address (a /32) names its destination and comes first: listed, it is
+  // reachable even where those refusals would refuse it, in an allowlist as in open mode. A
+  // wider range comes after them: it opens what it covers elsewhere, never all of that, however
+  // wide (0.0.0.0/0, 10.0.0.0/8 over the gateway): before 2026-12-06 it came before the refusals
+  // of the host and the special addresses, and `{"allow": ["0.0.0.0/0"]}` reached the metadata
+  // service and the host's services. Nothing new may enter a sandbox's link unasked, and an
+  // accept in a sandbox's chain ends the `forward` hook before the `oifname` drop: hence the
+  // refusal of the range before the wide entries.
+  auto entries = [&](bool one_address) {
     std::string out;
     for (const AllowEntry& e : policy.allow) {
-      if (e.kind != AllowEntry::Kind::kCidr || one_sandbox(e) != of_a_sandbox) continue;
+      if (e.kind != AllowEntry::Kind::kCidr || (e.prefix == 32) != one_address) continue;
       const std::string match = "ip daddr " + Cidr(e.address, e.prefix);
       if (!e.port) {
         out += rule(match + " " + allowed);
@@ -159,12 +157,13 @@ std::string Firewall::Rules(int slot, uint32_t address, const NetworkPolicy& pol
   c += refuse("ip daddr != " + Ipv4Text(config_.gateway) + " ip daddr " +
                   Cidr(config_.range, config_.range_prefix),
               "sandbox");
-  c += entries(false);
+  // The gateway is the host's address on the link: local, refused here as the host.
   c += refuse("fib daddr type local", "host");
   // A directed broadcast (192.0.2.255 on the host's 192.0.2.0/24) is delivered to the host's own
   // sockets as well, but is not of type local.
   c += refuse("fib daddr type broadcast", "host");
   c += refuse("ip daddr @special", "special");
+  c += entries(false);
   if (policy.mode == NetworkPolicy::Mode::kOpen) {
     c += rule(allowed);
   } else {

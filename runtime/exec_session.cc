@@ -380,6 +380,34 @@ std::vector<ExecSession::Piece> ExecSession::Read(uint64_t offset, size_t max,
   return out;
 }
 
+std::vector<ExecSession::Span> ExecSession::StreamTail(int stream, uint64_t before,
+                                                       size_t max) const {
+  std::vector<Span> out;  // newest first, reversed at the end
+  if (dropped_) return out;
+  before = std::min(before, end_);
+  size_t need = max;
+  auto take = [&](uint64_t start, uint64_t stop) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(need, stop - start));
+    out.push_back(Span{stop - n, n});
+    need -= n;
+  };
+  // The ring, newest first. Chunks of one stream merge up to kChunkMerge, so the other stream's
+  // chunks passed over are few (or big): the walk is short.
+  for (auto it = ring_.rbegin(); it != ring_.rend() && need > 0; ++it) {
+    if (it->offset >= before || it->stream != stream) continue;
+    take(it->offset, std::min<uint64_t>(before, it->offset + it->data.size()));
+  }
+  // The spilled part, by its runs (they alternate between the streams).
+  for (size_t k = runs_.size(); k-- > 0 && need > 0;) {
+    if (runs_[k].second != stream) continue;
+    const uint64_t start = std::max(runs_[k].first, oldest_);
+    const uint64_t stop = std::min(before, k + 1 < runs_.size() ? runs_[k + 1].first : spill_end_);
+    if (stop > start) take(start, stop);
+  }
+  std::reverse(out.begin(), out.end());
+  return out;
+}
+
 asio::awaitable<std::vector<ExecSession::Piece>> ExecSession::ReadLog(uint64_t offset, size_t max) {
   for (;;) {
     std::optional<OnDisk> on_disk;

@@ -128,6 +128,14 @@ class ExecSession {
   // where the disk would have to be waited for, and *on_disk says what is there.
   std::vector<Piece> Read(uint64_t offset, size_t max,
                           std::optional<OnDisk>* on_disk = nullptr) const;
+  // Where the last `max` bytes (at most) of `stream` before `before` lie, in order, kept ones only
+  // ([oldest(), end())): a text re-attach starts a stream with the character begun before its
+  // offset (docs/exec.md). Looks at what the stream switches say, never at the bytes.
+  struct Span {
+    uint64_t offset = 0;
+    size_t len = 0;
+  };
+  std::vector<Span> StreamTail(int stream, uint64_t before, size_t max) const;
   // Read, on the loop, never waiting for the disk there: bytes that must come from the disk are
   // read by a job on read_offload while the loop serves others. Empty at the end (or dropped).
   boost::asio::awaitable<std::vector<Piece>> ReadLog(uint64_t offset, size_t max);

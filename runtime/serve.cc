@@ -40,6 +40,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -71,7 +72,9 @@
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
 #include "runtime/channel_watch.h"
+#include "runtime/exec_events.h"
 #include "runtime/exec_session.h"
+#include "runtime/listing.h"
 #include "runtime/metrics.h"
 #include "runtime/netns.h"
 #include "runtime/paths.h"
@@ -455,19 +458,6 @@ ApiOutcome<std::string> SandboxPath(const SandboxEntry& entry, const std::string
                         std::string(syscall));
   }
   return fs::ResolvePath(entry.config().cwd, raw);
-}
-
-std::string EntryTypeName(uint8_t type) {
-  switch (static_cast<fs::EntryType>(type)) {
-    case fs::EntryType::kFile:
-      return "file";
-    case fs::EntryType::kDirectory:
-      return "directory";
-    case fs::EntryType::kSymlink:
-      return "symlink";
-    default:
-      return "other";
-  }
 }
 
 json::object ImageJson(const images::ImageInfo& info, const std::vector<std::string>& used_by) {
@@ -1172,86 +1162,6 @@ void AppendToBlocks(std::vector<std::string>& blocks, std::string_view bytes) {
   }
 }
 
-// One stream's bytes given in pieces, cut where each cut encodes on its own as the whole stream
-// would: an incomplete UTF-8 character (text) or the bytes short of a group of three (base64) at
-// a piece's end wait for the next. The NDJSON events and the buffered answer both cut this way.
-class StreamCut {
- public:
-  explicit StreamCut(bool base64) : base64_(base64) {}
-
-  // The bytes to encode now: `piece` after what was held, less what is held for the next. A view
-  // of `piece` itself when nothing was held (no copy), else of a buffer of the cut's own; valid
-  // until the next call.
-  std::string_view Next(std::string_view piece) {
-    std::string_view all = piece;
-    if (!held_.empty()) {
-      joined_ = std::move(held_);
-      joined_.append(piece);
-      all = joined_;
-    }
-    const size_t keep = base64_ ? all.size() % 3 : utf8::IncompleteTailLength(all);
-    held_.assign(all.substr(all.size() - keep));
-    return all.substr(0, all.size() - keep);
-  }
-  // What is still held, at the stream's end (text: U+FFFD once decoded; base64: padded).
-  std::string Finish() { return std::exchange(held_, std::string()); }
-  size_t held() const { return held_.size(); }
-
- private:
-  bool base64_;
-  std::string held_;
-  std::string joined_;
-};
-
-// Turns the log into NDJSON output events: offsets of the raw bytes; text decoded as UTF-8
-// without splitting a character (bytes held back at a piece's end go with the next event of
-// their stream, whose offset is that of its first held byte), or base64 of the exact bytes.
-class EventEncoder {
- public:
-  explicit EventEncoder(bool base64) : base64_(base64) {}
-
-  // nullopt when everything was held back.
-  std::optional<json::object> Encode(const ExecSession::Piece& p) {
-    const int i = p.stream == 2 ? 1 : 0;
-    json::object o;
-    o["type"] = i == 0 ? "stdout" : "stderr";
-    if (base64_) {
-      o["offset"] = p.offset;
-      o["dataBase64"] = Base64Encode(p.data);
-      return o;
-    }
-    StreamCut& cut = cuts_[i];
-    const uint64_t first = cut.held() > 0 ? held_offset_[i] : p.offset;
-    const std::string_view bytes = cut.Next(p.data);
-    if (cut.held() > 0 && cut.held() <= p.data.size()) {
-      held_offset_[i] = p.offset + p.data.size() - cut.held();
-    }
-    if (bytes.empty()) return std::nullopt;
-    o["offset"] = first;
-    o["data"] = utf8::DecodeLossy(bytes);
-    return o;
-  }
-  // At the end of the output: what is still held (as U+FFFD), one event per stream.
-  std::vector<json::object> Finish() {
-    std::vector<json::object> out;
-    for (int i = 0; i < 2; ++i) {
-      const std::string held = cuts_[i].Finish();
-      if (held.empty()) continue;
-      json::object o;
-      o["type"] = i == 0 ? "stdout" : "stderr";
-      o["offset"] = held_offset_[i];
-      o["data"] = utf8::DecodeLossy(held);
-      out.push_back(std::move(o));
-    }
-    return out;
-  }
-
- private:
-  bool base64_;
-  StreamCut cuts_[2] = {StreamCut(false), StreamCut(false)};
-  uint64_t held_offset_[2] = {0, 0};  // of a stream's first held byte
-};
-
 json::object ExecJson(const ExecSession& s) {
   json::object o;
   o["execId"] = s.id();
@@ -1473,6 +1383,8 @@ class Daemon {
                                 std::string_view query);
   asio::awaitable<bool> FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                const std::string& verb);
+  // fs/readdir's answer, passed on as nsbox-init sends it (runtime/listing.h).
+  asio::awaitable<bool> Readdir(Ctx& c, std::shared_ptr<Sandbox> box, std::string path, bool typed);
   // /v1/images and /v1/images/{name}.
   asio::awaitable<bool> Images(Ctx& c, const std::vector<std::string>& segs,
                                std::string_view query);
@@ -1490,6 +1402,7 @@ class Daemon {
   asio::io_context& io_;
   Registry& registry_;
   const std::string token_;  // empty: no TCP listener
+  ListingBudget listings_{io_.get_executor(), ListingLimits{}};
   // Before the pools: their threads may still run jobs that count (the /metrics scrape renders
   // on a worker) while the daemon is destroyed, and a pool joins its threads in its destructor.
   Metrics metrics_;
@@ -2485,6 +2398,8 @@ asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
   if (!allow.empty()) res.set(http::field::allow, allow);
   // Every 401 says which scheme it wants (RFC 9110 §15.5.2: it MUST carry WWW-Authenticate).
   if (status == 401) res.set(http::field::www_authenticate, "Bearer realm=\"nsbox\"");
+  // A 503 is for a moment (a sandbox restarting, the listings' budget full): try again in one.
+  if (status == 503) res.set(http::field::retry_after, "1");
   // A request whose body was not read to its end cannot be followed by another.
   res.keep_alive(c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_);
   metrics_.BytesOut(body.size());
@@ -3220,6 +3135,17 @@ asio::awaitable<Daemon::LogSent> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSes
                                                  uint64_t offset, bool follow, bool base64,
                                                  std::shared_ptr<HangupWatch> watch) {
   EventEncoder encoder(base64);
+  if (!base64 && offset > s->oldest()) {
+    // Each stream starts with the character it began before `offset`, if it did: a client that
+    // re-attaches at the `end` of the last event it has gets it whole, as it would have.
+    for (int stream : {1, 2}) {
+      std::vector<ExecSession::Piece> tail;
+      for (const ExecSession::Span& span : s->StreamTail(stream, offset, 3)) {
+        for (auto& p : co_await s->ReadLog(span.offset, span.len)) tail.push_back(std::move(p));
+      }
+      encoder.Resume(stream, tail);
+    }
+  }
   bool start_sent = false;
   std::string lines;  // the events not yet sent
   auto add = [&lines](const json::object& event) {
@@ -3889,7 +3815,7 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
 ApiOutcome<std::string> QueryPath(std::string_view query) {
   std::optional<std::string> path;
   std::optional<std::string> path_base64;
-  auto bad = ForEachQueryParam(query, [&](std::string key, std::string value) {
+  auto bad = ForEachQueryParam(query, [&](const std::string& key, std::string value) {
     if (key == "path") path = std::move(value);
     if (key == "pathBase64") path_base64 = std::move(value);
     return std::optional<ApiError>();
@@ -4329,6 +4255,12 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
   std::shared_ptr<Sandbox> box = running.value();
   const std::string p = path.value();
   const bool typed = with_types.value();
+  if (verb == "readdir") {
+    const auto start = Clock::now();
+    const bool kept = co_await Readdir(c, box, p, typed);
+    metrics_.FileVerb(verb, SecondsSince(start));
+    co_return kept;
+  }
   const bool rec = recursive.value();
   const bool frc = force.value();
   // The verb and the shaping of its answer run on the pool; one path below answers them all.
@@ -4346,34 +4278,6 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
       o["size"] = r.value().size;
       o["mtimeMs"] = r.value().mtime_ms;
       o["mode"] = r.value().mode;  // Node's Stats.mode: the type and permission bits
-      return std::optional<json::object>(std::move(o));
-    }
-    if (verb == "readdir") {
-      auto r = box->client().Readdir(p, typed);
-      if (!r.ok() && r.error().err == E2BIG) {
-        // A listing larger than the API carries (fs/protocol.h kMaxReaddirBytes).
-        ApiError e = fail(r.error());
-        e.status = 422;
-        e.code = "unsupported";
-        return e;
-      }
-      if (!r.ok()) return fail(r.error());
-      auto& entries = r.value().entries;
-      std::sort(entries.begin(), entries.end(),
-                [](const auto& x, const auto& y) { return x.name < y.name; });
-      json::array list;
-      for (const auto& e : entries) {
-        if (!typed) {
-          list.emplace_back(utf8::DecodeLossy(e.name));
-          continue;
-        }
-        json::object item;
-        item["name"] = utf8::DecodeLossy(e.name);
-        if (!utf8::IsValid(e.name)) item["nameBase64"] = Base64Encode(e.name);
-        item["type"] = EntryTypeName(e.type);
-        list.push_back(std::move(item));
-      }
-      o["entries"] = std::move(list);
       return std::optional<json::object>(std::move(o));
     }
     if (verb == "exists") {
@@ -4398,6 +4302,90 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
     const json::value reply_json = std::move(*answer.value());
     co_return co_await ReplyJson(c, 200, reply_json);
   }
+}
+
+asio::awaitable<bool> Daemon::Readdir(Ctx& c, std::shared_ptr<Sandbox> box, std::string path,
+                                      bool typed) {
+  if (!co_await listings_.Enter()) {
+    const ApiError reply_error =
+        ApiError::Of(503, "busy",
+                     "the daemon is passing on " + std::to_string(listings_.max_in_flight()) +
+                         " directory listings at once, its bound, and none ended within " +
+                         std::to_string(listings_.limits().admission.count()) + " ms; try again");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  auto hold = [box] { box->client().HoldReads(); };
+  auto release = [box] { box->client().ReleaseReads(); };
+  auto listing = std::make_shared<ListingStream>(io_.get_executor(), typed, listings_.limits(),
+                                                 std::move(hold), std::move(release));
+  // A client that takes nothing while the sandbox's channel waits for it loses its connection.
+  listing->on_stall = [&c] {
+    boost::system::error_code ec;
+    c.socket.shutdown(Socket::shutdown_both, ec);
+    c.socket.cancel(ec);
+  };
+  struct Done {
+    ListingBudget& budget;
+    ListingStream& listing;
+    ~Done() {
+      listing.on_stall = nullptr;
+      listing.Abandon();
+      budget.Leave();
+    }
+  } done{listings_, *listing};
+  box->client().StartReaddir(
+      path, typed, [listing](std::string part) { listing->Part(std::move(part)); },
+      [listing](fs::FsOutcome<fs::Unit> end) { listing->Done(std::move(end)); });
+  while (!listing->started()) co_await listing->WaitChange();
+  if (!listing->any_part()) {
+    // nsbox-init's error is the answer: ENOENT, ENOTDIR, E2BIG (more than the API carries).
+    fs::FsError e;
+    e.err = EPROTO;
+    e.message = "nsbox-init ended the listing of '" + path + "' without an answer";
+    if (auto error = listing->failed()) e = *error;
+    ApiError reply_error = ApiError::FromFs(e);
+    if (e.err == E2BIG) {
+      reply_error.status = 422;
+      reply_error.code = "unsupported";
+    }
+    co_return co_await ReplyError(c, reply_error);
+  }
+  std::string out = "{\"entries\":[";
+  // Most directories: the listing came whole in its first frame, and goes in one write.
+  if (listing->single() && listing->bytes() <= kSocketReadRoom) {
+    out += listing->TakeJson(std::numeric_limits<size_t>::max());
+    if (auto bad = listing->failed()) {
+      const ApiError reply_error = ApiError::FromFs(*bad);
+      co_return co_await ReplyError(c, reply_error);
+    }
+    out += "]}";
+    co_return co_await Reply(c, 200, std::move(out));
+  }
+  const bool keep_alive =
+      c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_;
+  if (!co_await StartChunked(c, "application/json", keep_alive)) co_return false;
+  for (;;) {
+    out += listing->TakeJson(kSocketReadRoom);
+    if (auto bad = listing->failed()) {
+      // Cut short: no last chunk, and the connection ends, so that no client takes what it got
+      // for the whole listing.
+      log::warn("sandbox={} readdir '{}' cut short: {}", c.sandbox_id, utf8::DecodeLossy(path),
+                bad->message);
+      co_return false;
+    }
+    if (listing->finished()) break;
+    if (!out.empty()) {
+      // What arrives during the write is looked at again before waiting: its wake-up is gone.
+      if (!co_await SendChunk(c, out, /*last=*/false)) co_return false;
+      continue;
+    }
+    co_await listing->WaitChange();
+  }
+  out += "]}";
+  const bool sent = co_await SendChunk(c, out, /*last=*/true);
+  // The heap keeps what a large listing freed unless asked (the exec answer does the same).
+  if (listing->bytes() > (8u << 20)) ::malloc_trim(0);
+  co_return sent&& keep_alive;
 }
 
 // ---- listeners ----

@@ -14,6 +14,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <atomic>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -37,6 +39,16 @@ class ExhaustionTest : public AdversarialTest {
     Response r = c.Get("/v1/health", milliseconds(5000));
     if (r.status != 200) return -1;
     return std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count();
+  }
+  // 300,000 names of 200 bytes in the sandbox's /tmp: a listing of 60.9 MB of JSON (issue 44
+  // measured 62.6 MB). The first name is 000000xxx..., the last 299999xxx...
+  void MakeHugeDirectory(const std::string& id) {
+    ExecResult made = Exec(id,
+                           "mkdir /tmp/huge && cd /tmp/huge && python3 -c 'for i in "
+                           "range(300000): open(\"%06d%s\" % (i, \"x\" * 194), \"w\").close()' "
+                           "&& ls -U | wc -l",
+                           milliseconds(300000));
+    ASSERT_EQ(made.out(), "300000\n") << "control: the directory is that big" << made.Describe();
   }
 };
 
@@ -593,6 +605,104 @@ TEST_F(ExhaustionTest, ATreeDeeperThanTheDaemonsFdLimitIsDeletedWhole) {
       << metrics.body;
   EXPECT_NE(metrics.body.find("\nnsbox_sandbox_removal_failures_total 0\n"), std::string::npos);
   EXPECT_EQ(Call("GET", SbPath(id)).status, 404);
+}
+
+// ---- listings ----
+
+std::string HugeName(int i) {
+  char digits[8];
+  std::snprintf(digits, sizeof digits, "%06d", i);
+  return digits + std::string(194, 'x');
+}
+
+// Six clients list the directory at once, whole: 6 x 60.9 MB pass through the daemon, which
+// never held a listing whole. Before it did, and its JSON, and kept what it freed: 7 MiB of RSS
+// grew to 641-901 MiB. Control: every answer is the whole listing, sorted.
+TEST_F(ExhaustionTest, SixHugeListingsAtOnceStayWithinTheDaemonsBound) {
+  const std::string id = NewSandbox("listing");
+  MakeHugeDirectory(id);
+  const long rss0 = RssKib(daemon().pid());
+  std::vector<std::thread> clients;
+  std::vector<Response> answers(6);
+  std::atomic<bool> done{false};
+  long peak = rss0;
+  std::thread sampler([&] {
+    while (!done) {
+      peak = std::max(peak, RssKib(daemon().pid()));
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+  });
+  for (size_t i = 0; i < answers.size(); ++i) {
+    clients.emplace_back([&, i] {
+      Client c(daemon().endpoint());
+      answers[i] = c.Request("POST", SbPath(id, "/fs/readdir"), R"({"path": "/tmp/huge"})", {},
+                             milliseconds(300000));
+    });
+  }
+  for (auto& t : clients) t.join();
+  done = true;
+  sampler.join();
+  for (const Response& r : answers) {
+    ASSERT_EQ(r.status, 200) << r.transport_error << r.body.substr(0, 300);
+    // {"entries":[ 300,000 quoted names of 200 bytes, 299,999 commas ]}
+    EXPECT_EQ(r.body.size(), 12u + 300000u * 202u + 299999u + 2u);
+    json::value v = json::parse(r.body);
+    const json::array& entries = v.at("entries").as_array();
+    ASSERT_EQ(entries.size(), 300000u);
+    EXPECT_EQ(entries.front().as_string(), HugeName(0));
+    EXPECT_EQ(entries[123456].as_string(), HugeName(123456));
+    EXPECT_EQ(entries.back().as_string(), HugeName(299999));
+  }
+  const long rss1 = RssKib(daemon().pid());
+  std::fprintf(stderr, "daemon RSS: %ld MiB before, peak %ld MiB, %ld MiB after\n", rss0 / 1024,
+               peak / 1024, rss1 / 1024);
+  // At most 6 listings of about 10 MiB each in flight (docs/daemon.md), and given back after.
+  EXPECT_LT(peak - rss0, 96L * 1024) << "the daemon grew by " << (peak - rss0) / 1024 << " MiB";
+  EXPECT_LT(rss1 - rss0, 24L * 1024) << "the daemon kept " << (rss1 - rss0) / 1024 << " MiB";
+}
+
+// A client that asks for the huge listing and never reads: the daemon holds a few MiB for it,
+// stops reading the sandbox's channel while they wait, and after 10 s cuts the answer short
+// (no last chunk, the connection closed) and serves the sandbox again. Meanwhile every other
+// sandbox and the daemon are served at once. Control: once cut off, the sandbox answers.
+TEST_F(ExhaustionTest, AHugeListingsClientThatNeverReadsIsCutOff) {
+  const std::string id = NewSandbox("stuck-listing");
+  MakeHugeDirectory(id);
+  const std::string other = NewSandbox("other");
+  Sh(other, "true");
+  const long rss0 = RssKib(daemon().pid());
+  RawConnection raw(daemon().endpoint());
+  const std::string body = R"({"path": "/tmp/huge"})";
+  ASSERT_TRUE(raw.Send("POST " + SbPath(id, "/fs/readdir") +
+                       " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: " +
+                       std::to_string(body.size()) + "\r\n\r\n" + body));
+  const auto start = Clock::now();
+  long worst = 0, rss = 0;
+  for (int i = 0; i < 30; ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    worst = std::max(worst, HealthLatencyMs());
+    rss = std::max(rss, RssKib(daemon().pid()));
+  }
+  const auto other_start = Clock::now();
+  EXPECT_EQ(Sh(other, "echo served"), "served\n");
+  EXPECT_LT(Clock::now() - other_start, milliseconds(1000)) << "another sandbox waited";
+  EXPECT_LT(worst, 1000) << "the daemon answered its health after " << worst << " ms";
+  EXPECT_LT(rss - rss0, 32L * 1024) << "the daemon holds " << (rss - rss0) / 1024 << " MiB";
+  // The sandbox's own verbs wait for the channel, at most until the cut.
+  EXPECT_EQ(Sh(id, "echo served"), "served\n");
+  const auto waited = Clock::now() - start;
+  EXPECT_LT(waited, milliseconds(16000));
+  std::string got;
+  EXPECT_TRUE(raw.WaitClosed(milliseconds(20000), &got)) << "the answer was not cut short";
+  EXPECT_NE(got.find("200 OK"), std::string::npos) << got.substr(0, 300);
+  EXPECT_NE(got.find("Transfer-Encoding: chunked"), std::string::npos);
+  EXPECT_EQ(got.find("\r\n0\r\n\r\n"), std::string::npos) << "a last chunk was sent";
+  EXPECT_LT(got.size(), 16u * kMiB);
+  // Control: a client that reads gets it whole meanwhile.
+  Response whole = Fs(id, "readdir", json::object{{"path", "/tmp/huge"}});
+  ASSERT_EQ(whole.status, 200) << whole.Describe();
+  EXPECT_EQ(json::parse(whole.body).at("entries").as_array().size(), 300000u);
 }
 
 }  // namespace

@@ -183,6 +183,38 @@ TEST_F(NetworkEscapeTest, TheGatewayIsOnlyAResolver) {
   EXPECT_NE(names.out().find(inet().allowed_address()), std::string::npos) << names.Describe();
 }
 
+// An allow entry wide enough to cover the host or link-local does not open them (issue 44):
+// `0.0.0.0/0` reaches neither the metadata address nor the host's service on all addresses (by
+// a host address or the gateway), `10.0.0.0/8` not that service through the gateway. Controls:
+// the wide entry reaches an outside address it covers, and entries naming each of those
+// addresses alone reach them.
+TEST_F(NetworkEscapeTest, WideAllowEntriesReachNeitherTheHostNorLinkLocal) {
+  const std::string host_port = std::to_string(inet().host_port());
+  std::string own;
+  const std::string id = Networked(R"({"allow": ["0.0.0.0/0"]})", &own);
+  auto connect = [&](const std::string& address, const std::string& port) {
+    return Get(Attack(id, "connect tcp " + address + " " + port), "connect");
+  };
+  EXPECT_EQ(connect(inet().raw_address(), "80"), "0") << "control: the range opens the outside";
+  EXPECT_EQ(connect(testinet::kMetadataAddress, "80"), "ECONNREFUSED");
+  EXPECT_EQ(connect(inet().host_address(), host_port), "ECONNREFUSED");
+  EXPECT_EQ(connect(Gateway(), host_port), "ECONNREFUSED");
+  auto set_policy = [&](const std::string& network) {
+    Response r = Call("PUT", SbPath(id, "/network"), R"({"network": )" + network + "}");
+    ASSERT_EQ(r.status, 200) << r.Describe();
+  };
+  set_policy(R"({"allow": ["10.0.0.0/8"]})");
+  EXPECT_EQ(connect(Gateway(), host_port), "ECONNREFUSED");
+  // Named by their own addresses, each is reachable: the refusals above are the policy's.
+  set_policy(R"({"allow": [")" + std::string(testinet::kMetadataAddress) + R"(", ")" +
+             inet().host_address() + R"(", ")" + Gateway() + R"(", "0.0.0.0/0"]})");
+  EXPECT_EQ(connect(testinet::kMetadataAddress, "80"), "0");
+  EXPECT_EQ(connect(inet().host_address(), host_port), "0");
+  EXPECT_EQ(connect(Gateway(), host_port), "0");
+  KeyValues host = AttackOnHost({"connect", "tcp", Gateway(), host_port});
+  EXPECT_EQ(Get(host, "connect"), "0") << "control: the host's service listens there";
+}
+
 // IPv6 does not exist for a sandbox: no address, no route, whatever the policy.
 TEST_F(NetworkEscapeTest, NoIpv6) {
   std::string own;

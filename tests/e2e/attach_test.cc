@@ -258,6 +258,49 @@ TEST_F(AttachTest, ReattachTwiceLosesAndRepeatsNoLine) {
   EXPECT_EQ(out, want);
 }
 
+// A character whose bytes the other stream's output splits (issue 44): the text event that
+// carries it says where its bytes start and end, and a re-attach at the greatest `end` received
+// sends it whole, once. Control: base64 shows where each byte of the log is.
+TEST_F(AttachTest, ACharacterSplitByTheOtherStreamGoesWholeAndReattachesExactly) {
+  std::string exec_id;
+  auto s = Start(json::object{{"command",
+                               "printf 'ab\\342\\202'; sleep 0.2; echo err >&2; sleep 0.2; "
+                               "printf '\\254\\n'"},
+                              {"detach", true}},
+                 &exec_id);
+  ASSERT_FALSE(exec_id.empty());
+  auto events = [](const std::vector<json::object>& all) {
+    std::vector<std::string> out;
+    for (const auto& e : all) {
+      const std::string type = Str(e, "type");
+      if (type != "stdout" && type != "stderr") continue;
+      out.push_back(type + "@" + std::to_string(Int(e, "offset")) + "-" +
+                    std::to_string(Int(e, "end")) + ":" +
+                    (e.contains("data") ? Str(e, "data") : Str(e, "dataBase64")));
+    }
+    return out;
+  };
+  const std::string euro = "\xe2\x82\xac";
+  EXPECT_EQ(events(s->ReadAll(milliseconds(20000))),
+            (std::vector<std::string>{"stdout@0-2:ab", "stderr@4-8:err\n",
+                                      "stdout@2-10:" + euro + "\n"}));
+  auto reattach = [&](const std::string& query) {
+    NdjsonStream r(daemon().endpoint(), "GET", OutputPath(exec_id, query), "");
+    EXPECT_EQ(r.status(), 200) << r.error();
+    return events(r.ReadAll(milliseconds(20000)));
+  };
+  // After the second event: the greatest end is 8.
+  EXPECT_EQ(reattach("?offset=8"), (std::vector<std::string>{"stdout@2-10:" + euro + "\n"}));
+  // After the first: 2.
+  EXPECT_EQ(reattach("?offset=2"),
+            (std::vector<std::string>{"stderr@4-8:err\n", "stdout@2-10:" + euro + "\n"}));
+  EXPECT_EQ(reattach("?offset=10"), std::vector<std::string>{});
+  EXPECT_EQ(reattach("?offset=8&encoding=base64"), (std::vector<std::string>{"stdout@8-10:rAo="}));
+  EXPECT_EQ(reattach("?offset=0&encoding=base64"),
+            (std::vector<std::string>{"stdout@0-4:YWLigg==", "stderr@4-8:ZXJyCg==",
+                                      "stdout@8-10:rAo="}));
+}
+
 TEST_F(AttachTest, DetachedExecOutlivesItsStarterAndReattachGetsTheExit) {
   std::string exec_id;
   auto s =

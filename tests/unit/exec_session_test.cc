@@ -488,6 +488,43 @@ TEST_F(ExecSessionTest, TheSpillFileIsMadeByAJobAndWhatWaitsForItIsKept) {
   EXPECT_EQ(bytes, std::string(10000, 'y'));
 }
 
+// Where a stream's last bytes before an offset lie, in the ring and in the spill (by its runs),
+// past the other stream's bytes between them: the issue 44 case, stdout "ab\xe2\x82", stderr
+// "err\n", stdout "\xac\n".
+TEST_F(ExecSessionTest, StreamTailFindsAStreamsLastBytesPastTheOtherStream) {
+  using Spans = std::vector<std::pair<uint64_t, size_t>>;
+  auto spans = [](const std::vector<ExecSession::Span>& in) {
+    Spans out;
+    for (const auto& s : in) out.emplace_back(s.offset, s.len);
+    return out;
+  };
+  for (uint64_t ring : {uint64_t{4096}, uint64_t{4}}) {
+    auto s = Make(ring, 1 << 20);
+    s->Append(1, "ab\xe2\x82");
+    s->Append(2, "err\n");
+    s->Append(1, "\xac\n");
+    Settle(*s);
+    SCOPED_TRACE(s->spilled_bytes() > 0 ? "spilled" : "in the ring");
+    EXPECT_EQ(spans(s->StreamTail(1, 8, 3)), (Spans{{1, 3}}));
+    EXPECT_EQ(spans(s->StreamTail(1, 5, 3)), (Spans{{1, 3}}));
+    EXPECT_EQ(spans(s->StreamTail(2, 8, 3)), (Spans{{5, 3}}));
+    EXPECT_EQ(spans(s->StreamTail(1, 10, 3)), (Spans{{3, 1}, {8, 2}}));
+    EXPECT_EQ(spans(s->StreamTail(1, 9, 3)), (Spans{{2, 2}, {8, 1}}));
+    EXPECT_EQ(spans(s->StreamTail(2, 4, 3)), Spans{}) << "no stderr before it";
+    EXPECT_EQ(spans(s->StreamTail(1, 1, 3)), (Spans{{0, 1}}));
+    EXPECT_EQ(spans(s->StreamTail(1, 99, 3)), (Spans{{3, 1}, {8, 2}})) << "past the end";
+  }
+  // Only what is kept: the spill's cap dropped the oldest bytes.
+  auto s = Make(4, 6);
+  s->Append(1, "abcd");
+  s->Append(2, "efgh");
+  s->Append(1, "ij");
+  s->Append(2, "kl");
+  Settle(*s);
+  ASSERT_GT(s->oldest(), 0u);
+  for (const auto& span : s->StreamTail(1, s->end(), 3)) EXPECT_GE(span.offset, s->oldest());
+}
+
 TEST_F(ExecSessionTest, StartAndEnd) {
   auto s = Make(4096, 0);
   EXPECT_FALSE(s->started());

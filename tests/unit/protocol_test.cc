@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace nsbox::fs::proto {
 namespace {
 
@@ -192,6 +196,46 @@ TEST(Protocol, RefusesTruncatedTrailingAndOutOfRangePayloads) {
   EXPECT_EQ(w.mode, WriteRequest::kKeepMode);
   EXPECT_FALSE(Decode(Encode(WriteRequest{"/a", 010000}), &w));
   EXPECT_FALSE(Decode(Encode(WriteRequest{"/a", 0100644}), &w));
+}
+
+// nsboxd reads a listing's frames entry by entry as it streams them (runtime/listing.h): the
+// cursor takes exactly what Decode takes, every prefix and bad entry refused as Decode refuses it.
+TEST(Protocol, ReaddirCursorReadsWhatDecodeReads) {
+  auto entries = [](std::string_view payload, bool* ok) {
+    std::vector<std::pair<std::string, uint8_t>> out;
+    ReaddirCursor cursor(payload);
+    std::string_view name;
+    uint8_t type = 0;
+    while (cursor.Next(&name, &type)) out.emplace_back(std::string(name), type);
+    *ok = cursor.ok();
+    return out;
+  };
+  const std::string good = Encode(ReaddirReply{{{"a", 0}, {"bb\xff", 1}, {"c", 3}}});
+  bool ok = false;
+  EXPECT_EQ(entries(good, &ok),
+            (std::vector<std::pair<std::string, uint8_t>>{{"a", 0}, {"bb\xff", 1}, {"c", 3}}));
+  EXPECT_TRUE(ok);
+  EXPECT_TRUE(entries(Encode(ReaddirReply{}), &ok).empty());
+  EXPECT_TRUE(ok);
+  for (size_t n = 0; n < good.size(); ++n) {
+    entries(good.substr(0, n), &ok);
+    EXPECT_FALSE(ok) << n;
+  }
+  entries(good + "x", &ok);
+  EXPECT_FALSE(ok);
+  for (const auto& bad : std::vector<ReaddirReply>{{{{"a", 9}}},
+                                                   {{{".", 0}}},
+                                                   {{{"..", 0}}},
+                                                   {{{"a/b", 0}}},
+                                                   {{{"", 0}}},
+                                                   {{{std::string("a\0b", 3), 0}}},
+                                                   {{{std::string(256, 'n'), 0}}}}) {
+    ReaddirReply d;
+    const std::string payload = Encode(bad);
+    EXPECT_FALSE(Decode(payload, &d));
+    entries(payload, &ok);
+    EXPECT_FALSE(ok) << bad.entries[0].name.size();
+  }
 }
 
 TEST(Protocol, ExecOutputFastPathsMatchTheGeneralEncoding) {

@@ -137,8 +137,13 @@ export interface ExecResult {
 
 export type ExecEvent =
   | { type: 'start'; execId: string; pid: number }
-  | { type: 'stdout'; offset: number; data?: string; dataBase64?: string }
-  | { type: 'stderr'; offset: number; data?: string; dataBase64?: string }
+  /**
+   * `offset` of the first raw byte, `end` after the last (absent from a daemon before
+   * 2026-12-06). To lose and repeat nothing, re-attach with the greatest `end` received: a text
+   * event's bytes may be split by the other stream's (docs/exec.md).
+   */
+  | { type: 'stdout'; offset: number; end?: number; data?: string; dataBase64?: string }
+  | { type: 'stderr'; offset: number; end?: number; data?: string; dataBase64?: string }
   | {
       type: 'exit';
       exitCode: number;
