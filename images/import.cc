@@ -37,7 +37,9 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kProgressStep = 4 * kMiB;
 // An index, a manifest or a config is a few KiB; this bounds what a hostile one costs in memory.
 constexpr uint64_t kMaxJsonBytes = 16 * kMiB;
-constexpr size_t kReadChunk = 256 * 1024;
+// 64 KiB: each read is where the import may pause for the daemon's other requests
+// (ImportBudget::CheckCancel); a compressed piece of 64 KiB inflates in about a millisecond here.
+constexpr size_t kReadChunk = 64 * 1024;
 // Real images nest a few dozen levels at most. The bound keeps the fds held by RemoveTreeAt
 // (one per level) far below any RLIMIT_NOFILE.
 constexpr size_t kMaxPathComponents = 128;
@@ -99,10 +101,12 @@ bool IsHex(std::string_view s) {
 
 // ---- progress ----
 
+// Also the import's budget (import_budget.h), which every reader and writer of the import has at
+// hand through it.
 class Progress {
  public:
-  Progress(const ProgressFn& fn, const std::atomic<bool>* cancel) : fn_(fn), cancel_(cancel) {}
-  bool cancelled() const { return cancel_ != nullptr && cancel_->load(); }
+  Progress(const ProgressFn& fn, ImportBudget& budget) : fn_(fn), budget_(budget) {}
+  ImportBudget& budget() { return budget_; }
   void SetTotal(uint64_t total) { state_.bytes_total = total; }
   // A new phase or layer: reported at once. bytes_read starts from 0 in each phase.
   void Start(std::string_view phase, uint64_t layer, uint64_t layers) {
@@ -131,7 +135,7 @@ class Progress {
     if (fn_) fn_(state_);
   }
   const ProgressFn& fn_;
-  const std::atomic<bool>* cancel_;
+  ImportBudget& budget_;
   ImportProgress state_;
   uint64_t reported_ = 0;
 };
@@ -285,7 +289,7 @@ class RangeReader {
 
   // The next chunk: 0 bytes at the end of the range.
   Result<size_t> Read(const void** data) {
-    if (progress_ != nullptr && progress_->cancelled()) return Cancelled();
+    if (progress_ != nullptr) NSBOX_TRY(progress_->budget().CheckCancel());
     if (pos_ >= size_) return size_t{0};
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - pos_));
     ssize_t n;
@@ -452,6 +456,7 @@ Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Pro
   NSBOX_ASSIGN_OR_RETURN(ArchiveReader a, OpenArchive(&reader, ArchiveFormat::kTar, source));
   ScannedTar scan;
   uint64_t entries = 0;
+  uint64_t declared = 0;  // the data of the regular members, by their headers
   for (;;) {
     struct archive_entry* e = nullptr;
     int rc = archive_read_next_header(a.get(), &e);
@@ -474,6 +479,12 @@ Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Pro
       m.offset = static_cast<uint64_t>(archive_filter_bytes(a.get(), 0));
       m.size = static_cast<uint64_t>(archive_entry_size(e));
       m.sparse = archive_entry_sparse_count(e) > 0;
+      // More than the import may write is refused at the headers, before the data is
+      // decompressed (4 MB of gzip may declare 4 GiB). A sparse member may hold less than it says.
+      if (!m.sparse) {
+        declared += std::min(m.size, UINT64_MAX - declared);
+        NSBOX_TRY(progress.budget().Declared(declared, source));
+      }
     } else if (archive_entry_filetype(e) == AE_IFLNK) {
       m.kind = Member::Kind::kSymlink;
       const char* target = archive_entry_symlink(e);
@@ -519,6 +530,8 @@ Result<UniqueFd> DecompressToScratch(int fd, uint64_t size, int work_fd, const s
     la_ssize_t n = archive_read_data(a.get(), buf.data(), buf.size());
     if (n < 0) return ArchiveError(a.get(), reader, source + ": cannot decompress");
     if (n == 0) break;
+    NSBOX_TRY(
+        progress.budget().Charge(ImportBudget::Step::kScratch, static_cast<uint64_t>(n), source));
     NSBOX_TRY(WriteAll(out.get(), std::string_view(buf.data(), static_cast<size_t>(n)),
                        "the decompressed copy of " + source));
   }
@@ -1060,7 +1073,8 @@ std::string JoinParts(const std::vector<std::string>& parts, size_t n) {
 // the link instead of following it.
 class Unpacker {
  public:
-  Unpacker(int root_fd, const isolate::IdMapping& ids) : root_fd_(root_fd), ids_(ids) {}
+  Unpacker(int root_fd, const isolate::IdMapping& ids, ImportBudget& budget)
+      : root_fd_(root_fd), ids_(ids), budget_(budget) {}
 
   // Applies one layer's entries, read from `a`, in order. Errors name the entry; the caller
   // adds which layer.
@@ -1076,6 +1090,7 @@ class Unpacker {
       if (rc != ARCHIVE_OK && rc != ARCHIVE_WARN) {
         return ArchiveError(a, reader, "corrupt or truncated tar");
       }
+      NSBOX_TRY(budget_.Entry());  // its inode and name, and a look at the free space
       NSBOX_TRY(ApplyEntry(a, reader, e));
     }
   }
@@ -1361,6 +1376,14 @@ class Unpacker {
                       int parent, const std::string& name, const std::string& rel,
                       const Owner& owner) {
     const std::string path = "/" + rel;
+    // A file larger than the import may write is refused before its first byte; a sparse one
+    // is counted by the data it really has, block by block below.
+    if (archive_entry_sparse_count(e) == 0) {
+      NSBOX_TRY(
+          budget_.Expect(ImportBudget::Step::kUnpacked,
+                         static_cast<uint64_t>(std::max<la_int64_t>(archive_entry_size(e), 0)),
+                         "entry " + Quote(rel)));
+    }
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
     UniqueFd fd(::openat(parent, name.c_str(), flags, 0600));
     if (!fd.valid() && errno == EEXIST) {
@@ -1376,6 +1399,7 @@ class Unpacker {
       int rc = archive_read_data_block(a, &data, &size, &offset);
       if (rc == ARCHIVE_EOF) break;
       if (rc != ARCHIVE_OK) return ArchiveError(a, reader, "entry " + Quote(rel) + ": its data");
+      NSBOX_TRY(budget_.Charge(ImportBudget::Step::kUnpacked, size, "entry " + Quote(rel)));
       // Sparse entries come as blocks at offsets; the holes stay holes.
       const char* p = static_cast<const char*>(data);
       uint64_t at = static_cast<uint64_t>(offset);
@@ -1540,6 +1564,7 @@ class Unpacker {
 
   int root_fd_;
   isolate::IdMapping ids_;
+  ImportBudget& budget_;
   bool use_openat2_ = g_use_openat2.load();
   std::set<std::string> written_;  // paths this layer made: whiteouts never remove them
   std::map<std::string, struct timespec> dir_mtimes_;
@@ -1623,15 +1648,13 @@ std::string HexOf(const unsigned char* bytes, size_t size) {
   return out;
 }
 
-Error Cancelled() { return Error(ECANCELED, "the import was cancelled: the daemon is stopping"); }
-
 Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int rootfs_fd,
                                   const isolate::IdMapping& ids, const ProgressFn& progress_fn,
-                                  const std::atomic<bool>* cancel) {
+                                  ImportBudget& budget) {
   NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(AT_FDCWD, source, O_RDONLY | O_NOCTTY));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return Error::Sys("fstat", source, errno);
-  Progress progress(progress_fn, cancel);
+  Progress progress(progress_fn, budget);
 
   // 1. What the source is.
   std::unique_ptr<Source> src;
@@ -1687,10 +1710,11 @@ Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int ro
 
   // 2. The layers, in order. Their progress counts against their own bytes: a compressed outer
   // tar's layers are read from its decompressed copy, larger than the source.
+  NSBOX_TRY(budget.Layers(plan.layers.size()));
   uint64_t layer_bytes = 0;
   for (const LayerPlan& layer : plan.layers) layer_bytes += layer.blob.size;
   progress.SetTotal(layer_bytes);
-  Unpacker unpacker(rootfs_fd, ids);
+  Unpacker unpacker(rootfs_fd, ids, budget);
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     NSBOX_TRY(ApplyLayer(unpacker, plan.layers[i], i, plan.layers.size(), progress));
   }
