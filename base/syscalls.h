@@ -54,6 +54,12 @@ inline int MountSetattr(int dirfd, const char* path, unsigned int flags, struct 
   return static_cast<int>(::syscall(SYS_mount_setattr, dirfd, path, flags, attr, size));
 }
 
+// ioprio_set(2) (Linux 2.6.13): `which` IOPRIO_WHO_PROCESS with a thread id sets that thread's
+// I/O priority alone.
+inline int IoprioSet(int which, int who, int ioprio) {
+  return static_cast<int>(::syscall(SYS_ioprio_set, which, who, ioprio));
+}
+
 // The new mount API (Linux 5.2): a file system configured through an fd and mounted detached.
 inline int FsOpen(const char* fs_name, unsigned int flags) {
   return static_cast<int>(::syscall(SYS_fsopen, fs_name, flags));

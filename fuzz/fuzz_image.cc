@@ -52,7 +52,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
   // As the daemon maps an image: 65536 ids from the documented default base.
   ids.uid = {0, nsbox::isolate::kDefaultIdBase, nsbox::isolate::kDefaultIdCount};
   ids.gid = ids.uid;
-  (void)internal::UnpackImage(source, work, rootfs, ids, {});
+  // A fuzzer's input may declare gigabytes: the importer's own budget bounds what it writes, as
+  // the daemon's does (docs/images.md "Limits"), here to 64 MiB.
+  nsbox::images::ImportLimits limits = nsbox::images::ImportLimits::Unlimited();
+  limits.max_bytes = uint64_t{64} << 20;
+  limits.max_bytes_source = "fuzz_image";
+  nsbox::images::ImportBudget budget(limits, g_dir);
+  (void)internal::UnpackImage(source, work, rootfs, ids, {}, budget);
   close(work);
   close(rootfs);
   (void)internal::RemoveTreeAt(g_dir_fd, "rootfs", "rootfs");

@@ -39,7 +39,9 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kProgressStep = 4 * kMiB;
 // An index, a manifest or a config is a few KiB; this bounds what a hostile one costs in memory.
 constexpr uint64_t kMaxJsonBytes = 16 * kMiB;
-constexpr size_t kReadChunk = 256 * 1024;
+// 64 KiB: each read is where the import may pause for the daemon's other requests
+// (ImportBudget::CheckCancel); a compressed piece of 64 KiB inflates in about a millisecond here.
+constexpr size_t kReadChunk = 64 * 1024;
 // Real images nest a few dozen levels at most; a deeper path is a hostile archive's.
 constexpr size_t kMaxPathComponents = 128;
 // The paths the unpacking keeps while it runs (every path a layer made, for its whiteouts; every
@@ -108,10 +110,12 @@ bool IsHex(std::string_view s) {
 
 // ---- progress ----
 
+// Also the import's budget (import_budget.h), which every reader and writer of the import has at
+// hand through it.
 class Progress {
  public:
-  Progress(const ProgressFn& fn, const std::atomic<bool>* cancel) : fn_(fn), cancel_(cancel) {}
-  bool cancelled() const { return cancel_ != nullptr && cancel_->load(); }
+  Progress(const ProgressFn& fn, ImportBudget& budget) : fn_(fn), budget_(budget) {}
+  ImportBudget& budget() { return budget_; }
   void SetTotal(uint64_t total) { state_.bytes_total = total; }
   // A new phase or layer: reported at once. bytes_read starts from 0 in each phase.
   void Start(std::string_view phase, uint64_t layer, uint64_t layers) {
@@ -140,7 +144,7 @@ class Progress {
     if (fn_) fn_(state_);
   }
   const ProgressFn& fn_;
-  const std::atomic<bool>* cancel_;
+  ImportBudget& budget_;
   ImportProgress state_;
   uint64_t reported_ = 0;
 };
@@ -322,7 +326,7 @@ class RangeReader : public ByteSource {
 
  private:
   Result<size_t> ReadChunk(const void** data) {
-    if (progress_ != nullptr && progress_->cancelled()) return Cancelled();
+    if (progress_ != nullptr) NSBOX_TRY(progress_->budget().CheckCancel());
     if (pos_ >= size_) return size_t{0};
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buf_.size(), size_ - pos_));
     ssize_t n;
@@ -482,6 +486,7 @@ Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Pro
   ScannedTar scan;
   uint64_t entries = 0;
   uint64_t index_bytes = 0;
+  uint64_t declared = 0;  // the data of the regular members, by their headers
   for (;;) {
     struct archive_entry* e = nullptr;
     auto more = tar->Next(&e);
@@ -501,6 +506,12 @@ Result<ScannedTar> ScanTar(int fd, uint64_t size, const std::string& source, Pro
       m.offset = tar->position();
       m.size = static_cast<uint64_t>(archive_entry_size(e));
       m.sparse = archive_entry_sparse_count(e) > 0;
+      // More than the import may write is refused at the headers, before the data is
+      // decompressed (4 MB of gzip may declare 4 GiB). A sparse member may hold less than it says.
+      if (!m.sparse) {
+        declared += std::min(m.size, UINT64_MAX - declared);
+        NSBOX_TRY(progress.budget().Declared(declared, source));
+      }
     } else if (archive_entry_filetype(e) == AE_IFLNK) {
       m.kind = Member::Kind::kSymlink;
       const char* target = archive_entry_symlink(e);
@@ -561,6 +572,8 @@ Result<UniqueFd> DecompressToScratch(int fd, uint64_t size, int work_fd, const s
     la_ssize_t n = archive_read_data(a.get(), buf.data(), buf.size());
     if (n < 0) return ArchiveError(a.get(), reader, source + ": cannot decompress");
     if (n == 0) break;
+    NSBOX_TRY(
+        progress.budget().Charge(ImportBudget::Step::kScratch, static_cast<uint64_t>(n), source));
     NSBOX_TRY(WriteAll(out.get(), std::string_view(buf.data(), static_cast<size_t>(n)),
                        "the decompressed copy of " + source));
   }
@@ -1102,7 +1115,8 @@ std::string JoinParts(const std::vector<std::string>& parts, size_t n) {
 // the link instead of following it.
 class Unpacker {
  public:
-  Unpacker(int root_fd, const isolate::IdMapping& ids) : root_fd_(root_fd), ids_(ids) {}
+  Unpacker(int root_fd, const isolate::IdMapping& ids, ImportBudget& budget)
+      : root_fd_(root_fd), ids_(ids), budget_(budget) {}
 
   // Applies one layer's entries, read from `a`, in order. Errors name the entry; the caller
   // adds which layer.
@@ -1114,6 +1128,7 @@ class Unpacker {
       struct archive_entry* e = nullptr;
       NSBOX_ASSIGN_OR_RETURN(bool more, tar.Next(&e));
       if (!more) return Ok();
+      NSBOX_TRY(budget_.Entry());  // its inode and name, and a look at the free space
       NSBOX_TRY(ApplyEntry(tar.archive(), reader, e));
     }
   }
@@ -1422,6 +1437,14 @@ class Unpacker {
                       int parent, const std::string& name, const std::string& rel,
                       const Owner& owner) {
     const std::string path = "/" + rel;
+    // A file larger than the import may write is refused before its first byte; a sparse one
+    // is counted by the data it really has, block by block below.
+    if (archive_entry_sparse_count(e) == 0) {
+      NSBOX_TRY(
+          budget_.Expect(ImportBudget::Step::kUnpacked,
+                         static_cast<uint64_t>(std::max<la_int64_t>(archive_entry_size(e), 0)),
+                         "entry " + Quote(rel)));
+    }
     const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
     UniqueFd fd(::openat(parent, name.c_str(), flags, 0600));
     if (!fd.valid() && errno == EEXIST) {
@@ -1437,6 +1460,7 @@ class Unpacker {
       int rc = archive_read_data_block(a, &data, &size, &offset);
       if (rc == ARCHIVE_EOF) break;
       if (rc != ARCHIVE_OK) return ArchiveError(a, reader, "entry " + Quote(rel) + ": its data");
+      NSBOX_TRY(budget_.Charge(ImportBudget::Step::kUnpacked, size, "entry " + Quote(rel)));
       // Sparse entries come as blocks at offsets; the holes stay holes.
       const char* p = static_cast<const char*>(data);
       uint64_t at = static_cast<uint64_t>(offset);
@@ -1601,6 +1625,7 @@ class Unpacker {
 
   int root_fd_;
   isolate::IdMapping ids_;
+  ImportBudget& budget_;
   bool use_openat2_ = g_use_openat2.load();
   std::set<std::string> written_;  // paths this layer made: whiteouts never remove them
   std::map<std::string, struct timespec> dir_mtimes_;
@@ -1688,15 +1713,13 @@ std::string HexOf(const unsigned char* bytes, size_t size) {
   return out;
 }
 
-Error Cancelled() { return Error(ECANCELED, "the import was cancelled: the daemon is stopping"); }
-
 Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int rootfs_fd,
                                   const isolate::IdMapping& ids, const ProgressFn& progress_fn,
-                                  const std::atomic<bool>* cancel) {
+                                  ImportBudget& budget) {
   NSBOX_ASSIGN_OR_RETURN(UniqueFd fd, OpenAt(AT_FDCWD, source, O_RDONLY | O_NOCTTY));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return Error::Sys("fstat", source, errno);
-  Progress progress(progress_fn, cancel);
+  Progress progress(progress_fn, budget);
 
   // 1. What the source is.
   std::unique_ptr<Source> src;
@@ -1756,10 +1779,11 @@ Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int ro
 
   // 2. The layers, in order. Their progress counts against their own bytes: a compressed outer
   // tar's layers are read from its decompressed copy, larger than the source.
+  NSBOX_TRY(budget.Layers(plan.layers.size()));
   uint64_t layer_bytes = 0;
   for (const LayerPlan& layer : plan.layers) layer_bytes += layer.blob.size;
   progress.SetTotal(layer_bytes);
-  Unpacker unpacker(rootfs_fd, ids);
+  Unpacker unpacker(rootfs_fd, ids, budget);
   for (size_t i = 0; i < plan.layers.size(); ++i) {
     NSBOX_TRY(ApplyLayer(unpacker, plan.layers[i], i, plan.layers.size(), progress));
   }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "images/import_budget.h"
 #include "images/store.h"
 #include "isolate/idmap.h"
 
@@ -48,13 +49,11 @@ struct UnpackedImage {
 // layer blobs read (bytes_read counts the layer bytes read so far, from 0 again, and bytes_total
 // is then the layers' total size).
 //
-// `cancel`, when given and set, ends the unpacking at its next read of the source with
-// ECANCELED (ImageStore::CancelImports).
+// `budget` bounds what it writes and the layers it applies, and ends it (ECANCELED) at its next
+// read or write once it is to stop (import_budget.h); it says what was exceeded.
 Result<UnpackedImage> UnpackImage(const std::string& source, int work_fd, int rootfs_fd,
                                   const isolate::IdMapping& ids, const ProgressFn& progress,
-                                  const std::atomic<bool>* cancel = nullptr);
-// The error of a cancelled import.
-Error Cancelled();
+                                  ImportBudget& budget);
 
 // Removes `name` in the directory `dir_fd` and, when it is a directory, everything below it,
 // never following a symlink (each level is opened with O_NOFOLLOW relative to its parent's fd).

@@ -25,6 +25,7 @@
 #include "base/utf8.h"
 #include "images/image.h"
 #include "images/import.h"
+#include "images/import_budget.h"
 
 // libarchive 3.6's tar writers (pax, ustar, gnutar) report an unsupported file type through
 // __archive_write_entry_filetype_unsupported, which lives in archive_write_set_format.o, the
@@ -507,8 +508,12 @@ Result<std::unique_ptr<ImageStore>> ImageStore::Open(std::string images_dir,
 }
 
 Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::string& source,
-                                     bool replace, const ProgressFn& progress) {
+                                     bool replace, const ProgressFn& progress,
+                                     ImportBudget* given_budget) {
   const std::string name(name_view);
+  ImportBudget unlimited(ImportLimits::Unlimited(), dir_);
+  ImportBudget& budget = given_budget != nullptr ? *given_budget : unlimited;
+  budget.WatchStopping(&cancel_);
   if (auto why = InvalidImageNameReason(name)) return Error(EINVAL, *why);
   const Error taken(EEXIST,
                     "an image named '" + name + "' exists already (replace it with ?replace=1)");
@@ -548,13 +553,13 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
 
   // 2. Unpack and verify, without the lock: imports run side by side.
   Result<internal::UnpackedImage> unpacked_or =
-      internal::UnpackImage(source, work_fd.get(), rootfs_fd.get(), ids_, progress, &cancel_);
+      internal::UnpackImage(source, work_fd.get(), rootfs_fd.get(), ids_, progress, budget);
   // What the unpacking allocated (libarchive's buffers, the paths it kept) is free now, but glibc
   // keeps a worker thread's freed memory in its arena: given back to the kernel here, so that an
   // import, a failed one of a hostile image included, leaves nsboxd no larger than it found it.
   ::malloc_trim(0);
   NSBOX_ASSIGN_OR_RETURN(internal::UnpackedImage unpacked, std::move(unpacked_or));
-  if (cancel_.load()) return internal::Cancelled();
+  NSBOX_TRY(budget.CheckCancel());
   // Where a sandbox mounts its own /dev, /proc and /tmp, the image must have directories (or
   // nothing): a symlink or a file there would make every start of its sandboxes fail (mkdir
   // /dev: ENOTDIR), found only at their first command.
@@ -626,7 +631,7 @@ Result<ImageInfo> ImageStore::Import(std::string_view name_view, const std::stri
   }
   NSBOX_TRY(WriteFileAtomic(work_path, "image.json", EncodeImageInfo(info)));
   if (::syncfs(work_fd.get()) != 0) return Error::Sys("syncfs", work_path, errno);
-  if (cancel_.load()) return internal::Cancelled();
+  NSBOX_TRY(budget.CheckCancel());
   // 0700: the root holds setuid files owned by the sandboxes' uids; no host user may reach them
   // (case SetuidFilesOfSandboxesAreOutOfHostUsersReach). The overlay reads it as root.
   if (::fchmod(work_fd.get(), 0700) != 0) return Error::Sys("fchmod", work_path, errno);

@@ -77,6 +77,8 @@ struct ImportProgress {
 };
 using ProgressFn = std::function<void(const ImportProgress&)>;
 
+class ImportBudget;  // images/import_budget.h
+
 class ImageStore {
  public:
   // Makes `images_dir` (0711) and content/, removes .import-* left by a dead daemon (into the
@@ -94,8 +96,10 @@ class ImageStore {
   // Errors: EEXIST when `name` exists and !replace; EINVAL (Error::code) for bad input, with a
   // message naming the problem ("layer sha256:ab12... : digest mismatch, got sha256:..."),
   // ENOSPC etc. from the file system.
+  // `budget` bounds what it writes and ends it early (import_budget.h: EFBIG, ENOSPC, ECANCELED,
+  // and budget->stop() says why); without one, only CancelImports ends it.
   Result<ImageInfo> Import(std::string_view name, const std::string& source, bool replace,
-                           const ProgressFn& progress);
+                           const ProgressFn& progress, ImportBudget* budget = nullptr);
 
   std::optional<ImageInfo> Find(std::string_view name) const;
   std::vector<ImageInfo> List() const;  // sorted by name

@@ -16,6 +16,9 @@ struct ApiError {
   std::string message;
   std::string path;     // file-system errors only
   std::string syscall;  // file-system errors only
+  // When not 0: the answer carries Retry-After with this many seconds (a 429 or a 503 that will
+  // pass).
+  int retry_after_seconds = 0;
 
   // Every ApiError a coroutine uses is made by a function like these, never braced in place:
   // GCC 12 mishandles aggregate temporaries in co_await expressions (runtime/serve.cc).

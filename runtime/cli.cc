@@ -104,6 +104,7 @@ struct ClientCommands::Options {
   std::string image_name;
   std::string image_source;
   bool replace = false;
+  std::string image_max_bytes;           // image import --max-bytes
   std::vector<std::string> image_names;  // image rm
 
   // nsbox port ...
@@ -637,8 +638,16 @@ class CopyProgress {
 };
 
 // An import's error as the user is shown it: the API's image_exists names its query parameter
-// (?replace=1), where the CLI's way is --replace.
+// (?replace=1), where the CLI's way is --replace, and image_too_large the request's maxBytes,
+// which is --max-bytes.
 std::string ImportErrorText(std::string_view code, std::string message) {
+  if (code == "image_too_large") {
+    constexpr std::string_view kParam = "maxBytes of the request";
+    if (size_t at = message.find(kParam); at != std::string::npos) {
+      message.replace(at, kParam.size(), "--max-bytes");
+    }
+    return message;
+  }
   if (code != "image_exists") return message;
   constexpr std::string_view kQuery = "?replace=1";
   if (size_t at = message.find(kQuery); at != std::string::npos) {
@@ -651,6 +660,13 @@ int ImportImage(const Options& o, ApiClient& client) {
   const std::string what = "image import " + o.image_name;
   if (auto reason = images::InvalidImageNameReason(o.image_name)) {
     return Fail(what, *reason, kExitUsage);
+  }
+  std::optional<uint64_t> max_bytes;
+  if (!o.image_max_bytes.empty()) {
+    auto bytes = ParseBytes("--max-bytes", o.image_max_bytes);
+    if (!bytes.ok()) return Fail(what, bytes.error().message(), kExitUsage);
+    if (*bytes == 0) return Fail(what, "--max-bytes '0': at least 1 byte", kExitUsage);
+    max_bytes = *bytes;
   }
   UniqueFd fd(::open(o.image_source.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
   if (!fd.valid()) return Fail(what, Error::Sys("open", o.image_source, errno).message());
@@ -713,7 +729,10 @@ int ImportImage(const Options& o, ApiClient& client) {
     return Ok();
   };
   std::string target = ImageTarget(o.image_name);
-  if (o.replace) target += "?replace=1";
+  std::string query;
+  if (o.replace) query += "&replace=1";
+  if (max_bytes) query += "&maxBytes=" + std::to_string(*max_bytes);
+  if (!query.empty()) target += "?" + query.substr(1);
   auto answer = client.Upload(Method::kPost, target, fd.get(), upload);
   line.Done();
   if (answer.ok() && !answer->ok()) {
@@ -1610,6 +1629,9 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
       ->required();
   o.image_import->add_flag("--replace", o.replace,
                            "replace an image of that name (its sandboxes keep the old root)");
+  o.image_import->add_option("--max-bytes", o.image_max_bytes,
+                             "refuse the image if its import would write more than this, e.g. "
+                             "2G (the daemon's --image-max-bytes bounds it too)");
   o.image_import->add_flag("--json", o.json, "print the API's JSON");
   o.image_ls = o.image_cmd->add_subcommand("ls", "List images");
   o.image_ls->add_flag("--json", o.json, "print the API's JSON");

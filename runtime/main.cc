@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cstdio>
 #include <string>
 #include <tuple>
@@ -107,6 +108,23 @@ int main(int argc, char** argv) {
                         "stop a sandbox created without its own idleStopMs once it has been idle "
                         "this long, e.g. 15m (1s to 30d; default: never)");
   serve_cmd->add_flag("--leave-cgroup-mount", serve.leave_cgroup_mount, kLeaveCgroupMountHelp);
+  // Image imports (docs/images.md "Limits").
+  std::string image_max_bytes;
+  std::string image_keep_free;
+  serve_cmd->add_option("--image-max-bytes", image_max_bytes,
+                        "the most one image import may write: its upload, a compressed "
+                        "tarball's decompressed copy, its unpacked files, each (default 8G)");
+  serve_cmd
+      ->add_option("--image-max-layers", serve.image_imports.limits.max_layers,
+                   "the most layers an imported image may have (default 128)")
+      ->check(CLI::Range(1, 65536));
+  serve_cmd
+      ->add_option("--image-imports", serve.image_imports.max_imports,
+                   "image imports at once; more are refused with 429 (default 2)")
+      ->check(CLI::Range(size_t{1}, nsbox::runtime::kMaxMaxImports));
+  serve_cmd->add_option("--image-keep-free", image_keep_free,
+                        "free space an import leaves on the state directory's file system: N% "
+                        "of its size (and inodes) or a size (default 5%; 0 for none)");
 
   // create, ls, exec, cp, stop, rm: clients of nsboxd, and --socket / --url / --token.
   nsbox::runtime::ClientCommands client_commands(app);
@@ -143,6 +161,24 @@ int main(int argc, char** argv) {
         return nsbox::isolate::kExitSetupFailed;
       }
       *out = *bytes;
+    }
+    if (!image_max_bytes.empty()) {
+      auto bytes = nsbox::runtime::ParseBytes("--image-max-bytes", image_max_bytes);
+      if (bytes.ok() && *bytes < (uint64_t{1} << 20)) {
+        bytes = nsbox::Error(EINVAL, "--image-max-bytes '" + image_max_bytes + "': at least 1M");
+      }
+      if (!bytes.ok()) {
+        std::fprintf(stderr, "nsbox serve: %s\n", bytes.error().message().c_str());
+        return nsbox::isolate::kExitSetupFailed;
+      }
+      serve.image_imports.limits.max_bytes = *bytes;
+    }
+    if (!image_keep_free.empty()) {
+      auto st = nsbox::runtime::ParseKeepFree(image_keep_free, &serve.image_imports.limits);
+      if (!st.ok()) {
+        std::fprintf(stderr, "nsbox serve: %s\n", st.error().message().c_str());
+        return nsbox::isolate::kExitSetupFailed;
+      }
     }
     if (!idle_stop.empty()) {
       auto ms = nsbox::runtime::ParseDurationMs(

@@ -32,6 +32,7 @@
 #include "isolate/idmap.h"
 #include "net/net_client.h"
 #include "runtime/exec_session.h"
+#include "runtime/image_imports.h"
 
 namespace nsbox::runtime {
 
@@ -1849,10 +1850,15 @@ ApiError ImageError(const Error& e) {
 
 ApiOutcome<images::ImageInfo> Registry::ImportImage(const std::string& name,
                                                     const std::string& source, bool replace,
-                                                    const images::ProgressFn& progress) {
-  auto imported = images_->Import(name, source, replace, progress);
+                                                    const images::ProgressFn& progress,
+                                                    images::ImportBudget* budget) {
+  auto imported = images_->Import(name, source, replace, progress, budget);
   if (!imported.ok()) {
     log::warn("image={} import failed: {}", name, imported.error().message());
+    // A limit of the import's: 413 or 507, saying which (runtime/image_imports.h).
+    if (budget != nullptr) {
+      if (auto refused = BudgetError(*budget, imported.error())) return *refused;
+    }
     return ImageError(imported.error());
   }
   log::info("image={} imported as {} ({} layers, {} files, {} bytes)", name, imported->id,

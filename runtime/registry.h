@@ -266,8 +266,10 @@ class Registry {
   // Images. Removing one that a sandbox uses is refused (409 image_in_use, naming them);
   // content no name and no sandbox refers to any more is deleted.
   const images::ImageStore& images() const { return *images_; }
+  // `budget` (images/import_budget.h): what it may write; its refusals are 413 and 507.
   ApiOutcome<images::ImageInfo> ImportImage(const std::string& name, const std::string& source,
-                                            bool replace, const images::ProgressFn& progress);
+                                            bool replace, const images::ProgressFn& progress,
+                                            images::ImportBudget* budget = nullptr);
   ApiOutcome<bool> RemoveImage(const std::string& name);
   // The ids of the sandboxes made from the image `name`, sorted.
   std::vector<std::string> SandboxesOfImage(std::string_view name) const;

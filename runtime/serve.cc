@@ -74,6 +74,7 @@
 #include "runtime/channel_watch.h"
 #include "runtime/exec_events.h"
 #include "runtime/exec_session.h"
+#include "runtime/image_imports.h"
 #include "runtime/listing.h"
 #include "runtime/metrics.h"
 #include "runtime/netns.h"
@@ -822,7 +823,7 @@ std::span<const std::string_view> QueryKeysOf(const std::vector<std::string>& se
   static constexpr std::string_view kStdin[] = {"close"};
   static constexpr std::string_view kGetFile[] = {"path", "pathBase64"};
   static constexpr std::string_view kPutFile[] = {"path", "pathBase64", "mode"};
-  static constexpr std::string_view kImport[] = {"replace"};
+  static constexpr std::string_view kImport[] = {"replace", "maxBytes"};
   const size_t n = segs.size();
   if (n == 3 && segs[1] == "images" && method == http::verb::post) return kImport;
   if (n < 4 || segs[1] != "sandboxes") return {};
@@ -1193,13 +1194,15 @@ json::object ExecJson(const ExecSession& s) {
 class Daemon {
  public:
   Daemon(asio::io_context& io, Registry& registry, std::string token, ExecLogLimits log_limits,
-         std::chrono::seconds retention, std::chrono::seconds auth_timeout)
+         std::chrono::seconds retention, std::chrono::seconds auth_timeout,
+         ImageImportOptions image_imports)
       : io_(io),
         registry_(registry),
         token_(std::move(token)),
         log_limits_(log_limits),
         retention_(retention),
         auth_timeout_(auth_timeout),
+        import_lane_(std::move(image_imports)),
         ports_(io, metrics_, [this](std::shared_ptr<SandboxEntry> entry) {
           return InnerSocket(std::move(entry));
         }) {}
@@ -1234,6 +1237,7 @@ class Daemon {
     int status = 0;               // of the answer, for the metrics
     std::string sandbox_id;       // for the logs
     PendingAuth* auth = nullptr;  // TCP, until a request has shown the token
+    int retry_after = 0;          // seconds: the answer carries Retry-After (ApiError's)
   };
 
   asio::awaitable<void> Session(Socket socket, bool tcp);
@@ -1296,14 +1300,19 @@ class Daemon {
   asio::awaitable<bool> SendChunk(Ctx& c, std::string& bytes, bool last);
   // The request's body, to its end, written into `fd` a piece at a time as it arrives (never
   // held whole). Stops at the first write error (its errno) or when the connection fails (why).
+  // `check`, when given, is asked before each piece is written (on the worker pool, with its
+  // size); its error stops the copy as a write error would.
   struct BodyCopy {
     uint64_t bytes = 0;
     int write_error = 0;
     std::string hangup;
   };
-  asio::awaitable<BodyCopy> CopyBodyTo(Ctx& c, int fd, std::string_view what);
+  using WriteCheck = std::function<Status(size_t)>;
+  asio::awaitable<BodyCopy> CopyBodyTo(Ctx& c, int fd, std::string_view what,
+                                       const WriteCheck* check = nullptr);
   // `len` bytes at `data` written into `fd` on the worker pool: 0, or the errno of the failure.
-  asio::awaitable<int> WritePiece(int fd, const char* data, size_t len, const std::string& what);
+  asio::awaitable<int> WritePiece(int fd, const char* data, size_t len, const std::string& what,
+                                  const WriteCheck* check);
   // The next piece of a request body into `buf` (at most its size; 0 bytes is possible before
   // the end): its size, or nullopt when the client went away (`*hangup` says how).
   asio::awaitable<std::optional<size_t>> ReadBodyPiece(Ctx& c, std::vector<char>& buf,
@@ -1388,7 +1397,9 @@ class Daemon {
   // /v1/images and /v1/images/{name}.
   asio::awaitable<bool> Images(Ctx& c, const std::vector<std::string>& segs,
                                std::string_view query);
-  asio::awaitable<bool> ImportImage(Ctx& c, const std::string& name, bool replace);
+  // `max_bytes`: the request's maxBytes, which lowers the daemon's --image-max-bytes.
+  asio::awaitable<bool> ImportImage(Ctx& c, const std::string& name, bool replace,
+                                    std::optional<uint64_t> max_bytes);
   // Exposed ports (runtime/ports.h): GET/POST .../ports, DELETE .../ports/{port}.
   asio::awaitable<bool> Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                               const std::vector<std::string>& segs);
@@ -1415,6 +1426,9 @@ class Daemon {
   const std::chrono::seconds auth_timeout_;  // for TCP connections to show the token
   // TCP connections not yet past the token, counted on the loop only.
   std::shared_ptr<size_t> unauthenticated_tcp_ = std::make_shared<size_t>(0);
+  // Image imports: their own threads, at most so many at once (runtime/image_imports.h). After
+  // the pools: its destructor waits for the imports under way, whose answers go to the loop.
+  ImportLane import_lane_;
   Clock::time_point refused_logged_{};  // the last warning about kMaxUnauthenticatedTcp
   bool shutting_down_ = false;
   bool idle_stops_armed_ = false;  // IdleStops runs (on the loop only)
@@ -1631,7 +1645,15 @@ asio::awaitable<void> Daemon::Session(Socket socket, bool tcp) {
       buffer.reserve(kSocketReadRoom);
     }
     auto start = Clock::now();
+    // Image imports pause while it is fresh (runtime/image_imports.h); an import's own request
+    // does not hold the others back.
+    std::shared_ptr<void> foreground;
+    if (parser.get().method() != http::verb::post ||
+        !parser.get().target().starts_with("/v1/images/")) {
+      foreground = import_lane_.Foreground();
+    }
     bool keep = co_await Handle(c);
+    foreground.reset();
     // The room its body had (kSocketReadRoom); what a client sent ahead stays.
     if (buffer.capacity() > 4096) buffer.shrink_to_fit();
     metrics_.Request(std::string_view(parser.get().method_string()), c.status);
@@ -2398,8 +2420,13 @@ asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
   if (!allow.empty()) res.set(http::field::allow, allow);
   // Every 401 says which scheme it wants (RFC 9110 §15.5.2: it MUST carry WWW-Authenticate).
   if (status == 401) res.set(http::field::www_authenticate, "Bearer realm=\"nsbox\"");
-  // A 503 is for a moment (a sandbox restarting, the listings' budget full): try again in one.
-  if (status == 503) res.set(http::field::retry_after, "1");
+  // A 503 is for a moment (a sandbox restarting, the listings' budget full): try again in one
+  // second, unless the handler said when (an import's lane, 429).
+  if (c.retry_after > 0) {
+    res.set(http::field::retry_after, std::to_string(c.retry_after));
+  } else if (status == 503) {
+    res.set(http::field::retry_after, "1");
+  }
   // A request whose body was not read to its end cannot be followed by another.
   res.keep_alive(c.parser.get().keep_alive() && c.body_done && !c.must_close && !shutting_down_);
   metrics_.BytesOut(body.size());
@@ -2429,6 +2456,7 @@ asio::awaitable<bool> Daemon::ReplyError(Ctx& c, const ApiError& given, std::str
     error.message += " (it was deleted while this request ran)";
   }
   metrics_.Error(error.code);
+  c.retry_after = error.retry_after_seconds;
   if (error.status >= 500) {
     log::error("{}{}: {}", c.sandbox_id.empty() ? "" : "sandbox=" + c.sandbox_id + " ", error.code,
                error.message);
@@ -2548,7 +2576,8 @@ asio::awaitable<bool> Daemon::SendChunk(Ctx& c, std::string& bytes, bool last) {
   co_return !ec;
 }
 
-asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string_view what) {
+asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string_view what,
+                                                     const WriteCheck* check) {
   // The writes go to the worker pool, never the loop: ext4 has no RWF_NOWAIT for buffered writes,
   // and a write waits whenever the kernel throttles the writer of dirty pages to the disk's pace
   // (or the journal is full), which would hold up every other client. Each piece is written
@@ -2565,7 +2594,7 @@ asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string
       got = co_await ReadBodyPiece(c, bufs[next], &out.hangup);
     } else {
       auto [read, err] = co_await (ReadBodyPiece(c, bufs[next], &out.hangup) &&
-                                   WritePiece(fd, bufs[1 - next].data(), pending, name));
+                                   WritePiece(fd, bufs[1 - next].data(), pending, name, check));
       if (err != 0) {
         out.write_error = err;
         co_return out;
@@ -2580,7 +2609,7 @@ asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string
     next = 1 - next;
   }
   if (pending > 0) {
-    const int err = co_await WritePiece(fd, bufs[1 - next].data(), pending, name);
+    const int err = co_await WritePiece(fd, bufs[1 - next].data(), pending, name, check);
     if (err != 0) {
       out.write_error = err;
       co_return out;
@@ -2592,8 +2621,12 @@ asio::awaitable<Daemon::BodyCopy> Daemon::CopyBodyTo(Ctx& c, int fd, std::string
 }
 
 asio::awaitable<int> Daemon::WritePiece(int fd, const char* data, size_t len,
-                                        const std::string& what) {
-  auto work = [fd, data, len, &what] {
+                                        const std::string& what, const WriteCheck* check) {
+  auto work = [fd, data, len, &what, check] {
+    if (check != nullptr) {
+      auto allowed = (*check)(len);
+      if (!allowed.ok()) return allowed.error().code() != 0 ? allowed.error().code() : EIO;
+    }
     auto st = WriteAll(fd, std::string_view(data, len), what);
     return st.ok() ? 0 : st.error().code() != 0 ? st.error().code() : EIO;
   };
@@ -4015,7 +4048,12 @@ asio::awaitable<bool> Daemon::Images(Ctx& c, const std::vector<std::string>& seg
       const ApiError reply_error = replace.error();
       co_return co_await ReplyError(c, reply_error);
     }
-    co_return co_await ImportImage(c, name, replace.value());
+    auto max_bytes = QueryMaxBytes(QueryValue(query, "maxBytes"));
+    if (!max_bytes.ok()) {
+      const ApiError reply_error = max_bytes.error();
+      co_return co_await ReplyError(c, reply_error);
+    }
+    co_return co_await ImportImage(c, name, replace.value(), max_bytes.value());
   }
   if (method == http::verb::delete_) {
     auto work = [this, name] { return registry_.RemoveImage(name); };
@@ -4036,26 +4074,44 @@ asio::awaitable<bool> Daemon::Images(Ctx& c, const std::vector<std::string>& seg
 }
 
 // The tarball is spooled to the state dir as it comes (an OCI or docker archive must be read
-// out of order, and a slow client must not hold an import half-done), then imported on the
-// worker pool. With Accept: application/x-ndjson the answer is a stream of progress events
-// ending with the image or the error.
-asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool replace) {
+// out of order, and a slow client must not hold an import half-done), then imported on a thread
+// of the import lane, within the import's budget (runtime/image_imports.h). With Accept:
+// application/x-ndjson the answer is a stream of progress events ending with the image or the
+// error.
+asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool replace,
+                                          std::optional<uint64_t> max_bytes) {
   if (!replace && registry_.images().Find(name)) {
     const ApiError reply_error =
         ApiError::Of(409, "image_exists",
                      "an image named '" + name + "' exists already (replace it with ?replace=1)");
     co_return co_await ReplyError(c, reply_error);
   }
+  // A place in the import lane from the first byte spooled until the import's job has ended
+  // (docs/images.md "Limits"); none left: 429, before the body is read.
+  std::shared_ptr<void> ticket = import_lane_.TryEnter();
+  if (!ticket) {
+    const ApiError reply_error = LaneFull(import_lane_);
+    co_return co_await ReplyError(c, reply_error);
+  }
+  std::shared_ptr<images::ImportBudget> budget =
+      import_lane_.NewBudget(registry_.images().dir(), max_bytes);
+  if (auto length = c.parser.content_length(); length && *length > budget->limits().max_bytes) {
+    const ApiError reply_error = UploadTooLarge(*budget, *length);
+    co_return co_await ReplyError(c, reply_error);
+  }
   const std::string spool = registry_.NewUploadPath();
-  // Made on the worker pool: a file's creation waits for the file system's journal.
-  auto make_spool = [spool]() -> Result<UniqueFd> {
+  // Made on the worker pool: a file's creation waits for the file system's journal. A file system
+  // already short of the free space imports keep is refused first.
+  auto make_spool = [spool, budget]() -> Result<UniqueFd> {
+    NSBOX_TRY(budget->CheckFreeSpace());
     UniqueFd made(::open(spool.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     if (!made.valid()) return Error::Sys("open", spool, errno).Context("spool the upload");
     return made;
   };
   Result<UniqueFd> made = co_await Blocking(std::move(make_spool));
   if (!made.ok()) {
-    const ApiError reply_error = ApiError::Internal(made.error().message());
+    const auto refused = BudgetError(*budget, made.error());
+    const ApiError reply_error = refused ? *refused : ApiError::Internal(made.error().message());
     co_return co_await ReplyError(c, reply_error);
   }
   UniqueFd fd = std::move(made.value());
@@ -4067,7 +4123,11 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   } unlink_spool{spool};
 
   if (!co_await SendContinue(c)) co_return false;
-  const BodyCopy copied = co_await CopyBodyTo(c, fd.get(), spool);
+  // Each piece is counted against the budget before it is written (a chunked body has no length).
+  const WriteCheck charge = [budget](size_t n) {
+    return budget->Charge(images::ImportBudget::Step::kUpload, n, "the upload");
+  };
+  const BodyCopy copied = co_await CopyBodyTo(c, fd.get(), spool, &charge);
   fd.reset();  // still linked: its blocks stay until the unlink
   if (!copied.hangup.empty() || copied.write_error != 0 || copied.bytes == 0) {
     co_await RemoveFile(spool);
@@ -4079,9 +4139,12 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
   }
   if (copied.write_error != 0) {
     const int err = copied.write_error;
+    const auto refused = BudgetError(*budget, Error(err, budget->stop_message()));
     const ApiError reply_error =
-        ApiError::Of(StatusForErrno(err), ErrnoName(err),
-                     Error::Sys("write", spool, err).Context("spool the image upload").message());
+        refused ? *refused
+                : ApiError::Of(
+                      StatusForErrno(err), ErrnoName(err),
+                      Error::Sys("write", spool, err).Context("spool the image upload").message());
     co_return co_await ReplyError(c, reply_error);
   }
   const uint64_t total = copied.bytes;
@@ -4110,8 +4173,8 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
     };
   }
   const bool existed = registry_.images().Find(name).has_value();
-  auto import_work = [this, name, spool, replace, progress, queue] {
-    auto done = registry_.ImportImage(name, spool, replace, progress);
+  auto import_work = [this, name, spool, replace, progress, queue, budget, ticket] {
+    auto done = registry_.ImportImage(name, spool, replace, progress, budget.get());
     UnlinkLogged(spool);
     if (!done.ok()) {
       // The client sent a body, not a file: its errors name it so, not the daemon's spool.
@@ -4123,16 +4186,28 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
       done = std::move(error);
     }
     queue->Push(ImportEvent{std::nullopt, std::move(done)});
-    return true;
   };
-  // Started now, on the pool; its result arrives through the queue.
-  auto import_task = Blocking(std::move(import_work));
-  asio::co_spawn(io_, std::move(import_task), asio::detached);
+  // On a thread of the import lane, never one of the worker pool's; its result arrives through
+  // the queue. A client that hangs up ends it at its next read or write, and it publishes
+  // nothing (what it wrote is removed).
+  import_lane_.Run(std::move(import_work));
+  auto watch = std::make_shared<HangupWatch>();
+  WatchHangup(c, watch, [watch, budget] {
+    watch->hung_up = true;
+    budget->ClientGone();
+  });
+  auto end_watch = [&c, watch] {
+    watch->finished = true;
+    boost::system::error_code ignored;
+    c.socket.cancel(ignored);
+  };
 
   if (!stream) {
     for (;;) {
       for (auto& event : co_await queue->Next()) {
         if (!event.done) continue;
+        end_watch();
+        if (watch->hung_up) co_return false;  // nobody to answer
         if (!event.done->ok()) {
           const ApiError reply_error = event.done->error();
           co_return co_await ReplyError(c, reply_error);
@@ -4144,8 +4219,9 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
     }
   }
 
-  bool alive = co_await StartNdjson(c);  // the import goes on when the client has gone
-  std::string lines;                     // the events of one wake-up, sent in one write
+  bool alive = co_await StartNdjson(c);
+  if (!alive) budget->ClientGone();
+  std::string lines;  // the events of one wake-up, sent in one write
   for (;;) {
     for (auto& event : co_await queue->Next()) {
       json::object o;
@@ -4172,12 +4248,16 @@ asio::awaitable<bool> Daemon::ImportImage(Ctx& c, const std::string& name, bool 
       lines += json::serialize(o);
       lines += '\n';
       if (event.done) {
-        if (!alive || !co_await SendChunk(c, lines, /*last=*/true)) co_return false;
+        end_watch();
+        if (!alive || watch->hung_up || !co_await SendChunk(c, lines, /*last=*/true)) {
+          co_return false;
+        }
         co_return c.parser.get().keep_alive() && !shutting_down_;
       }
     }
-    if (alive) {
+    if (alive && !watch->hung_up) {
       alive = co_await SendChunk(c, lines, /*last=*/false);
+      if (!alive) budget->ClientGone();  // the import ends; its end is still awaited
     } else {
       lines.clear();
     }
@@ -4580,7 +4660,7 @@ int Serve(const ServeOptions& options) {
   {
     Daemon daemon(io, **registry, token, log_limits,
                   std::chrono::seconds(options.exec_retention_seconds),
-                  std::chrono::seconds(options.auth_timeout_seconds));
+                  std::chrono::seconds(options.auth_timeout_seconds), options.image_imports);
     daemon.RestorePorts();
     daemon.ArmIdleStops();
     std::vector<Acceptor*> acceptors{unix_acceptor->get()};

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/image_imports.h"
+
 namespace nsbox::runtime {
 
 struct ServeOptions {
@@ -36,6 +38,9 @@ struct ServeOptions {
   // The idle stop of sandboxes created without `idleStopMs` (docs/daemon.md "Idle stop"), in ms;
   // 0: none.
   uint64_t idle_stop_ms = 0;
+  // Image imports (docs/images.md "Limits"): what one may write, its layers, the free space it
+  // leaves, and how many run at once.
+  ImageImportOptions image_imports;
   // Leave the host's cgroup2 mount as it is: by default, on a host that moves jails and commands
   // into v1 cgroups, it is given favordynmods (isolate::FavorMovesIntoV1).
   bool leave_cgroup_mount = false;
