@@ -118,6 +118,8 @@ std::string MountOp::Describe() const {
       return "remount / read-only";
     case Kind::kHoldDir:
       return "hold " + target;
+    case Kind::kUnmount:
+      return "unmount " + target;
   }
   return "?";
 }
@@ -203,6 +205,23 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
       config.tmpfs_size_bytes == 0 ? "" : ",size=" + std::to_string(config.tmpfs_size_bytes / 2);
 
   const bool overlay = config.root_tree_fd >= 0;
+  // The layers overlay (JailFsConfig::layers_tree), attached in the root's tmpfs or, on an
+  // image's root, in its /dev; what the plan binds from the host's /etc and /dev comes from it.
+  const bool layers = config.layers_tree >= 0;
+  const std::string layers_at = overlay ? kLayersDirInImage : kLayersDir;
+  auto attach_layers = [&] {
+    p.Mkdir(layers_at, 0700);
+    auto& op = p.Bind("(the jail's layers overlay)", layers_at, 0, false);
+    op.source_fd = config.layers_tree;
+    op.source_is_tree = true;
+  };
+  // The source of a read-only bind of a host /etc entry ("ssl") or device node ("null").
+  auto from_etc = [&](const std::string& name) {
+    return layers ? config.staging + layers_at + "/" + name : "/etc/" + name;
+  };
+  auto from_dev = [&](const std::string& name) {
+    return layers ? config.staging + layers_at + "/" + kLayersDevices + "/" + name : "/dev/" + name;
+  };
   if (overlay) {
     // 1-3. An imported image: its overlay is the whole root, /etc included, and persistent.
     if (!config.root.binds.empty() || !config.root.symlinks.empty()) {
@@ -217,6 +236,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
     auto& root = p.Add(Kind::kRootTmpfs, "/");
     root.flags = MS_NOSUID | MS_NODEV;
     root.data = "mode=0755" + size;
+    if (layers) attach_layers();
 
     // 2. The image: read-only binds of the host's /usr (and the rest of its layout).
     for (const auto& link : config.root.symlinks) {
@@ -228,21 +248,34 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
         return Error::Msg("bad image bind target '" + bind.target + "'");
       }
       p.Mkdir(bind.target);
-      p.Bind(bind.source, bind.target, bind.readonly ? kRo : (MS_NOSUID | MS_NODEV), true);
+      auto& op =
+          p.Bind(bind.source, bind.target, bind.readonly ? kRo : (MS_NOSUID | MS_NODEV), true);
+      // A read-only tree of the host is attached as an overlay of the jail's own, if it has one.
+      auto own = config.private_binds.find(bind.source);
+      if (bind.readonly && own != config.private_binds.end()) {
+        op.source_fd = own->second;
+        op.source_is_tree = true;
+      }
     }
 
     // 3. /etc: generated files plus read-only binds of the allowlisted host entries.
     if (!config.shared_etc.empty()) {
+      if (config.shared_etc_tree < 0 && (!layers || config.shared_etc_layer.empty())) {
+        return Error::Msg("a shared /etc needs its tree");
+      }
       // One directory shared by the daemon's jails holds the generated files and copies of the
       // host's files; only the host's directories and the sandbox's two own files are bound.
-      if (config.shared_etc_tree < 0) return Error::Msg("a shared /etc needs its tree");
       p.Mkdir("/etc");
-      auto& etc = p.Bind(config.shared_etc, "/etc", kRo, false);
-      etc.source_fd = config.shared_etc_tree;
-      etc.source_is_tree = true;
+      if (layers && !config.shared_etc_layer.empty()) {
+        p.Bind(config.staging + layers_at + "/" + config.shared_etc_layer, "/etc", kRo, false);
+      } else {
+        auto& etc = p.Bind(config.shared_etc, "/etc", kRo, false);
+        etc.source_fd = config.shared_etc_tree;
+        etc.source_is_tree = true;
+      }
       for (const auto& e : config.host_etc) {
         if (e.type == JailFsConfig::EtcEntry::Type::kDirectory) {
-          p.Bind("/etc/" + e.name, "/etc/" + e.name, kRo, true);
+          p.Bind(from_etc(e.name), "/etc/" + e.name, kRo, !layers);
         }
       }
       // hosts and hostname name the sandbox: written into the jail's own root (a tmpfs: no disk
@@ -282,7 +315,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
           break;
         case JailFsConfig::EtcEntry::Type::kDirectory:
           p.Mkdir(target);
-          p.Bind("/etc/" + e.name, target, kRo, true);
+          p.Bind(from_etc(e.name), target, kRo, !layers);
           break;
         case JailFsConfig::EtcEntry::Type::kFile:
           if (e.size <= config.etc_copy_limit) {
@@ -293,7 +326,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
             op.mode = 0644;
           } else {
             p.Add(Kind::kTouch, target).mode = 0644;
-            p.Bind("/etc/" + e.name, target, kRo, false);
+            p.Bind(from_etc(e.name), target, kRo, false);
           }
           break;
       }
@@ -336,6 +369,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   p.Mkdir("/dev");
   if (overlay) {
     p.Tmpfs("/dev", MS_NOSUID | MS_NOEXEC, "mode=0755" + size);
+    if (layers) attach_layers();
   } else {
     p.Bind(config.staging + "/dev", "/dev", MS_NOSUID | MS_NOEXEC, false).exact_flags = true;
   }
@@ -351,7 +385,9 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   proc.flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
   proc.data = "hidepid=ptraceable";
   for (const auto& rule : policy::ProcMaskedPaths()) {
-    p.Add(Kind::kMaskPath, rule.path).source = config.staging + kScratchEmptyDir;
+    auto& op = p.Add(Kind::kMaskPath, rule.path);
+    op.source = config.staging + kScratchEmptyDir;
+    if (layers) op.data = from_dev("null");
   }
   for (const auto& rule : policy::ProcReadonlyPaths()) p.Add(Kind::kReadonlyPath, rule.path);
 
@@ -361,7 +397,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
     std::string target = std::string("/dev/") + dev.path;
     p.Add(Kind::kTouch, target).mode = 0666;
     // No flags to add: a device node is neither executable nor setuid, and nodev would break it.
-    p.Bind(target, target, 0, false);
+    p.Bind(from_dev(dev.path), target, 0, false);
   }
   auto& pts = p.Add(Kind::kDevpts, "/dev/pts");
   pts.flags = MS_NOSUID | MS_NOEXEC;
@@ -375,13 +411,13 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   p.Symlink("/proc/self/fd/1", "/dev/stdout");
   p.Symlink("/proc/self/fd/2", "/dev/stderr");
 
-  // 8. Switch roots, drop the host's, and freeze what is not meant to change.
+  // 8. Switch roots, drop the host's, and freeze what is not meant to change. The binds from the
+  //    layers overlay hold its superblock; its own mount goes, and its mount point with it.
+  if (layers) p.Add(Kind::kUnmount, layers_at);
   p.Add(Kind::kPivotRoot, "/");
   if (!overlay && !config.adopt_later) p.Add(Kind::kRemountRootReadonly, "/");
   return p.Take();
 }
-
-namespace {
 
 // overlayfs splits lowerdir at ':' and unescapes every layer path: a state dir with ':' or '\\'
 // in its name must not become two layers.
@@ -393,8 +429,6 @@ std::string OverlayPathOption(const std::string& path) {
   }
   return out;
 }
-
-}  // namespace
 
 std::string FsContextLog(int fd) {
   std::string out;
@@ -667,9 +701,11 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
         if (::mount(op.source.c_str(), staged, nullptr, MS_BIND, nullptr) < 0) return errno;
         return RestrictBind(staged, MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, false);
       }
-      // The host's /dev/null, as Docker's masks: reads are empty, writes vanish. The staged
-      // /dev may not be there yet; the host's always is. Not nodev, or opening it fails.
-      if (::mount("/dev/null", staged, nullptr, MS_BIND, nullptr) < 0) return errno;
+      // A null device, as Docker's masks: reads are empty, writes vanish. The layers' own (in
+      // `data`), else the host's: the staged /dev may not be there yet; the host's always is.
+      // Not nodev, or opening it fails.
+      const char* null_device = op.data.empty() ? "/dev/null" : op.data.c_str();
+      if (::mount(null_device, staged, nullptr, MS_BIND, nullptr) < 0) return errno;
       return 0;
     }
     case Kind::kReadonlyPath: {
@@ -696,6 +732,11 @@ int ApplyOne(const MountPlan& plan, const MountOp& op, int opened_fd) {
       return 0;
     case Kind::kHoldDir:
       return EINVAL;  // ApplyMountPlan's own
+    case Kind::kUnmount:
+      // What was bound from it stays: each bind holds the superblock.
+      if (::umount2(staged, MNT_DETACH) < 0) return errno;
+      if (::rmdir(staged) < 0) return errno;
+      return 0;
   }
   return EINVAL;
 }

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,12 +38,14 @@ struct MountOp {
                     // (MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC) are then applied to it
     kProc,          // mount a new procfs (needs the new PID namespace)
     kDevpts,        // mount a private devpts instance with `data` options
-    kMaskPath,      // hide a path of the new /proc: /dev/null over a file, a read-only bind of
-                    // the empty directory `source` over a directory; skipped when absent
+    kMaskPath,      // hide a path of the new /proc: a null device over a file (`data`, else the
+                    // host's /dev/null), a read-only bind of the empty directory `source` over a
+                    // directory; skipped when absent
     kReadonlyPath,  // bind a path onto itself read-only; skipped when absent
     kPivotRoot,     // pivot_root into the staging root and detach the old root
     kRemountRootReadonly,  // make the new root's mount read-only (after everything is in)
     kHoldDir,  // open the directory target (O_PATH) and keep it: ApplyMountPlan's *held_fd
+    kUnmount,  // detach the mount at target (MNT_DETACH), then remove its mount point
   };
 
   Kind kind;
@@ -154,12 +157,33 @@ struct JailFsConfig {
   std::string home_source;  // else: a host path bound read-write at /root
   int home_fd = -1;         // pinned like the workspace (an open_tree clone where possible)
   bool home_fd_is_tree = false;
+  // Overlays of the jail's own over the host's read-only trees (isolate/private_trees.h), made
+  // detached on the host: none of the inodes the jail can watch (inotify, fanotify) is then one
+  // that another sandbox or the host reads or runs (issue 44). Empty / -1: the host's trees are
+  // bound as they are.
+  // The image's read-only binds (root.binds): the host path ("/usr") -> its overlay, attached in
+  // the bind's place.
+  std::map<std::string, int> private_binds;
+  // The overlay of a layers directory of nsbox's over the host's /etc (lowerdir=layers:/etc),
+  // attached at kLayersDir (kLayersDirInImage on an image's root) while the plan binds from it
+  // /etc's allowlisted host entries (its top level is the host's /etc), the device nodes (its
+  // kLayersDevices) and, with a shared /etc, that /etc (its `shared_etc_layer`); then unmounted.
+  int layers_tree = -1;
+  // The shared /etc's version as a directory of the layers directory (its name there).
+  std::string shared_etc_layer;
   // A jail started ahead of its sandbox (nsboxd's pool; needs shared_etc): /workspace and /root
   // stay empty mount points, hosts and hostname are written for `hostname` and rewritten later,
   // and the root stays writable. ApplyAdoption, run by the jail's nsbox-init once the sandbox
   // is known, does the rest; until then no command runs there.
   bool adopt_later = false;
 };
+
+// Where a jail's layers overlay (JailFsConfig::layers_tree) is attached while the plan binds from
+// it: a directory of the root's tmpfs, or, on an image's persistent root, of its /dev tmpfs;
+// removed before the pivot. In the layers directory, the device nodes' directory.
+inline constexpr char kLayersDir[] = "/.nsbox-layers";
+inline constexpr char kLayersDirInImage[] = "/dev/.nsbox-layers";
+inline constexpr char kLayersDevices[] = ".nsbox-dev";
 
 // Where a jail with a shared /etc keeps its own hosts and hostname: in its root tmpfs, under the
 // mount point of /proc, which its procfs covers.
@@ -218,6 +242,9 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config);
 // caller's credentials: the daemon's, so that the jail, which may not mount an overlay of host
 // directories, only attaches it. Errors carry the kernel's own message about the options.
 Result<UniqueFd> MountOverlay(const RootSpec::Overlay& overlay);
+
+// `path` as an overlayfs layer option takes it: ':', '\\' and ',' escaped.
+std::string OverlayPathOption(const std::string& path);
 
 // What the kernel said about a failed fsconfig/fsmount on the fs_context `fd`: its log ("e
 // overlayfs: failed to resolve '...': -2"), one message per read, "; "-joined.

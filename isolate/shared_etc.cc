@@ -132,7 +132,12 @@ Result<std::string> PrepareSharedEtc(const SharedEtcRequest& request) {
   const std::string path = request.cache_dir + "/" + KeyOf(request);
   std::lock_guard<std::mutex> lock(g_mu);
   if (Known().count(path) != 0) return path;
-  NSBOX_TRY(MakeDir(request.cache_dir, 0700));
+  // Its parent keeps host users out (0700); the directory itself lets the jails' layers overlays
+  // through (0711: an overlay's root takes the mode of the directory of its top layer, and the
+  // jail's root is no owner of it).
+  const std::string parent = request.cache_dir.substr(0, request.cache_dir.rfind('/'));
+  if (!parent.empty() && ::access(parent.c_str(), F_OK) != 0) NSBOX_TRY(MakeDir(parent, 0700));
+  NSBOX_TRY(MakeDir(request.cache_dir, 0711));
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISDIR(st.st_mode)) return Error::Sys("lstat", path, ENOTDIR).Context("shared /etc");

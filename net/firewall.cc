@@ -133,7 +133,7 @@ std::string Firewall::Rules(int slot, uint32_t address, const NetworkPolicy& pol
   // An entry of one address (a /32) names its destination and comes first: listed, it is
   // reachable even where those refusals would refuse it, in an allowlist as in open mode. A
   // wider range comes after them: it opens what it covers elsewhere, never all of that, however
-  // wide (0.0.0.0/0, 10.0.0.0/8 over the gateway): before 2026-12-06 it came before the refusals
+  // wide (0.0.0.0/0, 10.0.0.0/8 over the gateway): before 2026-12-07 it came before the refusals
   // of the host and the special addresses, and `{"allow": ["0.0.0.0/0"]}` reached the metadata
   // service and the host's services. Nothing new may enter a sandbox's link unasked, and an
   // accept in a sandbox's chain ends the `forward` hook before the `oifname` drop: hence the

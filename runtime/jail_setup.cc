@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/log.h"
 #include "base/syscalls.h"
 #include "exec/command.h"
 #include "fs/path.h"
+#include "isolate/private_trees.h"
 #include "isolate/shared_etc.h"
 #include "policy/environment.h"
 #include "policy/limits.h"
@@ -24,6 +26,59 @@ namespace nsbox::runtime {
 namespace {
 
 constexpr uint64_t kDefaultPids = 4096;
+
+// The shared /etc (plan->shared_etc) attached from a clone made here, with the daemon's rights:
+// the state dir is not the jail's root's to traverse.
+Status CloneSharedEtc(const JailOptions& o, PreparedJail* plan, isolate::JailFsConfig* fs) {
+  // SAFETY: open_tree only reads the path and returns a new fd.
+  int tree = sys::OpenTree(AT_FDCWD, plan->shared_etc.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (tree >= 0) {
+    plan->etc_tree.reset(tree);
+    fs->shared_etc = plan->shared_etc;
+    fs->shared_etc_tree = tree;
+    return Ok();
+  }
+  if (errno != ENOSYS) {
+    return Error::Sys("open_tree", plan->shared_etc, errno).Context("shared /etc");
+  }
+  if (o.adopt_later) {
+    return Error::Sys("open_tree", plan->shared_etc, errno).Context("a jail adopted later");
+  }
+  fs->shared_etc.clear();  // before 5.2: /etc is assembled in the jail
+  return Ok();
+}
+
+// The jail's own overlays of the host's read-only trees (isolate/private_trees.h): `trees` (the
+// image's read-only binds) and the layers over /etc, for the plan. On a host without overlayfs
+// (ENODEV) or the new mount API (ENOSYS) the host's trees are bound as they are, said once.
+Status MakePrivateTrees(const JailOptions& o, const std::vector<std::string>& trees,
+                        PreparedJail* plan, isolate::JailFsConfig* fs) {
+  if (o.layers_dir.empty()) return Ok();
+  isolate::PrivateTreesRequest request;
+  request.layers_dir = o.layers_dir;
+  request.trees = trees;
+  auto made = isolate::MakePrivateTrees(request);
+  if (!made.ok()) {
+    const int err = made.error().code();
+    if (err != ENODEV && err != ENOSYS) return std::move(made).error();
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      log::warn(
+          "jails bind the host's /usr, /etc entries and device nodes as they are: {}; a "
+          "sandbox can then see through inotify which of them others use "
+          "(docs/security.md)",
+          made.error().message());
+    });
+    return Ok();
+  }
+  for (auto& [path, tree] : made->trees) {
+    fs->private_binds[path] = tree.get();
+    plan->private_trees.push_back(std::move(tree));
+  }
+  fs->layers_tree = made->layers.get();
+  plan->private_trees.push_back(std::move(made->layers));
+  return Ok();
+}
 
 // Opens the workspace (and the home directory) of a host-image jail once: the binds use these
 // fds, so a symlink swapped in later cannot redirect them (CVE-2024-42472).
@@ -180,6 +235,8 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
     plan.image = std::move(*image);
     NSBOX_ASSIGN_OR_RETURN(plan.root_tree, isolate::MountOverlay(*o.overlay));
     fs.root_tree_fd = plan.root_tree.get();
+    // Its /dev's nodes from the layers (its /etc is the image's).
+    NSBOX_TRY(MakePrivateTrees(o, {}, &plan, &fs));
   } else {
     auto image = images::ResolveImage(o.image);
     if (!image.ok()) return std::move(image).error().Context("--image");
@@ -196,19 +253,25 @@ Result<PreparedJail> PrepareJail(const JailOptions& o) {
       NSBOX_ASSIGN_OR_RETURN(std::string shared_etc,
                              SharedEtcFor(o.shared_etc_dir, fs.host_etc, o.nameserver, spec.ids));
       plan.shared_etc = shared_etc;
-      // Attached from a clone made here, with the daemon's rights: the state dir is not the
-      // jail's root's to traverse.
-      // SAFETY: open_tree only reads the path and returns a new fd.
-      int tree = sys::OpenTree(AT_FDCWD, shared_etc.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-      if (tree >= 0) {
-        plan.etc_tree.reset(tree);
-        fs.shared_etc = std::move(shared_etc);
-        fs.shared_etc_tree = tree;
-      } else if (errno != ENOSYS) {  // before 5.2: /etc is assembled in the jail
-        return Error::Sys("open_tree", shared_etc, errno).Context("shared /etc");
-      } else if (o.adopt_later) {
-        return Error::Sys("open_tree", shared_etc, errno).Context("a jail adopted later");
+      const std::string in_layers = o.layers_dir + "/";
+      if (!o.layers_dir.empty() && shared_etc.rfind(in_layers, 0) == 0 &&
+          shared_etc.find('/', in_layers.size()) == std::string::npos) {
+        // In the layers directory: bound from the jail's layers overlay (below).
+        fs.shared_etc = shared_etc;
+        fs.shared_etc_layer = shared_etc.substr(in_layers.size());
+      } else {
+        NSBOX_TRY(CloneSharedEtc(o, &plan, &fs));
       }
+    }
+    // After the shared /etc's version is made: the jail binds it from the layers overlay.
+    std::vector<std::string> trees;
+    for (const auto& bind : fs.root.binds) {
+      if (bind.readonly) trees.push_back(bind.source);
+    }
+    NSBOX_TRY(MakePrivateTrees(o, trees, &plan, &fs));
+    if (fs.layers_tree < 0 && !fs.shared_etc_layer.empty()) {
+      fs.shared_etc_layer.clear();  // no overlays here after all
+      NSBOX_TRY(CloneSharedEtc(o, &plan, &fs));
     }
   }
   // The new root is assembled on a directory of the host that exists everywhere; nothing of it

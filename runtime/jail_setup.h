@@ -40,6 +40,11 @@ struct JailOptions {
   // this host directory (isolate/shared_etc.h), with the sandbox's own hosts and hostname bound
   // on it. Empty: /etc is assembled in the jail's root (copy_etc_files says how).
   std::string shared_etc_dir;
+  // A directory of nsbox's where the jail's own overlays of the host's read-only trees find
+  // their layers (isolate/private_trees.h): nsboxd's shared /etc directory (the versions of the
+  // shared /etc are then in it), `nsbox run`'s kRunLayersDir. Empty: the host's trees are bound
+  // as they are (tests of the jail alone).
+  std::string layers_dir;
   // A jail started ahead of its sandbox (nsboxd's pool; the host image with a shared /etc): no
   // workspace or home yet, and `hostname` is a placeholder. Sandbox::Adopt makes it a sandbox's.
   bool adopt_later = false;
@@ -55,11 +60,17 @@ struct PreparedJail {
   UniqueFd home_tree;       // its open_tree clone
   UniqueFd root_tree;       // an imported image's overlay, mounted detached (fsmount)
   UniqueFd etc_tree;        // open_tree clone of the shared /etc (JailOptions::shared_etc_dir)
+  // The jail's own overlays (JailOptions::layers_dir): of the image's read-only trees, and of
+  // the layers over the host's /etc. Attached by the jail; closed once it has.
+  std::vector<UniqueFd> private_trees;
   std::string workspace_path;
   std::string shared_etc;  // the version of the shared /etc attached (JailOptions::shared_etc_dir)
   isolate::CgroupLimits limits;
   isolate::JailSpec spec;
 };
+
+// `nsbox run`'s layers directory (JailOptions::layers_dir).
+inline constexpr char kRunLayersDir[] = "/run/nsbox-run/layers";
 
 // Validates the options (errors name the flag and the value) and plans the jail.
 Result<PreparedJail> PrepareJail(const JailOptions& options);

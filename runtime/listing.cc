@@ -29,8 +29,20 @@ std::string_view EntryTypeName(uint8_t type) {
   }
 }
 
-// A JSON string of `name` as Node gives it: UTF-8, invalid bytes as U+FFFD.
-void AppendJsonName(std::string& out, std::string_view name) {
+// A JSON string of `name` as Node gives it: UTF-8, invalid bytes as U+FFFD. Most names need no
+// escape and are valid UTF-8: those are copied as they are (what json::serialize would write).
+void AppendJsonName(std::string& out, std::string_view name, bool valid) {
+  bool plain = valid;
+  for (size_t i = 0; plain && i < name.size(); ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    plain = c >= 0x20 && c != '"' && c != '\\';
+  }
+  if (plain) {
+    out += '"';
+    out += name;
+    out += '"';
+    return;
+  }
   out += json::serialize(json::string_view(utf8::DecodeLossy(name)));
 }
 
@@ -179,13 +191,14 @@ std::string ListingStream::TakeJson(size_t max) {
       any_name_ = true;
       if (items_) out += ',';
       items_ = true;
+      const bool valid = utf8::IsValid(name);
       if (!with_types_) {
-        AppendJsonName(out, name);
+        AppendJsonName(out, name, valid);
         continue;
       }
       out += "{\"name\":";
-      AppendJsonName(out, name);
-      if (!utf8::IsValid(name)) {
+      AppendJsonName(out, name, valid);
+      if (!valid) {
         out += ",\"nameBase64\":\"";
         out += Base64Encode(name);
         out += '"';

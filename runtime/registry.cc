@@ -408,7 +408,7 @@ Result<std::unique_ptr<Registry>> Registry::Open(const RegistryOptions& options)
   NSBOX_TRY(r->RemoveStaleCgroups());
   // The shared /etc is a cache of the host's: what a previous daemon made (maybe half-written by
   // a crash) is not trusted, and nothing binds it any more.
-  NSBOX_TRY(RemoveTree(r->SharedEtcDir()));
+  NSBOX_TRY(RemoveTree(r->HostEtcDir()));
   NSBOX_ASSIGN_OR_RETURN(r->images_, images::ImageStore::Open(r->state_dir_ + "/images", r->ids_));
   NSBOX_TRY(r->Load());
   // nsbox-net removes what a dead predecessor left (its table, interfaces) as it starts; with
@@ -1133,6 +1133,9 @@ SandboxOptions Registry::OptionsFor(const SandboxConfig& c, const std::string& h
     o.jail.home = disk != nullptr ? disk->PathOf("home") : dir + "/home";
     o.jail.shared_etc_dir = SharedEtcDir();
   }
+  // Every jail's own overlays of the host's read-only trees and device nodes find their layers
+  // there (jail_setup.h).
+  o.jail.layers_dir = SharedEtcDir();
   o.jail.hostname = HostnameFor(c.id, hash);
   if (c.limits.memory_bytes) o.jail.memory = std::to_string(*c.limits.memory_bytes);
   if (c.limits.pids) o.jail.pids = std::to_string(*c.limits.pids);
@@ -1201,6 +1204,7 @@ bool Registry::AdoptAheadOnce() {
     o.workspace = dir + "/workspace";
     o.home = dir + "/home";
     o.shared_etc_dir = SharedEtcDir();
+    o.layers_dir = SharedEtcDir();
     o.hostname = kAheadHostname;
     o.nameserver = nameserver_;
     o.warn_unwritable_workspace = false;
@@ -1240,6 +1244,7 @@ Result<std::unique_ptr<Sandbox>> Registry::StartPooled() {
   SandboxOptions o;
   o.jail.adopt_later = true;
   o.jail.shared_etc_dir = SharedEtcDir();
+  o.jail.layers_dir = SharedEtcDir();
   o.jail.nameserver = nameserver_;
   o.jail.warn_unwritable_workspace = false;
   o.init_binary = init_binary_;

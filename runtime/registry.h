@@ -278,7 +278,10 @@ class Registry {
 
   const std::string& state_dir() const { return state_dir_; }
   // The host image's shared /etc versions (isolate/shared_etc.h); removed at every daemon start.
-  std::string SharedEtcDir() const { return state_dir_ + "/host-etc"; }
+  // The shared /etc's versions, and the layers of the jails' own overlays (jail_setup.h), in a
+  // directory (0711) of one that keeps host users out (0700), removed at every start.
+  std::string HostEtcDir() const { return state_dir_ + "/host-etc"; }
+  std::string SharedEtcDir() const { return HostEtcDir() + "/layers"; }
   // Jails of the pool started and waiting for a sandbox, and how many it keeps.
   size_t PoolReady() const;
   // Whether a directory made ahead has a jail of the pool adopted ahead for it (0 or 1): the next

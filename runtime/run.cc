@@ -155,7 +155,11 @@ int Run(const RunOptions& options) {
     return Fail(
         Error(EINVAL, "no command given (usage: nsbox run [OPTIONS] -- COMMAND [ARGS...])"));
   }
-  auto planned = PrepareJail(options);
+  JailOptions with_layers = options;
+  // Its own overlays of the host's /usr, /etc entries and device nodes, as nsboxd's sandboxes
+  // have (isolate/private_trees.h): a one-shot command is watched by no one and watches no one.
+  if (with_layers.layers_dir.empty()) with_layers.layers_dir = kRunLayersDir;
+  auto planned = PrepareJail(with_layers);
   if (!planned.ok()) return Fail(planned.error());
   PreparedJail& plan = *planned;
 

@@ -143,6 +143,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::Start(const SandboxOptions& options) {
   // The jail has attached its mounts: the host's handles on them would only keep them (an
   // image's overlay above all, whose upper layer must be free for the next start) alive.
   prepared.root_tree.reset();
+  prepared.private_trees.clear();
   prepared.workspace_tree.reset();
   prepared.home_tree.reset();
   prepared.workspace.reset();

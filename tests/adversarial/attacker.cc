@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/ptrace.h>
 #include <sys/resource.h>
@@ -739,6 +740,57 @@ int CmdDeepTree(const char* dir, long depth) {
   return made == depth ? 0 : 1;
 }
 
+// Watches each PATH with inotify (what it reports about accesses: open, read, close, write,
+// attributes) until STOPFILE exists (at most 120 s), starting after DELAY ms (the command that
+// started it in the background has ended by then): "watch.I=0" or the errno's name for each
+// watch placed, "ready=1" once all are, then "events.I=N", the events each got. Run in the
+// background with its output to a file, which the test reads.
+int CmdWatch(int delay_ms, const char* stopfile, int count, char** paths) {
+  usleep(static_cast<useconds_t>(delay_ms) * 1000);
+  int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (fd < 0) {
+    Print("inotify_init", ErrName(errno));
+    return 1;
+  }
+  constexpr uint32_t kMask =
+      IN_ACCESS | IN_OPEN | IN_CLOSE_NOWRITE | IN_CLOSE_WRITE | IN_MODIFY | IN_ATTRIB;
+  int wd[64];
+  long events[64] = {};
+  if (count > 64) return 2;
+  for (int i = 0; i < count; ++i) {
+    wd[i] = inotify_add_watch(fd, paths[i], kMask);
+    char key[32];
+    snprintf(key, sizeof key, "watch.%d", i);
+    Print(key, Outcome(wd[i]));
+  }
+  Print("ready", "1");
+  alignas(inotify_event) char buf[65536];
+  for (int round = 0; round < 6000; ++round) {
+    for (;;) {
+      ssize_t n = read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      for (ssize_t at = 0; at < n;) {
+        // SAFETY: the kernel writes whole inotify_event records, each aligned, into buf.
+        const auto* e = reinterpret_cast<const inotify_event*>(buf + at);
+        for (int i = 0; i < count; ++i) {
+          if (e->wd == wd[i]) ++events[i];
+        }
+        at += static_cast<ssize_t>(sizeof(inotify_event) + e->len);
+      }
+    }
+    if (access(stopfile, F_OK) == 0) break;
+    usleep(20000);
+  }
+  for (int i = 0; i < count; ++i) {
+    char key[32], value[32];
+    snprintf(key, sizeof key, "events.%d", i);
+    snprintf(value, sizeof value, "%ld", events[i]);
+    Print(key, value);
+  }
+  close(fd);
+  return 0;
+}
+
 int Usage() {
   fprintf(stderr,
           "usage: nsbox-attacker procscan | ptrace PID | ptrace-child | connect tcp|tcp6 HOST "
@@ -747,7 +799,7 @@ int Usage() {
           "       | whoami [FILE...] | udp SRC|- DST PORT MESSAGE | bind PORT | getcap PATH\n"
           "       | exec-as [--netns] [--userns BASE] UID PATH ARGS...\n"
           "       | prlimit PID nofile|cpu|fsize|core SOFT HARD | prlimit-scan MAX\n"
-          "       | deeptree DIR DEPTH\n");
+          "       | deeptree DIR DEPTH | watch DELAY STOPFILE PATH...\n");
   return 2;
 }
 
@@ -778,6 +830,9 @@ int main(int argc, char** argv) {
   }
   if (strcmp(cmd, "prlimit-scan") == 0 && argc == 3) return CmdPrlimitScan(atol(argv[2]));
   if (strcmp(cmd, "deeptree") == 0 && argc == 4) return CmdDeepTree(argv[2], atol(argv[3]));
+  if (strcmp(cmd, "watch") == 0 && argc >= 5) {
+    return CmdWatch(atoi(argv[2]), argv[3], argc - 4, argv + 4);
+  }
   if (strcmp(cmd, "orphans") == 0 && argc >= 3) {
     const bool keep = argc >= 5 && strcmp(argv[3], "--keep-zombie") == 0;
     return CmdOrphans(atoi(argv[2]), keep, keep ? atoi(argv[4]) : 0);

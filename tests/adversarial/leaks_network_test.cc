@@ -9,9 +9,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <functional>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "tests/adversarial/fixture.h"
 
@@ -90,6 +93,62 @@ TEST_F(LeaksTest, NoSecretInAnyReadableFile) {
     ExecResult priv = Exec(id_, "ls /etc/ssl/private 2>&1; echo rc=$?");
     EXPECT_EQ(priv.out(),
               "ls: cannot open directory '/etc/ssl/private': Permission denied\nrc=2\n");
+  }
+}
+
+// Which programs and files other sandboxes and the host use is not a sandbox's to learn (issue
+// 44): inotify on the jail's /usr, its /etc (the daemon's shared copy and the host's allowlisted
+// directories) and its device nodes sees none of another sandbox's or the host's uses of them,
+// though they are the same files. Before, they were binds of the host's: a watch on
+// /usr/bin/tsort saw every sandbox and the host run it. Control: the same watches see the
+// sandbox's own uses, as one on a file of its own /workspace does.
+TEST_F(LeaksTest, OthersUseOfSharedFilesIsNotSeenThroughInotify) {
+  const std::string other = NewSandbox("other");
+  const std::vector<std::string> paths = {"/usr/bin/tsort",   "/usr/bin",       "/etc/passwd",
+                                          "/etc/ld.so.cache", "/etc/ssl/certs", "/dev/null",
+                                          "/dev/urandom",     "/workspace/own"};
+  const std::string uses =
+      "tsort /dev/null; ls /usr/bin /etc/ssl/certs > /dev/null; cat /etc/passwd "
+      "/etc/ld.so.cache > /dev/null; head -c 16 /dev/urandom > /dev/null";
+  // A watcher in the background: the events on each path from its start to `stop`.
+  auto watch = [&](const std::string& name) -> std::function<KeyValues()> {
+    std::string args;
+    for (const auto& p : paths) args += " " + p;
+    Sh(id_, "echo own > /workspace/own; rm -f /tmp/" + name + "*; (setsid " + kJailAttacker +
+                " watch 500 /tmp/" + name + ".stop" + args + " > /tmp/" + name + ".out 2>&1 &)");
+    auto out = [&, name] { return GetFile(id_, "/tmp/" + name + ".out").body; };
+    for (int i = 0; i < 100 && out().find("ready=1") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    KeyValues placed = ParseKeyValues(out());
+    EXPECT_EQ(Get(placed, "ready"), "1") << out();
+    for (size_t i = 0; i < paths.size(); ++i) {
+      EXPECT_EQ(Get(placed, "watch." + std::to_string(i)), "0") << paths[i];
+    }
+    return [&, name, out] {
+      std::this_thread::sleep_for(milliseconds(300));
+      EXPECT_EQ(PutFile(id_, "/tmp/" + name + ".stop", "").status, 204);
+      for (int i = 0; i < 100 && out().find("events.0=") == std::string::npos; ++i) {
+        std::this_thread::sleep_for(milliseconds(100));
+      }
+      return ParseKeyValues(out());
+    };
+  };
+  auto stop = watch("others");
+  Sh(other, uses + "; cat /workspace/own 2>/dev/null; true");
+  RunOnHost({"/bin/sh", "-c", uses});
+  KeyValues seen = stop();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    EXPECT_EQ(Get(seen, "events." + std::to_string(i)), "0")
+        << paths[i] << ": another sandbox's or the host's use of it was seen";
+  }
+  // Control: its own uses, seen on every path.
+  stop = watch("own");
+  Sh(id_, uses + "; cat /workspace/own > /dev/null");
+  seen = stop();
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const std::string n = Get(seen, "events." + std::to_string(i));
+    EXPECT_TRUE(!n.empty() && n != "0") << paths[i] << ": " << n << " events of its own uses";
   }
 }
 

@@ -296,9 +296,9 @@ TEST_F(AttachTest, ACharacterSplitByTheOtherStreamGoesWholeAndReattachesExactly)
             (std::vector<std::string>{"stderr@4-8:err\n", "stdout@2-10:" + euro + "\n"}));
   EXPECT_EQ(reattach("?offset=10"), std::vector<std::string>{});
   EXPECT_EQ(reattach("?offset=8&encoding=base64"), (std::vector<std::string>{"stdout@8-10:rAo="}));
-  EXPECT_EQ(reattach("?offset=0&encoding=base64"),
-            (std::vector<std::string>{"stdout@0-4:YWLigg==", "stderr@4-8:ZXJyCg==",
-                                      "stdout@8-10:rAo="}));
+  EXPECT_EQ(
+      reattach("?offset=0&encoding=base64"),
+      (std::vector<std::string>{"stdout@0-4:YWLigg==", "stderr@4-8:ZXJyCg==", "stdout@8-10:rAo="}));
 }
 
 TEST_F(AttachTest, DetachedExecOutlivesItsStarterAndReattachGetsTheExit) {

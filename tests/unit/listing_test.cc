@@ -5,6 +5,7 @@
 
 #include "runtime/listing.h"
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -17,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/utf8.h"
 #include "fs/protocol.h"
 
 namespace nsbox::runtime {
@@ -59,6 +61,19 @@ TEST_F(ListingTest, FramesBecomeJsonItemsInOrder) {
   EXPECT_TRUE(s->finished());
   EXPECT_FALSE(s->failed());
   EXPECT_EQ(json, "[\"a\",\"b\\\"\\\\\",\"c\xef\xbf\xbd\"]");
+  // Every name as Boost.JSON writes it, whatever path made it.
+  auto t = Make(false);
+  std::vector<std::pair<std::string, uint8_t>> names;
+  for (std::string n : {"\x01ctl", "\x7f-del", "a b", "caf\xc3\xa9", "d\tt", "e\xe2\x80\xa8",
+                        "f\xf0\x9f\x98\x80", "g\xc3", "h/"}) {
+    if (n != "h/") names.push_back({n, 0});
+  }
+  std::sort(names.begin(), names.end());
+  t->Part(Frame(names));
+  t->Done(fs::Unit{});
+  boost::json::array want;
+  for (const auto& [n, type] : names) want.emplace_back(utf8::DecodeLossy(n));
+  EXPECT_EQ("[" + t->TakeJson(1 << 20) + "]", boost::json::serialize(want));
   EXPECT_NO_THROW(boost::json::parse(json));
   Poll();
 }

@@ -248,6 +248,69 @@ TEST(MountPlan, ASharedEtcIsBoundWithOnlyTheHostsDirectoriesAndTheSandboxsOwnFil
   EXPECT_EQ(overlay.error().message(), "an overlay root has its own /etc");
 }
 
+// Issue 44: with overlays of its own, nothing the jail binds is a host inode others use: the
+// image's read-only trees are its overlays, /etc's host entries, the device nodes, the masks'
+// null device and the shared /etc come from its layers overlay, attached for the time of the
+// binds and unmounted before the pivot.
+TEST(MountPlan, TheHostsReadOnlyTreesComeFromTheJailsOwnOverlays) {
+  JailFsConfig c = Config();
+  c.private_binds = {{"/usr", 11}};
+  c.layers_tree = 12;
+  c.shared_etc = "/state/etc/0123";
+  c.shared_etc_layer = "0123";
+  auto plan = PlanMounts(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  auto d = Described(*plan);
+  EXPECT_EQ(d[1], "mkdir /.nsbox-layers");
+  EXPECT_EQ(d[2], "bind (the jail's layers overlay) -> /.nsbox-layers (rw)");
+  EXPECT_EQ(plan->ops[2].source_fd, 12);
+  EXPECT_TRUE(plan->ops[2].source_is_tree);
+  EXPECT_EQ(d[d.size() - 3], "unmount /.nsbox-layers");
+  EXPECT_EQ(plan->ops[plan->ops.size() - 3].staged, "/tmp/.nsbox-layers");
+  EXPECT_TRUE(Contains(d, "bind /tmp/.nsbox-layers/0123 -> /etc (ro,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "bind /tmp/.nsbox-layers/ssl -> /etc/ssl (ro,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "bind /tmp/.nsbox-layers/.nsbox-dev/null -> /dev/null (rw)"));
+  EXPECT_TRUE(Contains(d, "bind /tmp/.nsbox-layers/.nsbox-dev/urandom -> /dev/urandom (rw)"));
+  for (const auto& op : plan->ops) {
+    if (op.target == "/usr" && op.kind == Kind::kBind) {
+      EXPECT_EQ(op.source_fd, 11) << op.Describe();
+      EXPECT_TRUE(op.source_is_tree) << op.Describe();
+    }
+    if (op.kind == Kind::kMaskPath) {
+      EXPECT_EQ(op.data, "/tmp/.nsbox-layers/.nsbox-dev/null");
+    }
+    // No bind of a host path but the workspace.
+    if (op.kind == Kind::kBind && !op.source_is_tree && op.target != "/workspace") {
+      EXPECT_EQ(op.source.rfind("/tmp/", 0), 0u) << op.Describe();
+    }
+  }
+  // Without a shared /etc: its big files and directories from the layers too.
+  c.shared_etc.clear();
+  c.shared_etc_layer.clear();
+  plan = PlanMounts(c);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  d = Described(*plan);
+  EXPECT_TRUE(Contains(d, "bind /tmp/.nsbox-layers/big -> /etc/big (ro,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "bind /tmp/.nsbox-layers/ssl -> /etc/ssl (ro,nosuid,nodev)"));
+  EXPECT_TRUE(Contains(d, "copy /etc/ld.so.cache -> /etc/ld.so.cache")) << "small files copied";
+  // On an image's persistent root: attached in its /dev's tmpfs, for the device nodes.
+  JailFsConfig image;
+  image.root.overlay = RootSpec::Overlay{"/l", "/u", "/w"};
+  image.root_tree_fd = 9;
+  image.layers_tree = 12;
+  plan = PlanMounts(image);
+  ASSERT_TRUE(plan.ok()) << plan.error().message();
+  d = Described(*plan);
+  auto at = [&](const std::string& line) {
+    return std::find(d.begin(), d.end(), line) - d.begin();
+  };
+  EXPECT_LT(at("tmpfs /dev (rw,nosuid,noexec,mode=0755)"), at("mkdir /dev/.nsbox-layers"));
+  EXPECT_LT(at("bind (the jail's layers overlay) -> /dev/.nsbox-layers (rw)"),
+            at("bind /tmp/dev/.nsbox-layers/.nsbox-dev/null -> /dev/null (rw)"));
+  EXPECT_EQ(d[d.size() - 2], "unmount /dev/.nsbox-layers");
+  EXPECT_FALSE(Contains(d, "mkdir /.nsbox-layers")) << "nothing in the persistent root";
+}
+
 TEST(MountPlan, AJailAdoptedLaterLeavesTheSandboxsPartsToTheAdoption) {
   JailFsConfig c = Config();
   c.workspace_source.clear();

@@ -139,7 +139,7 @@ export type ExecEvent =
   | { type: 'start'; execId: string; pid: number }
   /**
    * `offset` of the first raw byte, `end` after the last (absent from a daemon before
-   * 2026-12-06). To lose and repeat nothing, re-attach with the greatest `end` received: a text
+   * 2026-12-07). To lose and repeat nothing, re-attach with the greatest `end` received: a text
    * event's bytes may be split by the other stream's (docs/exec.md).
    */
   | { type: 'stdout'; offset: number; end?: number; data?: string; dataBase64?: string }
