@@ -18,7 +18,10 @@
 
 namespace nsbox::testutil::raw_tar {
 
-inline constexpr std::string_view kUstarMagic("ustar\0" "00", 8);
+inline constexpr std::string_view kUstarMagic(
+    "ustar\0"
+    "00",
+    8);
 inline constexpr std::string_view kGnuMagic("ustar  \0", 8);
 // The end of an archive: two zero blocks.
 inline const std::string kEnd(1024, '\0');
