@@ -4261,7 +4261,7 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
   // The verb and the shaping of its answer run on the pool; one path below answers them all.
   // The answer is the JSON body, or none for 204.
   using Answer = ApiOutcome<std::optional<json::object>>;
-  std::function<Answer()> work = [box, p, verb, typed, rec, frc]() -> Answer {
+  std::function<Answer()> work = [box, p, verb, rec, frc]() -> Answer {
     auto fail = [](const fs::FsError& e) { return ApiError::FromFs(e); };
     json::object o;
     if (verb == "stat") {
