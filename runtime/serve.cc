@@ -1413,7 +1413,9 @@ class Daemon {
   asio::io_context& io_;
   Registry& registry_;
   const std::string token_;  // empty: no TCP listener
-  ListingBudget listings_{io_.get_executor(), ListingLimits{}};
+  // Shared with the answers under way, whose frames the io_context may destroy after the daemon.
+  std::shared_ptr<ListingBudget> listings_ =
+      std::make_shared<ListingBudget>(io_.get_executor(), ListingLimits{});
   // Before the pools: their threads may still run jobs that count (the /metrics scrape renders
   // on a worker) while the daemon is destroyed, and a pool joins its threads in its destructor.
   Metrics metrics_;
@@ -4386,17 +4388,18 @@ asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry
 
 asio::awaitable<bool> Daemon::Readdir(Ctx& c, std::shared_ptr<Sandbox> box, std::string path,
                                       bool typed) {
-  if (!co_await listings_.Enter()) {
+  const std::shared_ptr<ListingBudget> budget = listings_;
+  if (!co_await budget->Enter()) {
     const ApiError reply_error =
         ApiError::Of(503, "busy",
-                     "the daemon is passing on " + std::to_string(listings_.max_in_flight()) +
+                     "the daemon is passing on " + std::to_string(budget->max_in_flight()) +
                          " directory listings at once, its bound, and none ended within " +
-                         std::to_string(listings_.limits().admission.count()) + " ms; try again");
+                         std::to_string(budget->limits().admission.count()) + " ms; try again");
     co_return co_await ReplyError(c, reply_error);
   }
   auto hold = [box] { box->client().HoldReads(); };
   auto release = [box] { box->client().ReleaseReads(); };
-  auto listing = std::make_shared<ListingStream>(io_.get_executor(), typed, listings_.limits(),
+  auto listing = std::make_shared<ListingStream>(io_.get_executor(), typed, budget->limits(),
                                                  std::move(hold), std::move(release));
   // A client that takes nothing while the sandbox's channel waits for it loses its connection.
   listing->on_stall = [&c] {
@@ -4405,14 +4408,14 @@ asio::awaitable<bool> Daemon::Readdir(Ctx& c, std::shared_ptr<Sandbox> box, std:
     c.socket.cancel(ec);
   };
   struct Done {
-    ListingBudget& budget;
-    ListingStream& listing;
+    std::shared_ptr<ListingBudget> budget;
+    std::shared_ptr<ListingStream> listing;
     ~Done() {
-      listing.on_stall = nullptr;
-      listing.Abandon();
-      budget.Leave();
+      listing->on_stall = nullptr;
+      listing->Abandon();
+      budget->Leave();
     }
-  } done{listings_, *listing};
+  } done{budget, listing};
   box->client().StartReaddir(
       path, typed, [listing](std::string part) { listing->Part(std::move(part)); },
       [listing](fs::FsOutcome<fs::Unit> end) { listing->Done(std::move(end)); });
