@@ -245,30 +245,6 @@ void ExecTrue(ApiClient& api, const std::string& id, const boost::json::value& b
   if (!json.ok() || json->at("exitCode").as_int64() != 0) Die("exec /bin/true: " + r.body);
 }
 
-// Until the daemon's pool (docs/daemon.md "The pool") holds every jail it keeps, and one adopted
-// ahead: a first use
-// timed then is one of a sandbox made at a human pace, not in a burst that empties the pool.
-void WaitPoolFull(ApiClient& api) {
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  for (;;) {
-    auto r = Must(api.Call(Method::kGet, "/metrics"), "metrics");
-    long ready = -1, size = -2, ahead = -1;
-    for (size_t at = 0; at < r.body.size();) {
-      size_t end = r.body.find('\n', at);
-      if (end == std::string::npos) end = r.body.size();
-      std::string_view line(r.body.data() + at, end - at);
-      if (line.starts_with("nsbox_pool_ready ")) ready = std::atol(line.data() + 17);
-      if (line.starts_with("nsbox_pool_size ")) size = std::atol(line.data() + 16);
-      if (line.starts_with("nsbox_pool_adopted_ahead ")) ahead = std::atol(line.data() + 25);
-      at = end + 1;
-    }
-    // With a pool, a jail adopted ahead for the next creation too (a build without has no line).
-    if (ready == size && (ahead < 0 || ahead == (size > 0 ? 1 : 0))) return;
-    if (Clock::now() > deadline) Die("the daemon's pool did not fill within 10 s");
-    usleep(2000);
-  }
-}
-
 std::string Mib(double kib) {
   char b[32];
   std::snprintf(b, sizeof b, "%.2f MiB", kib / 1024.0);
@@ -380,7 +356,7 @@ int main(int argc, char** argv) {
     std::string id = "first-" + std::to_string(i + warmup);
     first_ids.push_back(id);
     double api_us = 0, put_us = 0, bwrap_us = 0;
-    WaitPoolFull(api);
+    nsbox::bench::WaitPoolFull(api, std::chrono::seconds(10));
     auto api_call = [&] {
       auto t0 = Clock::now();
       Must(api.Call(Method::kPut, nsbox::runtime::SandboxTarget(id)), "PUT", 201);

@@ -9,9 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/api_client.h"
@@ -78,6 +80,31 @@ inline runtime::ApiResponse Must(Result<runtime::ApiResponse> r, const char* wha
     Die(std::string(what) + ": HTTP " + std::to_string(r->status) + " " + r->body);
   }
   return std::move(*r);
+}
+
+// Until the daemon's pool (docs/daemon.md "The pool") holds every jail it keeps, and one adopted
+// ahead for the next creation (a build without that has no such line): a first use timed then is
+// one of a sandbox made at a human pace, not in a burst that empties the pool.
+inline void WaitPoolFull(runtime::ApiClient& api, std::chrono::seconds within) {
+  const auto deadline = std::chrono::steady_clock::now() + within;
+  for (;;) {
+    auto r = Must(api.Call(runtime::Method::kGet, "/metrics"), "metrics");
+    long ready = -1, size = -2, ahead = -1;
+    for (size_t at = 0; at < r.body.size();) {
+      size_t end = r.body.find('\n', at);
+      if (end == std::string::npos) end = r.body.size();
+      std::string_view line(r.body.data() + at, end - at);
+      if (line.starts_with("nsbox_pool_ready ")) ready = std::atol(line.data() + 17);
+      if (line.starts_with("nsbox_pool_size ")) size = std::atol(line.data() + 16);
+      if (line.starts_with("nsbox_pool_adopted_ahead ")) ahead = std::atol(line.data() + 25);
+      at = end + 1;
+    }
+    if (ready == size && (ahead < 0 || ahead == (size > 0 ? 1 : 0))) return;
+    if (std::chrono::steady_clock::now() > deadline) {
+      Die("the daemon's pool did not fill within " + std::to_string(within.count()) + " s");
+    }
+    usleep(2000);
+  }
 }
 
 }  // namespace nsbox::bench

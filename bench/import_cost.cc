@@ -63,27 +63,6 @@ void Row(const char* what, const Stats& quiet, const Stats& busy, double scale, 
               busy.p10 / scale, busy.p90 / scale, unit, busy.median / quiet.median);
 }
 
-// Until the daemon's pool holds every jail it keeps, and one adopted ahead (nsbox-api-bench's).
-void WaitPoolFull(ApiClient& api) {
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  for (;;) {
-    auto r = Must(api.Call(Method::kGet, "/metrics"), "metrics");
-    long ready = -1, size = -2, ahead = -1;
-    for (size_t at = 0; at < r.body.size();) {
-      size_t end = r.body.find('\n', at);
-      if (end == std::string::npos) end = r.body.size();
-      std::string_view line(r.body.data() + at, end - at);
-      if (line.starts_with("nsbox_pool_ready ")) ready = std::atol(line.data() + 17);
-      if (line.starts_with("nsbox_pool_size ")) size = std::atol(line.data() + 16);
-      if (line.starts_with("nsbox_pool_adopted_ahead ")) ahead = std::atol(line.data() + 25);
-      at = end + 1;
-    }
-    if (ready == size && (ahead < 0 || ahead == (size > 0 ? 1 : 0))) return;
-    if (Clock::now() > deadline) Die("the daemon's pool did not fill within 30 s");
-    usleep(2000);
-  }
-}
-
 // A root file system tarball of `files` files, 512 B to 64 KiB (cycling), each half random bytes
 // and half a repeated line (so that gzip has work, as with real binaries and text).
 std::string MakeImage(const std::string& dir, int files) {
@@ -189,7 +168,7 @@ int main(int argc, char** argv) {
   double put_us = 0;  // the PUT's part of the last first use
   auto first_use = [&]() -> double {
     const std::string id = "first-" + std::to_string(next_id++);
-    WaitPoolFull(api);
+    nsbox::bench::WaitPoolFull(api, std::chrono::seconds(30));
     auto t0 = Clock::now();
     Must(api.Call(Method::kPut, SandboxTarget(id)), "PUT", 201);
     put_us = Micros(Clock::now() - t0);

@@ -18,6 +18,7 @@
 
 #include "tests/adversarial/fixture.h"
 #include "tests/common/image_builder.h"
+#include "tests/common/raw_tar.h"
 
 namespace nsbox::adversarial {
 namespace {
@@ -36,25 +37,6 @@ bool PollFor(Pred pred, milliseconds timeout) {
 
 long MsSince(Clock::time_point t0) {
   return static_cast<long>(std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count());
-}
-
-// The ustar header of a regular file of `size` bytes.
-std::string UstarHeader(const std::string& name, uint64_t size) {
-  char h[512] = {};
-  std::snprintf(h, 100, "%s", name.c_str());
-  std::snprintf(h + 100, 8, "%07o", 0644u);
-  std::snprintf(h + 108, 8, "%07o", 0u);
-  std::snprintf(h + 116, 8, "%07o", 0u);
-  std::snprintf(h + 124, 12, "%011llo", static_cast<unsigned long long>(size));
-  std::snprintf(h + 136, 12, "%011o", 1700000000u);
-  h[156] = '0';
-  std::memcpy(h + 257, "ustar", 6);
-  std::memcpy(h + 263, "00", 2);
-  std::memset(h + 148, ' ', 8);
-  unsigned sum = 0;
-  for (unsigned char c : h) sum += c;
-  std::snprintf(h + 148, 8, "%06o", sum);
-  return std::string(h, sizeof h);
 }
 
 // A gzip tarball of regular files full of zeros, each a whole number of MiB, made without ever
@@ -86,7 +68,7 @@ std::string GzipTarOfZeros(const std::vector<std::pair<std::string, uint64_t>>& 
   uint64_t total = 0;
   for (const auto& [name, size] : members) {
     if (size % kMiB != 0) std::abort();
-    const std::string h = UstarHeader(name, size);
+    const std::string h = testutil::raw_tar::Header(name, size);
     body += deflate_all(h, Z_FULL_FLUSH);
     crc = crc32(crc, reinterpret_cast<const Bytef*>(h.data()), 512);
     total += 512;

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "base/files.h"
+#include "tests/common/mount_namespace.h"
 
 namespace nsbox {
 namespace {
@@ -66,25 +67,6 @@ class RemoveTreeTest : public ::testing::Test {
     int status = 0;
     ::waitpid(pid, &status, 0);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 255;
-  }
-
-  // Runs `body` in a child with a mount namespace of its own, so that the mounts it makes never
-  // show in the host's table (other tiers' tests look there); the child's failures are the
-  // test's. Skips where the test cannot mount (not root).
-  template <typename Body>
-  static void InOwnMountNamespace(Body body) {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount";
-    EXPECT_EXIT(
-        {
-          if (::unshare(CLONE_NEWNS) != 0 ||
-              ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-            std::fprintf(stderr, "unshare or mount: %s\n", strerror(errno));
-            ::_exit(2);
-          }
-          body();
-          ::_exit(::testing::Test::HasFailure() ? 1 : 0);
-        },
-        ::testing::ExitedWithCode(0), "");
   }
 
   std::string dir_;
@@ -172,7 +154,7 @@ TEST_F(RemoveTreeTest, AMountPointInsideIsNotEntered) {
   const std::string tree = dir_ + "/tree";
   std::filesystem::create_directories(tree + "/m");
   std::ofstream(tree + "/other") << "x";
-  InOwnMountNamespace([&] {
+  testutil::InOwnMountNamespace([&] {
     ASSERT_EQ(::mount("none", (tree + "/m").c_str(), "tmpfs", 0, "size=1m"), 0) << strerror(errno);
     std::ofstream(tree + "/m/mounted") << "kept";
     Status st = RemoveTree(tree);

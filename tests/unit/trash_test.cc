@@ -15,6 +15,8 @@
 #include <fstream>
 #include <string>
 
+#include "tests/common/mount_namespace.h"
+
 namespace nsbox {
 namespace {
 
@@ -30,25 +32,6 @@ class TrashBinTest : public ::testing::Test {
     std::filesystem::remove_all(dir_, ec);
   }
 
-  // Runs `body` in a child with a mount namespace of its own, so that the mounts it makes never
-  // show in the host's table (other tiers' tests look there); the child's failures are the
-  // test's. Skips where the test cannot mount (not root).
-  template <typename Body>
-  static void InOwnMountNamespace(Body body) {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount";
-    EXPECT_EXIT(
-        {
-          if (::unshare(CLONE_NEWNS) != 0 ||
-              ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
-            std::fprintf(stderr, "unshare or mount: %s\n", strerror(errno));
-            ::_exit(2);
-          }
-          body();
-          ::_exit(::testing::Test::HasFailure() ? 1 : 0);
-        },
-        ::testing::ExitedWithCode(0), "");
-  }
-
   std::string dir_;
 };
 
@@ -58,7 +41,7 @@ TEST_F(TrashBinTest, AFailedRemovalIsKeptRetriedWhenDueAndDoneWhenItCan) {
   const std::string trash = dir_ + "/.trash-abc-1";
   std::filesystem::create_directories(trash + "/sub/inner");
   std::ofstream(trash + "/sub/f") << "x";
-  InOwnMountNamespace([&] {
+  testutil::InOwnMountNamespace([&] {
     ASSERT_EQ(::mount("none", (trash + "/sub/inner").c_str(), "tmpfs", 0, "size=1m"), 0);
     runtime::TrashBin bin;
     Status first = bin.Remove(trash);
