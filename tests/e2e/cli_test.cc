@@ -728,6 +728,9 @@ TEST_F(CliTest, LsTableAndJson) {
   std::string a = NewBox("a");
   std::string b = Id("conv/42 ü");  // an id with a slash, a space and non-ASCII
   ASSERT_EQ(Nsbox({"create", b}).code, 0);
+  // A sandbox may still be starting when `create` answers; a command in each makes both
+  // running, so that the two listings below see the same states.
+  for (const std::string& id : {a, b}) ASSERT_EQ(Nsbox({"exec", id, "--", "true"}).code, 0);
 
   CliResult r = Nsbox({"ls", "--json"});
   ASSERT_EQ(r.code, 0) << r.Describe();
