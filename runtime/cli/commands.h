@@ -1,0 +1,21 @@
+#pragma once
+
+// The handlers of the CLI's client commands, which ClientCommands::Dispatch (runtime/cli.cc)
+// calls with the parsed options and a client of the daemon: each returns the exit code, having
+// printed what the command prints.
+
+#include <string_view>
+
+#include "runtime/api_client.h"
+#include "runtime/cli/client.h"
+
+namespace nsbox::runtime::cli {
+
+// sandboxes.cc: create, ls, stop and rm, network.
+int Network(const Options& o, ApiClient& client);
+int Create(const Options& o, ApiClient& client);
+int List(const Options& o, ApiClient& client);
+// stop and rm: `verb` is "stop" or "rm".
+int ForEachId(const Options& o, ApiClient& client, std::string_view verb);
+
+}  // namespace nsbox::runtime::cli
