@@ -18,4 +18,9 @@ int List(const Options& o, ApiClient& client);
 // stop and rm: `verb` is "stop" or "rm".
 int ForEachId(const Options& o, ApiClient& client, std::string_view verb);
 
+// ports.cc: port add, port ls, port rm.
+int AddPort(const Options& o, ApiClient& client);
+int ListPorts(const Options& o, ApiClient& client);
+int RemovePort(const Options& o, ApiClient& client);
+
 }  // namespace nsbox::runtime::cli
