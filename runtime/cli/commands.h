@@ -23,4 +23,10 @@ int AddPort(const Options& o, ApiClient& client);
 int ListPorts(const Options& o, ApiClient& client);
 int RemovePort(const Options& o, ApiClient& client);
 
+// images.cc: image import, image ls, image inspect, image rm.
+int ImportImage(const Options& o, ApiClient& client);
+int ListImages(const Options& o, ApiClient& client);
+int InspectImage(const Options& o, ApiClient& client);
+int RemoveImages(const Options& o, ApiClient& client);
+
 }  // namespace nsbox::runtime::cli
