@@ -29,4 +29,8 @@ int ListImages(const Options& o, ApiClient& client);
 int InspectImage(const Options& o, ApiClient& client);
 int RemoveImages(const Options& o, ApiClient& client);
 
+// exec.cc: exec and shell.
+int Exec(const Options& o, ApiClient& client);
+int Shell(const Options& o, ApiClient& client);
+
 }  // namespace nsbox::runtime::cli
