@@ -33,4 +33,7 @@ int RemoveImages(const Options& o, ApiClient& client);
 int Exec(const Options& o, ApiClient& client);
 int Shell(const Options& o, ApiClient& client);
 
+// cp.cc: cp.
+int Copy(const Options& o, ApiClient& client);
+
 }  // namespace nsbox::runtime::cli
