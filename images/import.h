@@ -3,14 +3,16 @@
 // Internal to images/: the import pipeline behind ImageStore::Import (import.cc) and the
 // fd-relative file helpers store.cc shares with it. Nothing outside images/ includes this.
 //
-// The pipeline, one step per line:
+// The pipeline, one step per line (import.cc's UnpackImage runs them; the file that does each
+// is named after it, and import_reader.h has what they all read with):
 //   1. look at the source: a directory holding an OCI layout, or a tar file (scanned once with
 //      libarchive: its member names, sizes and data offsets) holding an OCI layout, a
-//      `docker save` image, or else a root file system;
+//      `docker save` image, or else a root file system (import_source.cc);
 //   2. read the manifest chain (OCI: index.json -> [nested index ->] manifest -> config; docker:
-//      manifest.json -> config), verifying the sha256 of every blob read;
+//      manifest.json -> config), verifying the sha256 of every blob read (import_plan.cc);
 //   3. apply the layers in order into rootfs/, each streamed once through libarchive while its
-//      digest is computed, every entry written relative to the rootfs's directory fd;
+//      digest is computed, every entry written relative to the rootfs's directory fd
+//      (import_layers.cc; their whiteouts, import_whiteouts.cc);
 //   4. set the directories' mtimes last (creating entries inside a directory changes its mtime).
 
 #include <atomic>

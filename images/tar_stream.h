@@ -97,7 +97,8 @@ class TarAudit {
   std::optional<Error> error_;
 };
 
-// Where a TarStream's bytes come from (images/import.cc's RangeReader: a byte range of a file).
+// Where a TarStream's bytes come from (images/import_reader.h's RangeReader: a byte range of a
+// file).
 class ByteSource {
  public:
   virtual ~ByteSource() = default;

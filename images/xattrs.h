@@ -1,7 +1,8 @@
 #pragma once
 
 // Internal to images/: what the importer does with the xattrs of an image's entry, decided as
-// plain values (unit-tested without privileges) before import.cc applies them with fsetxattr.
+// plain values (unit-tested without privileges) before import_layers.cc applies them with
+// fsetxattr.
 //
 //   user.*                 kept as they are: data of the image's own programs;
 //   security.capability    rewritten as a version-3 file capability bound to the sandboxes' root

@@ -2,6 +2,9 @@
 
 // The `nsbox` commands that drive nsboxd over api.md: create, ls, exec, cp, stop and rm, and the
 // global options that say where the daemon is (--socket, or --url with --token).
+// cli.cc declares them (CLI11's set-up: each command, its options) and dispatches to their
+// handlers, a file per command or group in runtime/cli/ (sandboxes, ports, images, exec, cp),
+// whose shared plumbing (finding the daemon, printing errors, progress) is runtime/cli/client.h.
 
 #include <memory>
 #include <optional>
