@@ -11,7 +11,7 @@ the PUT, the jail's start and the first exec), keeping every sandbox. Then for e
 next exec (a start of an existing sandbox and an exec). Prints the medians per build. On this
 machine the PUT's fsyncs vary by milliseconds from run to run, and a machine's speed drifts
 over minutes; interleaving the two builds request by request is what makes their figures
-comparable (docs/benchmarks.md).
+comparable (docs/perf-notes.md).
 
 --old-args and --new-args add arguments to each daemon's `nsbox serve` (e.g. "--pool 0": one
 build, with and without its pool). --pace waits that long between sandboxes, and before each

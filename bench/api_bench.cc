@@ -500,7 +500,7 @@ int main(int argc, char** argv) {
   {
     // The same read with nothing else between the requests, and with a client's pause before
     // each: on a guest whose idle vCPUs halt, a request that finds the daemon and nsbox-init
-    // asleep pays for waking them (docs/benchmarks.md "What a pause between requests costs").
+    // asleep pays for waking them (docs/perf-notes.md "What a pause between requests costs").
     // The two alternate run by run, so that the machine's noise hits both alike.
     std::vector<double> t_row, t_pause;
     constexpr int kRow = 8;
@@ -522,7 +522,7 @@ int main(int argc, char** argv) {
   }
   {
     // 256 MiB up and down through the raw file endpoints, as `nsbox cp` moves them (the body
-    // streamed both ways; docs/benchmarks.md "Bodies read 512 bytes at a time").
+    // streamed both ways; docs/perf-notes.md "Bodies read 512 bytes at a time").
     constexpr size_t kBig = size_t{256} << 20;
     const std::string big = dir + "/big";
     {

@@ -88,7 +88,7 @@ inline bool DropReclaimableCaches() {
 
 // The kernel memory that N sandboxes made between Start() and Stop(), per sandbox: `grown`
 // counts the reclaimable dentry and inode caches their making left (what earlier figures in
-// docs/benchmarks.md counted), `held` only what stays once those are dropped.
+// docs/perf-notes.md counted), `held` only what stays once those are dropped.
 class KernelGrowth {
  public:
   void Start() {
@@ -165,7 +165,7 @@ inline std::string MemoryCgroupRoot() {
 // memory controller to make them in, or no /proc/slabinfo to read (not root).
 // Most of it is the memcg's slots for the host's shrinkers: one per superblock alive at once
 // since boot (the kernel never shrinks the table), so it differs between hosts and grows with the
-// peak number of jails a host has held (docs/benchmarks.md "What an idle sandbox costs the
+// peak number of jails a host has held (docs/perf-notes.md "What an idle sandbox costs the
 // kernel"). Every idle sandbox holds one.
 inline double MemoryCgroupKb(int n = 50) {
   const std::string parent = MemoryCgroupRoot();

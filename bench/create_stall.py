@@ -8,7 +8,7 @@ GETs' latency (median, p90, p99, max) and how many of each were served.
     sudo bench/create_stall.py build/runtime/nsbox [--duration 4]
 
 Every PUT makes a sandbox's directory durable (fsyncs); a daemon that held its registry's lock
-across them made every other request wait (docs/benchmarks.md, "A new sandbox adopts its jail
+across them made every other request wait (docs/perf-notes.md, "A new sandbox adopts its jail
 during its PUT"). The daemon runs on its own socket and state directory under /var/tmp, removed
 at the end.
 """

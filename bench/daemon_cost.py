@@ -12,7 +12,7 @@ NDJSON (`--mode stream`: start, stdout and exit events) or reads of a 4 KiB file
 /proc/PID/task/TID/schedstat; the sandbox's processes are not the daemon's) and the median latency
 of its requests as this Python client sees it, and the medians at the end. A daemon's CPU time is a
 steadier figure than a latency on this machine, whose speed drifts from minute to minute
-(docs/benchmarks.md).
+(docs/perf-notes.md).
 
 --mallocs also counts the daemon's calls to malloc with a uprobe (tracefs, `nm` and `readelf`
 needed; the binary must have its symbols): one `p:` line in /sys/kernel/tracing/uprobe_events at

@@ -1,6 +1,6 @@
 // nsbox-density-floor: what the kernel charges for N idle sandboxes made of nsbox's parts and
 // nothing else, side by side with bwrap, in one run. The floor under issue 4's "1,000 idle
-// sandboxes, ≤ 0.5 MiB each" (docs/benchmarks.md "The kernel's floor for 1,000 idle sandboxes").
+// sandboxes, ≤ 0.5 MiB each" (docs/perf-notes.md "The kernel's floor for 1,000 idle sandboxes").
 //
 //   sudo build/bench/nsbox-density-floor [--sandboxes N] [--first N]
 //        [--kinds bare,memcg,nsbox,bwrap] [--nsbox PATH]

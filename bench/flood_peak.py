@@ -13,7 +13,7 @@ api.md: the daemon never holds more than the cap for one command.
 throughout, as scripts/test's background build runs beside its tests: they take only idle CPU
 time, but change how the daemon's loop and the sandbox's nsbox-init take turns. The command is
 `--load-cmd` (default: fill 256 MiB of fresh memory); a compiler is what showed the difference
-(docs/benchmarks.md, 2026-12-03 seventh), where busy loops and the default did not. Prints each run, then the median and the highest peak per build.
+(docs/perf-notes.md, 2026-12-03 seventh), where busy loops and the default did not. Prints each run, then the median and the highest peak per build.
 """
 
 import argparse

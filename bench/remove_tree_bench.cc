@@ -1,4 +1,4 @@
-// What removing a sandbox's tree costs (docs/benchmarks.md "Removing a deleted sandbox's files"):
+// What removing a sandbox's tree costs (docs/perf-notes.md "Removing a deleted sandbox's files"):
 // base's RemoveTree (a few fds at any depth) against std::filesystem::remove_all (one open
 // directory per level, what the daemon used before issue 44), on the same trees in DIR:
 //   wide: FILES files of 64 bytes spread over directories of 100, two levels deep;

@@ -5,7 +5,7 @@
 #
 #   sudo bench/run_true.sh [RUNS]
 #
-# Prints a Markdown table of medians (and the ratio) for docs/benchmarks.md.
+# Prints a Markdown table of medians (and the ratio) for docs/perf-notes.md.
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 install_packages bubblewrap hyperfine jq
 runs=${1:-100}

@@ -1,4 +1,5 @@
-# Every dependency is a Debian package installed by scripts/setup (never by hand).
+# Every dependency is a Debian package installed by scripts/lib.sh's install_packages, which
+# scripts/start and scripts/test run (never by hand).
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SECCOMP REQUIRED IMPORTED_TARGET libseccomp)
 pkg_check_modules(CAP REQUIRED IMPORTED_TARGET libcap)

@@ -295,7 +295,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
       }
       // The adoption rewrites them through this directory's fd: reaching it once the procfs
       // covers it would take a clone of the root mount, whose release waits for an RCU grace
-      // period (docs/benchmarks.md "Where a first use's exec goes").
+      // period (docs/perf-notes.md "Where a first use's exec goes").
       if (config.adopt_later) p.Add(Kind::kHoldDir, own);
     }
   }
@@ -362,7 +362,7 @@ Result<MountPlan> PlanMounts(const JailFsConfig& config) {
   }
   // 5. The scratch places, /dev, /tmp and /dev/shm, are one tmpfs, the root's own where the
   //    root is a tmpfs: every superblock costs the kernel ≈ 5 KiB, and each memory cgroup of the
-  //    host a slot per superblock alive (docs/benchmarks.md, "What an idle sandbox costs the
+  //    host a slot per superblock alive (docs/perf-notes.md, "What an idle sandbox costs the
   //    kernel"). /dev is a writable bind of its directory (an image's root has a tmpfs there);
   //    /tmp is a bind of a directory under the mount point of /dev/pts, which the devpts
   //    mounted there below covers, and so is the empty directory that masks /proc's.

@@ -19,7 +19,7 @@
 //   in the layers directory); never attached whole.
 //
 // Nothing is copied: reads go to the host's files and their page cache. A jail's overlays cost
-// it two superblocks and the inodes and dentries of what it looks at (docs/benchmarks.md
+// it two superblocks and the inodes and dentries of what it looks at (docs/perf-notes.md
 // "Issue 44: listings streamed, and a jail's own overlays").
 
 #include <map>

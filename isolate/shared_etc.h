@@ -2,7 +2,7 @@
 
 // One /etc for all of a daemon's long-lived jails (host image). Assembled in each jail's own root,
 // /etc costs every sandbox a tmpfs inode per entry, a mount per host file and a page per generated
-// file, for the same bytes each time (docs/benchmarks.md, "One shared /etc"). Here the generated
+// file, for the same bytes each time (docs/perf-notes.md, "One shared /etc"). Here the generated
 // files and copies of the allowlisted host files are written once into a directory on the host,
 // which every jail attaches read-only at /etc; each jail then binds only the host's allowlisted
 // directories (live, as before) and its own hosts and hostname on top (isolate/mount_plan.h).

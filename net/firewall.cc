@@ -86,7 +86,7 @@ Status Firewall::Install() {
   // Addresses no sandbox reaches unless a CIDR entry names them. One named set for all: the
   // sandboxes' rules use no anonymous set (`{ ... }` in a rule), since libnftables reads every
   // set of the ruleset, elements included, before each transaction, and anonymous ones made an
-  // attach and a learned address cost 7 ms at 200 sandboxes instead of 1 (docs/benchmarks.md).
+  // attach and a learned address cost 7 ms at 200 sandboxes instead of 1 (docs/perf-notes.md).
   c += "add set " + t +
        " special { type ipv4_addr; flags interval; elements = { 127.0.0.0/8, 169.254.0.0/16, "
        "0.0.0.0/8, 224.0.0.0/3 }; }\n";

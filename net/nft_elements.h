@@ -4,7 +4,7 @@
 // a hot path: the resolver opening the addresses it answered (Firewall::Learn, once per DNS
 // answer). libnftables reads the whole ruleset (every chain, set and rule of every table) before
 // each command it runs, so its cost grows with the number of sandboxes; this does not
-// (docs/benchmarks.md, "Issue 9").
+// (docs/perf-notes.md, "Issue 9").
 
 #include <libmnl/libmnl.h>
 

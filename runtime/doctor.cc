@@ -240,6 +240,7 @@ DoctorInput ProbeDoctorInput() {
   if (caps != nullptr) cap_free(caps);
   struct utsname u {};
   if (::uname(&u) == 0) in.kernel = u.release;
+  if (auto binary = net::DefaultNetBinary(); binary.ok()) in.network_binary = *binary;
   in.network_probe = ProbeNetwork();
   in.disks = isolate::DiskSupport();
   return in;
@@ -402,7 +403,15 @@ std::vector<DoctorLayer> DoctorLayers(const DoctorInput& in) {
     DoctorLayer net = Layer("network", "network policies", false);
     net.status = "missing";
     net.detail = in.network_probe.error().message();
-    net.fix = "build and install nsbox-net beside nsbox (scripts/setup does)";
+    // nsbox-net is a target of the same build as nsbox (net/netd.cmake), installed into the same
+    // bin/ by `cmake --install`, and looked for beside nsbox or in the build tree's net/.
+    net.fix = in.network_binary.empty()
+                  ? "build nsbox-net with nsbox (cmake --build build, as sudo scripts/start "
+                    "does) and put it beside this nsbox: cmake --install build installs both, "
+                    "or copy build/net/nsbox-net next to it"
+                  : "run " + in.network_binary +
+                        " --probe as root to see why (it is linked with libnftables and libmnl: "
+                        "apt-get install libnftables1 libmnl0)";
     out.push_back(std::move(net));
   } else {
     for (std::string_view line : Split(*in.network_probe, '\n')) {

@@ -44,6 +44,9 @@ struct DoctorInput {
   // What `nsbox-net --probe` printed (lines "name: ok|missing (why)"), or why it could not run:
   // sandbox networking (docs/network.md), optional.
   Result<std::string> network_probe = Error::Msg("not probed");
+  // The nsbox-net that was found (net::DefaultNetBinary(): beside this nsbox, or the build tree's
+  // net/), "" when there is none; its fix differs from that of one whose probe failed.
+  std::string network_binary;
   // isolate::DiskSupport(): whether a sandbox can have its own disk (limits.diskBytes).
   Status disks = Error::Msg("not probed");
 };

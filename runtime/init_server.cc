@@ -183,7 +183,7 @@ Status InitServer::Run() {
   // a sandbox with a memory limit, above).
   runner_->Anticipate(hello_.adoption.has_value() && hello_.adoption->ahead);
   // Start-up ran deeper than the loop goes: its stack pages go back (8 of the 24 KiB of dirty
-  // stack an idle nsbox-init held; the rest is above the loop's frame, docs/benchmarks.md).
+  // stack an idle nsbox-init held; the rest is above the loop's frame, docs/perf-notes.md).
   ReleaseUnusedMainStack();
   while (!closed_) {
     NSBOX_TRY(reactor_.RunOnce(std::nullopt));

@@ -152,14 +152,8 @@ class WsClient {
   std::string error_;
 };
 
-class AttachTest : public E2eTest {
+class AttachTest : public E2eSandboxTest {
  protected:
-  void SetUp() override {
-    E2eTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    id_ = NewId();
-    Create(id_);
-  }
   // Restarts the daemon with these extra arguments (the fixture's daemon has none).
   void RestartWith(const std::vector<std::string>& args) {
     ASSERT_TRUE(daemon().Stop()) << daemon().error();
@@ -194,7 +188,6 @@ class AttachTest : public E2eTest {
     }
     return std::nullopt;
   }
-  std::string id_;
 };
 
 // Appends a stream's output events to `out`, checking that each starts where the last ended;

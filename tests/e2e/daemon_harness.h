@@ -282,6 +282,14 @@ class E2eTest : public ::testing::Test {
   int id_counter_ = 0;
 };
 
+// The fixture of the tests that act on one sandbox: E2eTest's daemon, and a sandbox `id_` created
+// on it by SetUp (not when the test is skipped or the daemon did not start).
+class E2eSandboxTest : public E2eTest {
+ protected:
+  void SetUp() override;
+  std::string id_;
+};
+
 // JSON short-hands for assertions, shared by every e2e file: a string member ("<missing>" when it
 // is absent or not a string), the answer as an object ({} when it is not one), a member array by
 // value (safe in a range-for), and a member by value ("<missing>" when absent).

@@ -77,6 +77,15 @@ void E2eTest::TearDown() {
   daemon_.reset();
 }
 
+// ---- E2eSandboxTest ----
+
+void E2eSandboxTest::SetUp() {
+  E2eTest::SetUp();
+  if (IsSkipped() || HasFatalFailure()) return;
+  id_ = NewId();
+  Create(id_);
+}
+
 std::string E2eTest::SbPath(std::string_view id, std::string_view suffix) {
   // Dots too: a client's URL parser would fold a segment "." or ".." (WHATWG URL).
   std::string encoded;

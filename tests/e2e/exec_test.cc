@@ -52,15 +52,8 @@ bool ValidUtf8(std::string_view s) {
   return true;
 }
 
-class ExecTest : public E2eTest {
+class ExecTest : public E2eSandboxTest {
  protected:
-  void SetUp() override {
-    E2eTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    id_ = NewId();
-    Create(id_);
-  }
-
   // Waits until `path` in the sandbox holds `lines` lines; false at the deadline.
   bool WaitForLines(const std::string& path, int lines, milliseconds timeout) {
     Client c = NewClient();
@@ -101,8 +94,6 @@ class ExecTest : public E2eTest {
            "; setsid sh -c 'echo $$ >> " + path + "; exec sleep 1000' & (sleep 1000 & echo $! >> " +
            path + ") ; echo $$ >> " + path + "; sleep 0.2; echo ready; wait";
   }
-
-  std::string id_;
 };
 
 // ---- buffered ----

@@ -42,16 +42,7 @@ int64_t Figure(const json::object& answer, const char* key) {
   return v.is_int64() ? v.as_int64() : static_cast<int64_t>(v.as_uint64());
 }
 
-class ExecUsageTest : public E2eTest {
- protected:
-  void SetUp() override {
-    E2eTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    id_ = NewId();
-    Create(id_);
-  }
-  std::string id_;
-};
+class ExecUsageTest : public E2eSandboxTest {};
 
 // A busy shell loop of a few hundred ms of CPU and five background sleeps: the figures are there
 // and plausible.

@@ -54,14 +54,8 @@ std::vector<std::string> Names(const Response& r) {
   return out;
 }
 
-class FilesTest : public E2eTest {
+class FilesTest : public E2eSandboxTest {
  protected:
-  void SetUp() override {
-    E2eTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    id_ = NewId();
-    Create(id_);
-  }
   Response Stat(const std::string& p) { return Fs(id_, "stat", json::object{{"path", p}}); }
   bool Exists(const std::string& p) {
     Response r = Fs(id_, "exists", json::object{{"path", p}});
@@ -72,8 +66,6 @@ class FilesTest : public E2eTest {
   }
   // The host path of a file of this sandbox's workspace.
   std::string HostWorkspace() { return daemon().SandboxDir(id_) + "/workspace"; }
-
-  std::string id_;
 };
 
 // ---- raw files ----

@@ -200,6 +200,38 @@ TEST(Doctor, ReportsWhatNsboxNetFound) {
   EXPECT_NE(missing->detail.find("nsbox-net not found"), std::string::npos);
 }
 
+// What installs nsbox-net is said only where none was found: the same build as nsbox makes it and
+// `cmake --install` puts it beside nsbox (there is no scripts/setup). Control: one that was found
+// but whose probe failed gets the command that shows why instead; one whose probe ran gets no
+// "network" line at all.
+TEST(Doctor, SaysWhatInstallsNsboxNetOnlyWhereItIsMissing) {
+  runtime::DoctorInput in = AllPresent();
+  in.network_binary = "";
+  in.network_probe = Error(ENOENT, "nsbox-net not found beside /usr/local/bin/nsbox");
+  auto layers = runtime::DoctorLayers(in);
+  const auto* missing = Find(layers, "network");
+  ASSERT_NE(missing, nullptr);
+  EXPECT_NE(missing->fix.find("cmake --install build"), std::string::npos) << missing->fix;
+  EXPECT_NE(missing->fix.find("build/net/nsbox-net"), std::string::npos) << missing->fix;
+  EXPECT_EQ(missing->fix.find("scripts/setup"), std::string::npos) << missing->fix;
+  EXPECT_NE(runtime::DoctorText(in, layers).find("cmake --install build"), std::string::npos);
+
+  in.network_binary = "/usr/local/bin/nsbox-net";
+  in.network_probe = Error::Msg("/usr/local/bin/nsbox-net --probe printed nothing (exit code 127)");
+  layers = runtime::DoctorLayers(in);
+  const auto* failed = Find(layers, "network");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->status, "missing");
+  EXPECT_NE(failed->fix.find("/usr/local/bin/nsbox-net --probe"), std::string::npos) << failed->fix;
+  EXPECT_EQ(failed->fix.find("cmake --install"), std::string::npos) << failed->fix;
+
+  in.network_probe = std::string("nftables: ok (a scratch table made and removed)\n");
+  layers = runtime::DoctorLayers(in);
+  EXPECT_EQ(Find(layers, "network"), nullptr);
+  ASSERT_NE(Find(layers, "network_nftables"), nullptr);
+  EXPECT_TRUE(Find(layers, "network_nftables")->fix.empty());
+}
+
 TEST(Doctor, NoLoopDevicesMeanNoSandboxDisksOnly) {
   runtime::DoctorInput in = AllPresent();
   in.disks = Error::Sys("access", "/dev/loop-control", ENOENT).Context("loop devices");
