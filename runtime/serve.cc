@@ -1,13 +1,5 @@
-// nsboxd: the HTTP API of api.md over a Unix socket (and TCP with a bearer token).
-//
-// One thread runs the event loop (Boost.Asio, C++20 coroutines, one per connection): it parses
-// requests (Boost.Beast), streams bodies and exec output, and never blocks on a client. What may
-// block (starting a jail, a file verb waiting for nsbox-init's answer, fsync) runs on a worker
-// pool and resumes the connection's coroutine when it is done. Exec output arrives on the
-// sandbox's control-channel reader thread and is handed to the loop through a queue.
-//
-// GCC 12 miscompiles some temporaries in co_await expressions (docs/daemon.md): every awaited
-// call here takes named locals (reply_error, reply_json, reply_body, work) or trivial values.
+// `nsbox serve`: nsboxd's listeners and its start and end; the daemon itself is runtime/api/
+// (daemon.h, and a file for each group of routes: docs/architecture.md).
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -69,6 +61,13 @@
 #include "isolate/disk.h"
 #include "net/policy.h"
 #include "policy/environment.h"
+#include "runtime/api/daemon.h"
+#include "runtime/api/exec_queue.h"
+#include "runtime/api/exec_request.h"
+#include "runtime/api/http.h"
+#include "runtime/api/json_shapes.h"
+#include "runtime/api/proxy_auth.h"
+#include "runtime/api/routes.h"
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
 #include "runtime/channel_watch.h"
@@ -85,910 +84,9 @@
 #include "runtime/units.h"
 #include "runtime/version.h"
 
-namespace nsbox::runtime {
+namespace nsbox::runtime::api {
 
 namespace {
-
-namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-namespace websocket = beast::websocket;
-namespace json = boost::json;
-
-// JSON from a client, where JavaScript's JSON.stringify may have written a lone UTF-16 surrogate
-// escape (a string cut in the middle of a pair): Boost.JSON refuses it, Node's fs and
-// child_process write it as U+FFFD. On a parse error the text is tried once more with such
-// escapes as `\ufffd` (utf8::ReplaceLoneSurrogateEscapes), when it had any. A stream parser, for
-// where a refused text stopped (`*used`, its bytes parsed): a model that wrote it can find its
-// mistake.
-json::value ParseClientJson(std::string_view text, boost::system::error_code& ec,
-                            size_t* used = nullptr) {
-  auto parse = [](std::string_view t, boost::system::error_code& err, size_t* at) {
-    json::stream_parser parser;
-    const size_t n = parser.write(t.data(), t.size(), err);
-    if (at != nullptr) *at = n;
-    if (!err) parser.finish(err);
-    return err ? json::value() : parser.release();
-  };
-  json::value v = parse(text, ec, used);
-  if (!ec) return v;
-  const std::string replaced = utf8::ReplaceLoneSurrogateEscapes(text);
-  if (replaced == text) return v;
-  boost::system::error_code again;
-  json::value w = parse(replaced, again, nullptr);
-  if (again) return v;  // the first error is the one to report
-  ec = again;
-  return w;
-}
-using Socket = asio::generic::stream_protocol::socket;
-using Acceptor = asio::basic_socket_acceptor<asio::generic::stream_protocol>;
-using Clock = std::chrono::steady_clock;
-constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
-
-// How often the idle stop looks at the sandboxes with idleStopMs (docs/daemon.md "Idle stop").
-constexpr auto kIdleCheckPeriod = std::chrono::seconds(1);
-
-// A request's use of what runs in a sandbox (SandboxEntry::BeginUse), from its routing to the end
-// of its answer. Only an idle stop reads it: a sandbox without one is not locked for it.
-class SandboxUse {
- public:
-  explicit SandboxUse(std::shared_ptr<SandboxEntry> entry) {
-    if (entry->idle_stop_ms() == 0) return;
-    entry_ = std::move(entry);
-    entry_->BeginUse();
-  }
-  ~SandboxUse() {
-    if (entry_ != nullptr) entry_->EndUse();
-  }
-  SandboxUse(const SandboxUse&) = delete;
-  SandboxUse& operator=(const SandboxUse&) = delete;
-
- private:
-  std::shared_ptr<SandboxEntry> entry_;
-};
-
-constexpr size_t kMaxJsonBody = 1u << 20;    // api.md: JSON bodies up to 1 MiB
-constexpr size_t kHeaderLimit = 64u << 10;   // a 4096-byte path percent-encoded fits
-constexpr size_t kStreamChunk = 256u << 10;  // file bodies move in pieces of this size
-// Beast reads a socket into a flat_buffer as much as its free capacity (at least 512 bytes, at
-// most 64 KiB): a request with a body that is not small gets a buffer of this room, given back
-// after the request so that an idle keep-alive connection holds none (a 200 MB upload took
-// 409,604 reads of 512 bytes, and as many epoll_waits, before).
-constexpr size_t kSocketReadRoom = 64u << 10;
-// What the memory rings of ended exec sessions hold in all before the oldest go to disk
-// (docs/exec.md): without a bound, 100 commands of 2.7 MB of output each kept 220 MB of daemon
-// memory for the retention's 10 minutes.
-constexpr uint64_t kEndedRingBudget = 64u << 20;
-constexpr size_t kWorkerThreads = 32;
-
-// TCP connections that have not yet sent a request with a valid token, at most this many at once:
-// beyond it a new one is closed at once, so that a peer without the token cannot take the fds
-// that the daemon's sandboxes and its Unix socket need (docs/security.md).
-constexpr size_t kMaxUnauthenticatedTcp = 1024;
-
-// A TCP connection until it has sent a request with a valid token. It is counted among the
-// unauthenticated ones (by the acceptor, which checks the count, then by this), and cut off once
-// `timeout` has passed since its accept: its socket's pending operations are cancelled and no
-// further request is read. Passed() ends both, and so does its destruction. The timer's handler
-// and the count are shared, so that either may outlive the session, and the session (a coroutine
-// frame that the loop destroys as it ends) may outlive the daemon.
-class PendingAuth {
- public:
-  PendingAuth(asio::io_context& io, Socket& socket, std::shared_ptr<size_t> counter,
-              std::chrono::seconds timeout)
-      : timer_(io, timeout), state_(std::make_shared<State>()), counter_(std::move(counter)) {
-    state_->socket = &socket;
-    timer_.async_wait([state = state_](const boost::system::error_code& ec) {
-      if (ec || state->socket == nullptr) return;
-      state->expired = true;
-      boost::system::error_code ignored;
-      state->socket->cancel(ignored);
-    });
-  }
-  PendingAuth(const PendingAuth&) = delete;
-  PendingAuth& operator=(const PendingAuth&) = delete;
-  ~PendingAuth() { Passed(); }
-
-  void Passed() {
-    if (counter_ == nullptr) return;
-    --*counter_;
-    counter_.reset();
-    state_->socket = nullptr;
-    timer_.cancel();
-  }
-  bool expired() const { return state_->expired; }
-
- private:
-  struct State {
-    Socket* socket = nullptr;
-    bool expired = false;
-  };
-  asio::steady_timer timer_;
-  std::shared_ptr<State> state_;
-  std::shared_ptr<size_t> counter_;  // null once passed
-};
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// ---- small parsers ----
-
-// Percent-decoding; `plus_is_space` for query values
-// (application/x-www-form-urlencoded, as URLSearchParams writes them). nullopt
-// for a malformed escape.
-std::optional<std::string> PercentDecode(std::string_view in, bool plus_is_space) {
-  std::string out;
-  out.reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] == '%') {
-      if (i + 2 >= in.size()) return std::nullopt;
-      int hi = HexDigitValue(in[i + 1]);
-      int lo = HexDigitValue(in[i + 2]);
-      if (hi < 0 || lo < 0) return std::nullopt;
-      out += static_cast<char>(hi * 16 + lo);
-      i += 2;
-    } else if (in[i] == '+' && plus_is_space) {
-      out += ' ';
-    } else {
-      out += in[i];
-    }
-  }
-  return out;
-}
-
-// The token of an `Authorization: Bearer <token>` value; nullopt for another scheme or none.
-// The scheme is case-insensitive (RFC 9110 §11.1: "bearer" and "BEARER" are "Bearer"), one or
-// more spaces follow it (RFC 6750 §2.1: 1*SP); the token is taken as it is, for TokenMatches.
-std::optional<std::string_view> BearerCredentials(std::string_view auth) {
-  constexpr std::string_view kScheme = "Bearer";
-  if (auth.size() <= kScheme.size() || !beast::iequals(auth.substr(0, kScheme.size()), kScheme) ||
-      auth[kScheme.size()] != ' ') {
-    return std::nullopt;
-  }
-  std::string_view token = auth.substr(kScheme.size());
-  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
-  if (token.empty()) return std::nullopt;
-  return token;
-}
-
-// A request target in absolute form ("http://host:port/path?query", RFC 9112 §3.2.2: what a
-// client sends to a proxy, and which a server MUST accept): its authority, and the origin form
-// the daemon routes on ("/path?query"; "/" for an empty path, RFC 9112 §3.2.1).
-struct AbsoluteTarget {
-  std::string authority;
-  std::string origin;
-};
-
-// nullopt when `target` is not in absolute form (it does not start with a scheme and ':', as
-// "/v1/health" or "*"); an error when it is, but not an http or https URI this daemon can take.
-ApiOutcome<std::optional<AbsoluteTarget>> ParseAbsoluteTarget(std::string_view target) {
-  auto alpha = [](char ch) { return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z'); };
-  auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
-  // RFC 3986 §3.1: scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ), then ':'.
-  if (target.empty() || !alpha(target[0])) return std::optional<AbsoluteTarget>();
-  size_t colon = 1;
-  while (colon < target.size() &&
-         (alpha(target[colon]) || digit(target[colon]) || target[colon] == '+' ||
-          target[colon] == '-' || target[colon] == '.')) {
-    ++colon;
-  }
-  if (colon == target.size() || target[colon] != ':') return std::optional<AbsoluteTarget>();
-  const std::string_view scheme = target.substr(0, colon);
-  const std::string shown = utf8::DecodeLossy(target.substr(0, 200));
-  if (!beast::iequals(scheme, "http") && !beast::iequals(scheme, "https")) {
-    return ApiError::Invalid("the request target \"" + shown +
-                             "\" is in absolute form with a scheme other than http or https");
-  }
-  std::string_view rest = target.substr(colon + 1);
-  if (rest.substr(0, 2) != "//") {
-    return ApiError::Invalid("the request target \"" + shown + "\" has no \"//\" and authority");
-  }
-  rest.remove_prefix(2);
-  if (rest.find('#') != std::string_view::npos) {
-    return ApiError::Invalid("the request target \"" + shown +
-                             "\" has a fragment (#), which a request target never has");
-  }
-  const size_t end = rest.find_first_of("/?");
-  const std::string_view authority = rest.substr(0, end);
-  // RFC 9110 §4.2.4: userinfo ("user@") in an http URI is treated as an error; §4.2.1: so is an
-  // empty host. The authority's other characters: RFC 3986 §3.2 (unreserved, pct-encoded,
-  // sub-delims, ':' and an IP literal's brackets).
-  const bool chars_ok = std::all_of(authority.begin(), authority.end(), [&](char ch) {
-    return alpha(ch) || digit(ch) ||
-           std::string_view("-._~%!$&'()*+,;=:[]").find(ch) != std::string_view::npos;
-  });
-  std::string_view host = authority;
-  std::string_view port;
-  if (!authority.empty() && authority[0] == '[') {
-    const size_t close = authority.find(']');
-    host = authority.substr(0, close == std::string_view::npos ? close : close + 1);
-    port = authority.substr(host.size());
-    if (close == std::string_view::npos || close == 1 || (!port.empty() && port[0] != ':')) {
-      host = {};
-    }
-  } else if (size_t c = authority.find(':'); c != std::string_view::npos) {
-    host = authority.substr(0, c);
-    port = authority.substr(c);
-  }
-  if (!port.empty()) port.remove_prefix(1);
-  const bool port_ok = std::all_of(port.begin(), port.end(), digit) && port.size() <= 5;
-  if (!chars_ok || host.empty() || !port_ok ||
-      (authority[0] != '[' && host.find_first_of("[]") != std::string_view::npos)) {
-    return ApiError::Invalid("the request target \"" + shown + "\" has a malformed authority \"" +
-                             utf8::DecodeLossy(authority.substr(0, 100)) +
-                             "\" (host[:port], with no user@)");
-  }
-  AbsoluteTarget out;
-  out.authority = std::string(authority);
-  const std::string_view path_and_query =
-      end == std::string_view::npos ? std::string_view() : rest.substr(end);
-  out.origin = path_and_query.empty() || path_and_query[0] == '?'
-                   ? "/" + std::string(path_and_query)
-                   : std::string(path_and_query);
-  return std::optional<AbsoluteTarget>(std::move(out));
-}
-
-// Constant-time comparison of a presented token with the expected one (api.md:
-// 401 "compared in constant time"): the time depends only on the expected
-// token's length.
-bool TokenMatches(std::string_view presented, std::string_view expected) {
-  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
-    diff |= static_cast<unsigned char>(p ^ static_cast<unsigned char>(expected[i]));
-  }
-  return diff == 0;
-}
-
-std::string SignalName(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);  // glibc 2.32
-  return abbrev != nullptr ? std::string("SIG") + abbrev : "SIG" + std::to_string(sig);
-}
-
-// ---- JSON shapes of api.md ----
-
-// A sandbox's "network" (its policy) and "address" (null unless it runs with a network).
-void AddNetworkJson(json::object& o, const SandboxEntry& e) {
-  o["network"] = net::PolicyToJson(e.network());
-  if (std::string address = e.address(); !address.empty()) {
-    o["address"] = address;
-  } else {
-    o["address"] = nullptr;
-  }
-}
-
-json::object SandboxJson(const SandboxEntry& e) {
-  const SandboxConfig& c = e.config();
-  json::object o;
-  o["id"] = c.id;
-  o["state"] = e.running() ? "running" : "stopped";
-  o["image"] = c.image;
-  o["cwd"] = c.cwd;
-  o["createdAt"] = c.created_at;
-  json::object limits;
-  if (c.limits.memory_bytes) limits["memoryBytes"] = *c.limits.memory_bytes;
-  if (c.limits.pids) limits["pids"] = *c.limits.pids;
-  if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
-  if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
-  if (c.limits.disk_bytes) limits["diskBytes"] = *c.limits.disk_bytes;
-  o["limits"] = std::move(limits);
-  if (e.idle_stop_ms() != 0) {
-    o["idleStopMs"] = e.idle_stop_ms();
-  } else {
-    o["idleStopMs"] = nullptr;
-  }
-  AddNetworkJson(o, e);
-  json::object env;
-  for (const auto& [k, v] : c.env) env[k] = v;
-  o["env"] = std::move(env);
-  return o;
-}
-
-std::string ErrorBody(const ApiError& error) {
-  json::object e;
-  e["code"] = error.code;
-  e["message"] = utf8::DecodeLossy(error.message);
-  if (!error.path.empty()) e["path"] = utf8::DecodeLossy(error.path);
-  if (!error.syscall.empty()) e["syscall"] = error.syscall;
-  json::object o;
-  o["error"] = std::move(e);
-  return json::serialize(o);
-}
-
-// The typed fields of a JSON request body: each getter fails with a message
-// naming the field.
-class Fields {
- public:
-  explicit Fields(const json::object& o) : o_(o) {}
-
-  ApiOutcome<std::optional<std::string>> String(const char* key) const {
-    const json::value* v = o_.if_contains(key);
-    if (v == nullptr || v->is_null()) return std::optional<std::string>();
-    if (!v->is_string()) return ApiError::Invalid(std::string("\"") + key + "\" must be a string");
-    return std::optional<std::string>(std::string(v->get_string()));
-  }
-  ApiOutcome<bool> Bool(const char* key) const {
-    const json::value* v = o_.if_contains(key);
-    if (v == nullptr || v->is_null()) return false;
-    if (!v->is_bool()) return ApiError::Invalid(std::string("\"") + key + "\" must be a boolean");
-    return v->get_bool();
-  }
-  // A whole number in [min, max].
-  ApiOutcome<std::optional<uint64_t>> Count(const char* key, uint64_t min, uint64_t max) const {
-    const json::value* v = o_.if_contains(key);
-    if (v == nullptr || v->is_null()) return std::optional<uint64_t>();
-    boost::system::error_code ec;
-    uint64_t n = v->is_number() ? v->to_number<uint64_t>(ec) : 0;
-    if (!v->is_number() || ec || n < min || n > max) {
-      return ApiError::Invalid(std::string("\"") + key + "\" must be a whole number from " +
-                               std::to_string(min) + " to " + std::to_string(max));
-    }
-    return std::optional<uint64_t>(n);
-  }
-
- private:
-  const json::object& o_;
-};
-
-// The path of a request: `path` (UTF-8) or `pathBase64` (exact bytes), api.md
-// "Paths".
-ApiOutcome<std::string> RawPath(const std::optional<std::string>& path,
-                                const std::optional<std::string>& path_base64) {
-  if (path && path_base64) return ApiError::Invalid("give \"path\" or \"pathBase64\", not both");
-  if (path_base64) {
-    auto decoded = Base64Decode(*path_base64);
-    if (!decoded.ok()) return ApiError::Invalid("\"pathBase64\": " + decoded.error().message());
-    return std::move(decoded).value();
-  }
-  if (!path) return ApiError::Invalid("the request needs a \"path\"");
-  return *path;
-}
-
-// A path from a client made absolute against the sandbox's cwd and normalised.
-// A NUL byte is invalid_request (api.md "Paths"); an empty path is Node's ENOENT, named by the
-// verb's `syscall` as Node names it ("open", "stat", "scandir", "mkdir", "lstat").
-ApiOutcome<std::string> SandboxPath(const SandboxEntry& entry, const std::string& raw,
-                                    std::string_view syscall) {
-  if (raw.find('\0') != std::string::npos) {
-    return ApiError::Invalid("the path contains a NUL byte");
-  }
-  if (raw.empty()) {
-    return ApiError::Of(404, "ENOENT",
-                        "ENOENT: no such file or directory, " + std::string(syscall) + " ''", "",
-                        std::string(syscall));
-  }
-  return fs::ResolvePath(entry.config().cwd, raw);
-}
-
-json::object ImageJson(const images::ImageInfo& info, const std::vector<std::string>& used_by) {
-  json::object o;
-  o["name"] = info.name;
-  o["id"] = info.id;
-  o["format"] = info.format;
-  o["digest"] = info.digest;
-  o["layers"] = info.layers;
-  o["files"] = info.files;
-  o["sizeBytes"] = info.size_bytes;
-  o["importedAt"] = info.imported_at;
-  o["shell"] = info.shell;
-  json::object config;
-  json::array env(info.config.env.begin(), info.config.env.end());
-  config["env"] = std::move(env);
-  config["workingDir"] = info.config.working_dir;
-  config["user"] = info.config.user;
-  config["entrypoint"] = json::array(info.config.entrypoint.begin(), info.config.entrypoint.end());
-  config["cmd"] = json::array(info.config.cmd.begin(), info.config.cmd.end());
-  config["architecture"] = info.config.architecture;
-  config["os"] = info.config.os;
-  o["config"] = std::move(config);
-  json::array warnings;
-  for (const std::string& w : info.warnings) warnings.emplace_back(utf8::DecodeLossy(w));
-  o["warnings"] = std::move(warnings);
-  o["usedBy"] = json::array(used_by.begin(), used_by.end());
-  return o;
-}
-
-// ---- exec events, from the control channel's reader thread to the event loop
-// ----
-
-struct ExecEvent {
-  enum Kind { kStarted, kOutput, kExit } kind = kOutput;
-  uint32_t pid = 0;
-  int stream = 1;
-  std::string data;
-  std::optional<fs::FsOutcome<fs::proto::ExecExit>> exit;
-};
-
-// Backpressure on a sandbox's control channel (fs::InitClient::HoldReads): each hold is
-// followed by one release. Nothing when the sandbox is gone (its channel with it).
-void HoldChannel(const std::weak_ptr<Sandbox>& weak, bool hold) {
-  auto box = weak.lock();
-  if (box == nullptr) return;
-  if (hold) {
-    box->client().HoldReads();
-  } else {
-    box->client().ReleaseReads();
-  }
-}
-
-// An exec's output between the control channel and its log: queued, or taken by its pump and not
-// yet appended. Over kHigh bytes the sandbox's channel is held (fs::InitClient::HoldReads) until
-// the pump has brought it under kLow: what waits here stays bounded however far the pump falls
-// behind (a loop busy elsewhere), since nsbox-init then stops reading the commands' pipes.
-class QueuedOutput {
- public:
-  static constexpr uint64_t kHigh = 8u << 20;
-  static constexpr uint64_t kLow = 2u << 20;
-
-  explicit QueuedOutput(std::weak_ptr<Sandbox> box) : box_(std::move(box)) {}
-  ~QueuedOutput() {
-    if (held_) HoldChannel(box_, false);
-  }
-  QueuedOutput(const QueuedOutput&) = delete;
-  QueuedOutput& operator=(const QueuedOutput&) = delete;
-
-  // Any thread (the channel is read on threads of the client's own once the loop has ended).
-  void Add(uint64_t n) {
-    bool hold = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      bytes_ += n;
-      hold = !held_ && bytes_ > kHigh;
-      held_ = held_ || hold;
-    }
-    if (hold) HoldChannel(box_, true);
-  }
-  void Taken(uint64_t n) {
-    bool release = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      bytes_ -= std::min(n, bytes_);
-      release = held_ && bytes_ <= kLow;
-      held_ = held_ && !release;
-    }
-    if (release) HoldChannel(box_, false);
-  }
-
- private:
-  const std::weak_ptr<Sandbox> box_;
-  std::mutex mu_;
-  uint64_t bytes_ = 0;
-  bool held_ = false;
-};
-
-// Events pushed from any thread (the control channel's reader, a worker of the pool) and taken
-// on the event loop.
-template <typename Event>
-class LoopQueue : public std::enable_shared_from_this<LoopQueue<Event>> {
- public:
-  explicit LoopQueue(asio::any_io_executor ex) : wake_(ex) {}
-
-  // Any thread.
-  void Push(Event event) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      events_.push_back(std::move(event));
-    }
-    asio::post(wake_.get_executor(), [self = this->shared_from_this()] { self->wake_.cancel(); });
-  }
-
-  // On the loop: the events so far, waiting for at least one. A Push cannot be
-  // missed: its cancel() runs on the loop too, so after the check below or
-  // while the wait is pending.
-  asio::awaitable<std::vector<Event>> Next() {
-    for (;;) {
-      std::vector<Event> out;  // unlike a deque, allocates nothing while empty
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        out.swap(events_);
-      }
-      if (!out.empty()) co_return out;
-      wake_.expires_at(Clock::time_point::max());
-      (void)co_await wake_.async_wait(kTuple);
-    }
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<Event> events_;
-  asio::steady_timer wake_;
-};
-using ExecQueue = LoopQueue<ExecEvent>;
-using WebSocket = websocket::stream<Socket&>;
-
-// ---- exec requests, events and the exec list ----
-
-// What an exec request asks for (the body of POST .../exec, or the first message of the
-// WebSocket that starts one).
-struct ExecSpec {
-  std::string command;
-  std::optional<std::string> cwd;
-  std::optional<std::string> stdin_text;
-  uint64_t timeout_ms = 0;
-  bool base64 = false;
-  bool detach = false;
-  bool stdin_stream = false;
-  std::optional<fs::proto::TtySize> tty;
-  std::vector<std::pair<std::string, std::optional<std::string>>> overrides;
-};
-
-// One side of a terminal size: a whole number from 1 to 4096; the message names the value.
-ApiOutcome<uint16_t> TtyDimension(const json::object& o, const char* key, std::string_view where) {
-  const json::value* v = o.if_contains(key);
-  if (v == nullptr) {
-    return ApiError::Invalid(std::string(where) + "needs \"rows\" and \"cols\"");
-  }
-  boost::system::error_code ec;
-  const uint64_t n = v->is_number() ? v->to_number<uint64_t>(ec) : 0;
-  if (!v->is_number() || ec || n < 1 || n > fs::proto::kMaxTtyDimension) {
-    std::string shown;
-    if (v->is_double()) {
-      // Boost.JSON writes a double as 5.5E0; the shortest form that reads back is 5.5.
-      char text[32];
-      const auto end = std::to_chars(text, text + sizeof text, v->get_double()).ptr;
-      shown.assign(text, end);
-    } else {
-      shown = json::serialize(*v);
-    }
-    if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
-    return ApiError::Invalid(std::string(where) + "\"" + key +
-                             "\" must be a whole number from 1 to 4096, not " + shown);
-  }
-  return static_cast<uint16_t>(n);
-}
-
-ApiOutcome<fs::proto::TtySize> TtySizeOf(const json::object& o, std::string_view where) {
-  auto rows = TtyDimension(o, "rows", where);
-  if (!rows.ok()) return rows.error();
-  auto cols = TtyDimension(o, "cols", where);
-  if (!cols.ok()) return cols.error();
-  return fs::proto::TtySize{rows.value(), cols.value()};
-}
-
-// A key of a request body that the route does not know: an error naming it and the keys it
-// takes. Never ignored (Flue's contract: "never silently ignore an option").
-std::optional<ApiError> UnknownKey(const json::object& o, std::span<const std::string_view> known,
-                                   std::string_view what) {
-  for (const auto& [key, value] : o) {
-    if (std::find(known.begin(), known.end(), std::string_view(key)) != known.end()) continue;
-    std::string names;
-    for (std::string_view k : known) names += (names.empty() ? "" : ", ") + std::string(k);
-    return ApiError::Invalid("unknown option \"" +
-                             utf8::DecodeLossy(std::string_view(key).substr(0, 100)) + "\" for " +
-                             std::string(what) + " (" + names + ")");
-  }
-  return std::nullopt;
-}
-
-ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry& entry) {
-  static constexpr std::string_view kKeys[] = {
-      "command", "cwd", "env", "stdin", "timeoutMs", "encoding", "detach", "stdinStream", "tty"};
-  if (auto unknown = UnknownKey(o, kKeys, "exec")) return *unknown;
-  Fields f(o);
-  ExecSpec spec;
-  auto command = f.String("command");
-  if (!command.ok()) return command.error();
-  if (!command.value()) return ApiError::Invalid("\"command\" is required");
-  if (command.value()->find('\0') != std::string::npos) {
-    return ApiError::Invalid("\"command\" contains a NUL byte");
-  }
-  spec.command = *command.value();
-  auto cwd = f.String("cwd");
-  if (!cwd.ok()) return cwd.error();
-  if (cwd.value() && cwd.value()->find('\0') != std::string::npos) {
-    return ApiError::Invalid("\"cwd\" contains a NUL byte");
-  }
-  spec.cwd = cwd.value();
-  auto stdin_text = f.String("stdin");
-  if (!stdin_text.ok()) return stdin_text.error();
-  spec.stdin_text = stdin_text.value();
-  auto timeout = f.Count("timeoutMs", 0, kMaxExecTimeoutMs);
-  if (!timeout.ok()) return timeout.error();
-  spec.timeout_ms = timeout.value().value_or(0);
-  auto encoding = f.String("encoding");
-  if (!encoding.ok()) return encoding.error();
-  if (encoding.value()) {
-    if (*encoding.value() == "base64") {
-      spec.base64 = true;
-    } else if (*encoding.value() != "utf8" && *encoding.value() != "utf-8") {
-      return ApiError::Invalid("\"encoding\" must be \"utf8\" or \"base64\"");
-    }
-  }
-  auto detach = f.Bool("detach");
-  if (!detach.ok()) return detach.error();
-  spec.detach = detach.value();
-  auto stdin_stream = f.Bool("stdinStream");
-  if (!stdin_stream.ok()) return stdin_stream.error();
-  spec.stdin_stream = stdin_stream.value();
-  if (const json::value* tty = o.if_contains("tty"); tty != nullptr && !tty->is_null()) {
-    if (tty->is_bool()) {
-      if (tty->get_bool()) spec.tty = fs::proto::TtySize{24, 80};
-    } else if (tty->is_object()) {
-      static constexpr std::string_view kTtyKeys[] = {"rows", "cols"};
-      if (auto unknown = UnknownKey(tty->get_object(), kTtyKeys, "\"tty\"")) return *unknown;
-      auto size = TtySizeOf(tty->get_object(), "\"tty\": ");
-      if (!size.ok()) return size.error();
-      spec.tty = size.value();
-    } else {
-      return ApiError::Invalid("\"tty\" must be true, false or {\"rows\": R, \"cols\": C}");
-    }
-  }
-  for (const auto& [k, v] : entry.config().env) spec.overrides.emplace_back(k, v);
-  if (const json::value* env = o.if_contains("env"); env != nullptr && !env->is_null()) {
-    if (!env->is_object()) return ApiError::Invalid("\"env\" must be an object");
-    for (const auto& [k, v] : env->get_object()) {
-      if (v.is_null()) {
-        if (std::string_view(k).find('\0') != std::string_view::npos) continue;
-        spec.overrides.emplace_back(std::string(k), std::nullopt);
-        continue;
-      }
-      if (!v.is_string()) {
-        return ApiError::Invalid("\"env\": the value of " + std::string(k) +
-                                 " must be a string or null");
-      }
-      // Its length is not checked here: a variable too long for execve makes the command one
-      // that cannot be started (api.md: 200, exit code 1, E2BIG on stderr), as a command line
-      // too long does, not an HTTP error.
-      auto parsed = policy::ParseEnvAssignment(std::string(k) + "=" + std::string(v.get_string()),
-                                               "\"env\" entry", policy::EnvLength::kUnchecked);
-      if (!parsed.ok() || std::string_view(v.get_string()).find('\0') != std::string_view::npos) {
-        return ApiError::Invalid(parsed.ok() ? std::string("\"env\": a value contains a NUL byte")
-                                             : parsed.error().message());
-      }
-      spec.overrides.emplace_back(std::string(k), std::string(v.get_string()));
-    }
-  }
-  return spec;
-}
-
-// The fields of an exec's end, shared by the buffered answer, the NDJSON and WebSocket `exit`
-// events and GET .../execs: the one place that builds them.
-void FillExit(json::object& o, const fs::proto::ExecExit& x, const std::string& reason) {
-  o["exitCode"] = x.exit_code;
-  o["reason"] = reason;
-  if (x.signal != 0) {
-    o["signal"] = SignalName(x.signal);
-  } else {
-    o["signal"] = nullptr;
-  }
-  o["timedOut"] = x.timed_out;
-  o["truncated"] = x.truncated;
-  o["cancelled"] = x.cancelled;
-  o["durationMs"] = x.duration_ms;
-  // What the exec's own cgroups say it used (docs/cgroups.md "Per-exec usage"); null where
-  // this host has no controller for a figure.
-  json::object usage(o.storage());
-  auto put = [&usage](const char* key, const std::optional<uint64_t>& v) {
-    if (v.has_value()) {
-      usage[key] = *v;
-    } else {
-      usage[key] = nullptr;
-    }
-  };
-  auto ms = [](const std::optional<uint64_t>& us) -> std::optional<uint64_t> {
-    if (!us.has_value()) return std::nullopt;
-    return *us / 1000;
-  };
-  put("cpuUserMs", ms(x.usage.cpu_user_us));
-  put("cpuSystemMs", ms(x.usage.cpu_system_us));
-  put("memoryPeakBytes", x.usage.memory_peak_bytes);
-  put("pidsPeak", x.usage.pids_peak);
-  put("ioReadBytes", x.usage.io_read_bytes);
-  put("ioWriteBytes", x.usage.io_write_bytes);
-  o["usage"] = std::move(usage);
-}
-
-// Calls `fn(key, value)` for each parameter of the query, in order, both percent-decoded ('+' a
-// space); an empty pair ("a=1&&b=2", a trailing '&') carries none. Stops at the first error: a
-// malformed escape, or what `fn` answers.
-template <typename Fn>
-std::optional<ApiError> ForEachQueryParam(std::string_view query, Fn&& fn) {
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (pair.empty()) continue;
-    size_t eq = pair.find('=');
-    auto key = PercentDecode(pair.substr(0, eq), true);
-    auto value = PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
-    if (!key || !value) return ApiError::Invalid("malformed percent-encoding in the query");
-    if (std::optional<ApiError> stop = fn(std::move(*key), std::move(*value))) return stop;
-  }
-  return std::nullopt;
-}
-
-// A query parameter, percent-decoded (its key too, as QueryCheck and QueryPath read it); nullopt
-// when absent (or malformed, which QueryCheck refuses first on every route but the proxy's).
-std::optional<std::string> QueryValue(std::string_view query, std::string_view name) {
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    size_t eq = pair.find('=');
-    if (pair.substr(0, eq) != name && PercentDecode(pair.substr(0, eq), true) != name) continue;
-    return PercentDecode(eq == std::string_view::npos ? "" : pair.substr(eq + 1), true);
-  }
-  return std::nullopt;
-}
-
-// The query parameters each route takes (api.md, docs/exec.md, docs/images.md); every other
-// route takes none. `segs` is a route of the API's, not the HTTP path through it, whose query is
-// the upstream's.
-std::span<const std::string_view> QueryKeysOf(const std::vector<std::string>& segs,
-                                              http::verb method) {
-  static constexpr std::string_view kAll[] = {"all"};
-  static constexpr std::string_view kOutput[] = {"offset", "follow", "encoding"};
-  static constexpr std::string_view kAttach[] = {"offset"};
-  static constexpr std::string_view kStdin[] = {"close"};
-  static constexpr std::string_view kGetFile[] = {"path", "pathBase64"};
-  static constexpr std::string_view kPutFile[] = {"path", "pathBase64", "mode"};
-  static constexpr std::string_view kImport[] = {"replace", "maxBytes"};
-  const size_t n = segs.size();
-  if (n == 3 && segs[1] == "images" && method == http::verb::post) return kImport;
-  if (n < 4 || segs[1] != "sandboxes") return {};
-  if (n == 4 && segs[3] == "execs") return kAll;
-  if (n == 6 && segs[3] == "execs" && segs[5] == "output") return kOutput;
-  if (n == 6 && segs[3] == "execs" && segs[5] == "attach") return kAttach;
-  if (n == 6 && segs[3] == "execs" && segs[5] == "stdin") return kStdin;
-  if (n == 4 && segs[3] == "files" && method == http::verb::put) return kPutFile;
-  if (n == 4 && segs[3] == "files") return kGetFile;
-  return {};
-}
-
-// "GET /v1/sandboxes/{id}/execs/{execId}/output" for the messages: the route, not the ids.
-std::string RouteName(std::string_view method, const std::vector<std::string>& segs) {
-  std::string out = std::string(method) + " ";
-  for (size_t i = 0; i < segs.size(); ++i) {
-    std::string_view seg = segs[i];
-    if (i == 2 && segs[1] == "sandboxes") seg = "{id}";
-    if (i == 2 && segs[1] == "images") seg = "{name}";
-    if (i == 4 && segs[3] == "execs") seg = "{execId}";
-    if (i == 4 && segs[3] == "ports") seg = "{port}";
-    out += "/" + utf8::DecodeLossy(seg.substr(0, 64));
-  }
-  return out;
-}
-
-// The query parameters a route takes, as a JSON body's keys (docs/daemon.md): a key it does not
-// take is refused naming it and the ones it takes, a key given twice is refused (which one would
-// count is a guess), and so is a malformed escape; before anything is done. The messages name the
-// route ("PUT /v1/sandboxes/{id}/files"). Empty pairs ("a=1&&b=2", a trailing
-// '&') carry no key and are passed over.
-std::optional<ApiError> QueryCheck(std::string_view query, const std::vector<std::string>& segs,
-                                   http::verb method) {
-  if (query.empty()) return std::nullopt;
-  const std::span<const std::string_view> known = QueryKeysOf(segs, method);
-  auto route = [&segs, method] { return RouteName(http::to_string(method), segs); };
-  std::vector<std::string> seen;
-  return ForEachQueryParam(query, [&](std::string key, std::string) -> std::optional<ApiError> {
-    auto shown = [&key] {
-      return "\"" + utf8::DecodeLossy(std::string_view(key).substr(0, 100)) + "\"";
-    };
-    if (std::find(known.begin(), known.end(), std::string_view(key)) == known.end()) {
-      std::string names;
-      for (std::string_view k : known) names += (names.empty() ? "" : ", ") + std::string(k);
-      return ApiError::Invalid("unknown query parameter " + shown() + " for " + route() +
-                               (names.empty() ? ", which takes none" : " (" + names + ")"));
-    }
-    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
-      return ApiError::Invalid("query parameter " + shown() + " is given more than once; " +
-                               route() + " takes each at most once");
-    }
-    seen.push_back(std::move(key));
-    return std::nullopt;
-  });
-}
-
-// ---- the HTTP path through the API (/v1/sandboxes/{id}/ports/{port}/http/...) ----
-
-// The raw path's prefix up to and with the '/' after "http" when `path` is such a path, else "".
-std::string ProxyPrefix(std::string_view path) {
-  std::vector<std::string_view> segs;
-  size_t slash7 = std::string_view::npos;
-  int slashes = 0;
-  size_t start = 0;
-  for (size_t i = 0; i < path.size(); ++i) {
-    if (path[i] != '/') continue;
-    if (slashes > 0) segs.push_back(path.substr(start, i - start));
-    start = i + 1;
-    if (++slashes == 7) {
-      slash7 = i;
-      break;
-    }
-  }
-  // Compared decoded, as the router compares them: "%68ttp" routes to the proxy, and its prefix
-  // must be found too (the upstream got "/" for ".../%68ttp/zzz").
-  auto is = [&segs](size_t i, std::string_view want) {
-    return segs[i] == want || PercentDecode(segs[i], false) == want;
-  };
-  if (slash7 == std::string_view::npos || segs.size() != 6 || !is(0, "v1") || !is(1, "sandboxes") ||
-      !is(3, "ports") || !is(5, "http")) {
-    return "";
-  }
-  return std::string(path.substr(0, slash7 + 1));
-}
-
-// The query without the parameters named `name`.
-std::string QueryWithout(std::string_view query, std::string_view name) {
-  std::string out;
-  while (!query.empty()) {
-    size_t amp = query.find('&');
-    std::string_view pair = query.substr(0, amp);
-    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
-    if (pair.substr(0, pair.find('=')) == name) continue;
-    if (!out.empty()) out += '&';
-    out += pair;
-  }
-  return out;
-}
-
-constexpr std::string_view kTokenCookie = "nsbox_token";
-
-// `s` without the spaces and tabs around it.
-std::string_view TrimBlanks(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-// Calls `f` on each item of a header's `sep`-separated list (blanks trimmed, empty items
-// skipped) until it returns true; whether it did.
-template <typename F>
-bool AnyListItem(std::string_view list, char sep, F&& f) {
-  while (!list.empty()) {
-    const size_t at = list.find(sep);
-    const std::string_view item = TrimBlanks(list.substr(0, at));
-    list = at == std::string_view::npos ? std::string_view() : list.substr(at + 1);
-    if (!item.empty() && f(item)) return true;
-  }
-  return false;
-}
-
-// The Cookie headers split: the nsbox_token value (decoded; nullopt when absent) and the other
-// cookies, joined again for the upstream.
-struct CookieSplit {
-  std::optional<std::string> token;
-  std::string others;
-};
-template <typename Fields>
-CookieSplit SplitCookies(const Fields& fields) {
-  CookieSplit out;
-  for (const auto& f : fields) {
-    if (f.name() != http::field::cookie) continue;
-    AnyListItem(f.value(), ';', [&out](std::string_view item) {
-      const size_t eq = item.find('=');
-      if (item.substr(0, eq) == kTokenCookie) {
-        if (eq != std::string_view::npos) out.token = PercentDecode(item.substr(eq + 1), false);
-      } else {
-        if (!out.others.empty()) out.others += "; ";
-        out.others += item;
-      }
-      return false;  // every cookie
-    });
-  }
-  return out;
-}
-
-// The proxy cookie's value for one prefix (.../ports/{port}/http/): an HMAC-SHA256 of the
-// prefix keyed with the token, in hex. It authenticates under that prefix only (network.md), and
-// the token itself is never in a cookie.
-std::string ProxyCookieValue(std::string_view token, std::string_view prefix) {
-  struct hmac_sha256_ctx ctx;
-  hmac_sha256_set_key(&ctx, token.size(), reinterpret_cast<const uint8_t*>(token.data()));
-  static constexpr std::string_view kPurpose = "nsbox proxy cookie for ";
-  hmac_sha256_update(&ctx, kPurpose.size(), reinterpret_cast<const uint8_t*>(kPurpose.data()));
-  hmac_sha256_update(&ctx, prefix.size(), reinterpret_cast<const uint8_t*>(prefix.data()));
-  uint8_t digest[SHA256_DIGEST_SIZE];
-  hmac_sha256_digest(&ctx, sizeof digest, digest);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : digest) {
-    out += kHex[b >> 4];
-    out += kHex[b & 15];
-  }
-  return out;
-}
 
 // The field names that the Connection fields of `fields` list: hop-by-hop too (RFC 9110 7.6.1).
 // Gathered once per message; they view into `fields`.
@@ -1063,40 +161,6 @@ asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& 
   }
 }
 
-// Whether an Accept header asks for NDJSON (api.md): one of its media ranges is
-// application/x-ndjson, compared without regard to case (RFC 9110 §8.3.1), and not refused with
-// q=0.
-bool WantsNdjson(std::string_view accept) {
-  return AnyListItem(accept, ',', [](std::string_view range) {
-    const size_t semi = range.find(';');
-    if (!beast::iequals(TrimBlanks(range.substr(0, semi)), "application/x-ndjson")) return false;
-    if (semi == std::string_view::npos) return true;
-    const bool refused = AnyListItem(range.substr(semi + 1), ';', [](std::string_view param) {
-      if (param.size() < 2 || (param[0] != 'q' && param[0] != 'Q') || param[1] != '=') return false;
-      const std::string_view q = param.substr(2);
-      return !q.empty() && q.find_first_not_of("0.") == std::string_view::npos;
-    });
-    return !refused;
-  });
-}
-
-// Whether `method` is one of `allow` ("GET, PUT, DELETE"), whole names compared: a request's
-// method is any token the client likes, and "UT" or "T" is not "PUT".
-bool MethodIn(std::string_view allow, std::string_view method) {
-  return !method.empty() &&
-         AnyListItem(allow, ',', [method](std::string_view name) { return name == method; });
-}
-
-// A 0/1 query parameter ("true"/"false" too; a bare name is 1; absent is 0); another value is a
-// 400 naming the parameter.
-ApiOutcome<bool> QueryBool(std::string_view query, std::string_view name) {
-  auto v = QueryValue(query, name);
-  if (!v || *v == "0" || *v == "false") return false;
-  if (*v == "1" || *v == "true" || v->empty()) return true;
-  return ApiError::Invalid("\"" + std::string(name) + "\" must be 1 or 0 (true or false), not \"" +
-                           utf8::DecodeLossy(v->substr(0, 40)) + "\"");
-}
-
 // `mode` of an upload (PUT .../files?path=P&mode=755): permission bits in octal, at most 7777;
 // absent: an existing file keeps its mode and a new one gets 0644 (api.md).
 ApiOutcome<std::optional<uint32_t>> QueryMode(std::string_view query) {
@@ -1114,41 +178,6 @@ ApiOutcome<std::optional<uint32_t>> QueryMode(std::string_view query) {
   return std::optional<uint32_t>(mode);
 }
 
-// `offset` of a re-attach: default 0; it must be a number within what the session keeps.
-ApiOutcome<uint64_t> AttachOffset(std::string_view query, const ExecSession& s) {
-  auto text = QueryValue(query, "offset");
-  uint64_t offset = 0;
-  if (text) {
-    const bool digits =
-        !text->empty() && text->size() <= 19 &&
-        std::all_of(text->begin(), text->end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-    if (!digits) {
-      return ApiError::Invalid("\"offset\" must be a whole number of bytes, not \"" +
-                               utf8::DecodeLossy(text->substr(0, 40)) + "\"");
-    }
-    offset = std::stoull(*text);
-  }
-  if (offset < s.oldest()) {
-    return ApiError::Of(410, "offset_not_retained",
-                        "offset " + std::to_string(offset) +
-                            " is no longer kept; the oldest kept offset is " +
-                            std::to_string(s.oldest()));
-  }
-  if (offset > s.end()) {
-    return ApiError::Invalid("offset " + std::to_string(offset) +
-                             " is beyond the end of the output, which is at offset " +
-                             std::to_string(s.end()));
-  }
-  return offset;
-}
-
-ApiError ExecNotFound(const std::string& exec_id, const std::string& id) {
-  return ApiError::Of(404, "exec_not_found",
-                      "no exec '" + utf8::DecodeLossy(exec_id.substr(0, 64)) + "' in sandbox '" +
-                          utf8::DecodeLossy(id) +
-                          "' (it never ran, or it ended longer ago than the retention time)");
-}
-
 // Appends `bytes` to `blocks`, strings of kStreamChunk bytes each but the last, which fills: a
 // command's output kept for the buffered answer costs its size, however small its writes were.
 void AppendToBlocks(std::vector<std::string>& blocks, std::string_view bytes) {
@@ -1163,283 +192,7 @@ void AppendToBlocks(std::vector<std::string>& blocks, std::string_view bytes) {
   }
 }
 
-json::object ExecJson(const ExecSession& s) {
-  json::object o;
-  o["execId"] = s.id();
-  o["command"] = utf8::DecodeLossy(s.command());
-  o["pid"] = s.pid();
-  o["startedAt"] = s.started_at();
-  o["state"] = s.ended() ? "exited" : "running";
-  o["detach"] = s.detach;
-  o["stdinStream"] = s.stdin_stream || s.tty.has_value();
-  if (s.tty) {
-    o["tty"] = json::object{{"rows", s.tty->rows}, {"cols", s.tty->cols}};
-  } else {
-    o["tty"] = nullptr;
-  }
-  o["outputEnd"] = s.end();
-  o["oldestOffset"] = s.oldest();
-  if (s.ended()) {
-    json::object x;
-    FillExit(x, s.exit(), s.reason());
-    o["exit"] = std::move(x);
-  } else {
-    o["exit"] = nullptr;
-  }
-  return o;
-}
-
-// ---- the daemon ----
-
-class Daemon {
- public:
-  Daemon(asio::io_context& io, Registry& registry, std::string token, ExecLogLimits log_limits,
-         std::chrono::seconds retention, std::chrono::seconds auth_timeout,
-         ImageImportOptions image_imports)
-      : io_(io),
-        registry_(registry),
-        token_(std::move(token)),
-        log_limits_(log_limits),
-        retention_(retention),
-        auth_timeout_(auth_timeout),
-        import_lane_(std::move(image_imports)),
-        ports_(io, metrics_, [this](std::shared_ptr<SandboxEntry> entry) {
-          return InnerSocket(std::move(entry));
-        }) {}
-
-  asio::awaitable<void> AcceptLoop(Acceptor& acceptor, bool tcp);
-  void Shutdown(std::vector<Acceptor*> acceptors);
-  // Re-opens the exposed ports of every sandbox (ports.json) at the start; blocks.
-  void RestorePorts();
-  // The end of a session's retention, or of its sandbox: its ring no longer counted against the
-  // bound on ended sessions' rings (KeepEndedRing), then ExecSession::Drop.
-  void DropSession(ExecSession& s) {
-    ForgetRing(s);
-    s.Drop();
-  }
-  // After the loop has ended and every session is dropped: waits for their spill files' removal.
-  void FinishSpills() { spill_pool_.join(); }
-  // The idle stop (docs/daemon.md "Idle stop"): while any sandbox has idleStopMs, once every
-  // kIdleCheckPeriod the running ones idle for that long are stopped (Registry::StopIfIdle).
-  // Started at the daemon's start and by each PUT of such a sandbox; ends when none is left.
-  void ArmIdleStops();
-
- private:
-  // What one request's handler works with.
-  struct Ctx {
-    Socket& socket;
-    beast::flat_buffer& buffer;
-    http::request_parser<http::buffer_body>& parser;
-    bool tcp = false;
-    bool body_done = false;  // the request's body was read to its end
-    bool continue_sent = false;
-    bool must_close = false;      // the answer ends the connection, whatever else holds
-    int status = 0;               // of the answer, for the metrics
-    std::string sandbox_id;       // for the logs
-    PendingAuth* auth = nullptr;  // TCP, until a request has shown the token
-    int retry_after = 0;          // seconds: the answer carries Retry-After (ApiError's)
-  };
-
-  asio::awaitable<void> Session(Socket socket, bool tcp);
-  asio::awaitable<bool> Handle(Ctx& c);
-  asio::awaitable<bool> Route(Ctx& c, const std::vector<std::string>& segs, std::string_view query);
-
-  // Runs `fn` on the worker pool and resumes on the loop with its result. Callers pass a named
-  // lambda (auto work = [...]; co_await Blocking(std::move(work))), never a lambda temporary:
-  // GCC 12 destroys the captures of a closure temporary in a co_await expression twice (checked
-  // with ASan on a ten-line program; named closures and other temporaries are fine).
-  template <typename F>
-  asio::awaitable<std::invoke_result_t<F&>> Blocking(F fn);
-  // Runs an exec log's spill writes (ExecSession) on a thread of their own: never behind
-  // requests that wait for a sandbox's channel, which the spill may hold (HoldReads).
-  ExecSession::Offload OffloadSpill() {
-    return [this](std::function<void()> job) { asio::post(spill_pool_, std::move(job)); };
-  }
-  // The memory rings that ended sessions keep for re-attach, bounded in all (kEndedRingBudget):
-  // over it, the rings of the sessions that ended first move to their spill files. Called when
-  // a session ends.
-  void KeepEndedRing(const std::shared_ptr<ExecSession>& s);
-  // A session's ring no longer counted against that bound.
-  void ForgetRing(ExecSession& s) {
-    ended_ring_bytes_ -= s.counted_ring;
-    s.counted_ring = 0;
-  }
-
-  // Runs the reads of an exec log's spill that must wait for the disk on the worker pool.
-  ExecSession::Offload OffloadRead() {
-    return [this](std::function<void()> job) { asio::post(pool_, std::move(job)); };
-  }
-  // Removes a file of the daemon's own on the worker pool: freeing a large file's blocks took
-  // 60-140 ms for 512 MiB here, which must not hold up the loop. Close it first.
-  asio::awaitable<void> RemoveFile(std::string path);
-
-  // Answers. Each returns whether the connection may serve another request.
-  asio::awaitable<bool> Reply(Ctx& c, unsigned status, std::string body,
-                              std::string_view content_type = "application/json",
-                              std::string_view allow = {});
-  asio::awaitable<bool> ReplyJson(Ctx& c, unsigned status, const json::value& value);
-  asio::awaitable<bool> ReplyError(Ctx& c, const ApiError& error, std::string_view allow = {});
-  asio::awaitable<bool> ReplyNoContent(Ctx& c, unsigned status = 204);
-  asio::awaitable<bool> MethodNotAllowed(Ctx& c, std::string_view allow);
-
-  asio::awaitable<bool> SendContinue(Ctx& c);
-  // An answer streamed as NDJSON (api.md: Accept: application/x-ndjson): the head of a chunked
-  // 200, then the events a line each, in chunks (SendChunk), the last with the answer's end.
-  // Each returns false once the client is gone.
-  asio::awaitable<bool> StartNdjson(Ctx& c);
-  // The head of a chunked 200 of `content_type`; the chunks follow.
-  asio::awaitable<bool> StartChunked(Ctx& c, std::string_view content_type, bool keep_alive);
-  // The buffered exec answer, {"stdout":"…","stderr":"…",<exit>}, a chunked 200 from the blocks
-  // of output collected (AppendToBlocks), each decoded, escaped and sent on its own (never the
-  // whole output, nor its escaped copy, in one string). `exit` holds the other keys. Whether the
-  // connection may serve another request.
-  asio::awaitable<bool> SendBufferedExec(Ctx& c, std::array<std::vector<std::string>, 2>& output,
-                                         bool base64, const json::object& exit);
-  // `bytes` of a chunked answer sent as one chunk (nothing when empty) and cleared, and with
-  // `last` the answer's end in the same write. False once the client is gone.
-  asio::awaitable<bool> SendChunk(Ctx& c, std::string& bytes, bool last);
-  // The request's body, to its end, written into `fd` a piece at a time as it arrives (never
-  // held whole). Stops at the first write error (its errno) or when the connection fails (why).
-  // `check`, when given, is asked before each piece is written (on the worker pool, with its
-  // size); its error stops the copy as a write error would.
-  struct BodyCopy {
-    uint64_t bytes = 0;
-    int write_error = 0;
-    std::string hangup;
-  };
-  using WriteCheck = std::function<Status(size_t)>;
-  asio::awaitable<BodyCopy> CopyBodyTo(Ctx& c, int fd, std::string_view what,
-                                       const WriteCheck* check = nullptr);
-  // `len` bytes at `data` written into `fd` on the worker pool: 0, or the errno of the failure.
-  asio::awaitable<int> WritePiece(int fd, const char* data, size_t len, const std::string& what,
-                                  const WriteCheck* check);
-  // The next piece of a request body into `buf` (at most its size; 0 bytes is possible before
-  // the end): its size, or nullopt when the client went away (`*hangup` says how).
-  asio::awaitable<std::optional<size_t>> ReadBodyPiece(Ctx& c, std::vector<char>& buf,
-                                                       std::string* hangup);
-  // The whole body of a JSON request (up to 1 MiB); an empty body is an empty
-  // object when `optional`.
-  asio::awaitable<ApiOutcome<json::object>> ReadJson(Ctx& c, bool optional);
-  // The raw body, up to 1 MiB (read and dropped by the routes that take none, so that a
-  // malformed body is an error and the connection stays usable).
-  asio::awaitable<ApiOutcome<std::string>> ReadBody(Ctx& c);
-  asio::awaitable<ApiOutcome<std::shared_ptr<SandboxEntry>>> FindEntry(const std::string& id);
-  // The sandbox's running nsbox-init: found on the loop when it runs, started on the pool when not.
-  asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> EnsureRunning(
-      std::shared_ptr<SandboxEntry> entry);
-
-  // The routes.
-  asio::awaitable<bool> PutSandbox(Ctx& c, const std::string& id);
-  asio::awaitable<bool> StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> entry);
-  // GET and PUT /v1/sandboxes/{id}/network (docs/network.md).
-  asio::awaitable<bool> SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntry> entry);
-  asio::awaitable<bool> DeleteSandbox(Ctx& c, const std::string& id);
-  // Exec sessions (docs/exec.md). StartSession starts the command and the session's pump
-  // (PumpExec: the control channel's events into the session's log, then the retention time).
-  asio::awaitable<bool> Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry);
-  std::shared_ptr<ExecSession> StartSession(std::shared_ptr<SandboxEntry> entry,
-                                            std::shared_ptr<Sandbox> box, ExecSpec spec);
-  asio::awaitable<void> PumpExec(std::shared_ptr<SandboxEntry> entry,
-                                 std::shared_ptr<ExecSession> s, std::shared_ptr<ExecQueue> queue,
-                                 std::shared_ptr<QueuedOutput> waiting, Clock::time_point started);
-  // The end of a request that watches its client while an exec runs.
-  struct HangupWatch {
-    bool finished = false;
-    bool hung_up = false;
-  };
-  void WatchHangup(Ctx& c, std::shared_ptr<HangupWatch> watch, std::function<void()> on_hangup);
-  // The starter of `s` went away: kill it unless it is detached.
-  void KillOnHangup(SandboxEntry& entry, ExecSession& s);
-  // The log of `s` from `offset` as NDJSON events (start, stdout/stderr, exit); with `follow`
-  // until the exit, else what there is now; then the answer's end. What the log has at once goes
-  // in one write (the last events with the end), so that a short command's answer does not wake
-  // the client once per line. `done` false once the client is gone; `keep` whether the
-  // connection may serve another request.
-  struct LogSent {
-    bool done = false;
-    bool keep = false;
-  };
-  asio::awaitable<LogSent> SendLog(Ctx& c, std::shared_ptr<ExecSession> s, uint64_t offset,
-                                   bool follow, bool base64, std::shared_ptr<HangupWatch> watch);
-  asio::awaitable<bool> ExecOutput(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                   const std::string& exec_id, std::string_view query);
-  asio::awaitable<bool> ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                  const std::string& exec_id, std::string_view query);
-  asio::awaitable<bool> ExecResize(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                   const std::string& exec_id);
-  asio::awaitable<fs::FsOutcome<fs::InitClient::OpenedRead>> OpenRead(std::shared_ptr<Sandbox> box,
-                                                                      std::string path);
-  asio::awaitable<fs::FsOutcome<fs::Unit>> SendInput(std::shared_ptr<Sandbox> box,
-                                                     fs::proto::ExecInput input);
-  asio::awaitable<std::optional<ApiError>> ResizeTty(std::shared_ptr<ExecSession> s,
-                                                     fs::proto::TtySize size);
-  // The WebSocket: `s` null starts an exec (its first message is the body), else attaches.
-  struct WsState {
-    explicit WsState(asio::any_io_executor ex) : wake(ex) {}
-    std::deque<std::string> control;  // text messages for the client
-    bool reader_done = false;
-    asio::steady_timer wake;
-  };
-  asio::awaitable<bool> ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                   std::shared_ptr<ExecSession> s, uint64_t offset);
-  asio::awaitable<void> WsReader(WebSocket& ws, std::shared_ptr<WsState> st,
-                                 std::shared_ptr<ExecSession> s,
-                                 std::shared_ptr<SandboxEntry> entry, bool starter);
-  void WsPush(WsState& st, ExecSession* s, std::string message);
-  asio::awaitable<bool> GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                std::string_view query);
-  asio::awaitable<bool> PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                std::string_view query);
-  asio::awaitable<bool> FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                               const std::string& verb);
-  // fs/readdir's answer, passed on as nsbox-init sends it (runtime/listing.h).
-  asio::awaitable<bool> Readdir(Ctx& c, std::shared_ptr<Sandbox> box, std::string path, bool typed);
-  // /v1/images and /v1/images/{name}.
-  asio::awaitable<bool> Images(Ctx& c, const std::vector<std::string>& segs,
-                               std::string_view query);
-  // `max_bytes`: the request's maxBytes, which lowers the daemon's --image-max-bytes.
-  asio::awaitable<bool> ImportImage(Ctx& c, const std::string& name, bool replace,
-                                    std::optional<uint64_t> max_bytes);
-  // Exposed ports (runtime/ports.h): GET/POST .../ports, DELETE .../ports/{port}.
-  asio::awaitable<bool> Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                              const std::vector<std::string>& segs);
-  asio::awaitable<void> SavePorts(std::shared_ptr<SandboxEntry> entry);
-  // .../ports/{port}/http/{rest}: a reverse proxy to 127.0.0.1:port inside (WebSocket upgrades
-  // too). Always ends the client's connection.
-  asio::awaitable<bool> HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> entry, uint16_t port);
-  // A fresh TCP socket in the sandbox's network namespace (started when stopped).
-  asio::awaitable<ApiOutcome<int>> InnerSocket(std::shared_ptr<SandboxEntry> entry);
-
-  asio::io_context& io_;
-  Registry& registry_;
-  const std::string token_;  // empty: no TCP listener
-  // Shared with the answers under way, whose frames the io_context may destroy after the daemon.
-  std::shared_ptr<ListingBudget> listings_ =
-      std::make_shared<ListingBudget>(io_.get_executor(), ListingLimits{});
-  // Before the pools: their threads may still run jobs that count (the /metrics scrape renders
-  // on a worker) while the daemon is destroyed, and a pool joins its threads in its destructor.
-  Metrics metrics_;
-  asio::thread_pool pool_{kWorkerThreads};
-  asio::thread_pool spill_pool_{1};
-  std::atomic<int> running_execs_{0};    // requests and sockets that started an exec, still on
-  std::atomic<int> running_imports_{0};  // image imports not yet answered
-  const ExecLogLimits log_limits_;
-  const std::chrono::seconds retention_;
-  const std::chrono::seconds auth_timeout_;  // for TCP connections to show the token
-  // TCP connections not yet past the token, counted on the loop only.
-  std::shared_ptr<size_t> unauthenticated_tcp_ = std::make_shared<size_t>(0);
-  // Image imports: their own threads, at most so many at once (runtime/image_imports.h). After
-  // the pools: its destructor waits for the imports under way, whose answers go to the loop.
-  ImportLane import_lane_;
-  Clock::time_point refused_logged_{};  // the last warning about kMaxUnauthenticatedTcp
-  bool shutting_down_ = false;
-  bool idle_stops_armed_ = false;  // IdleStops runs (on the loop only)
-  asio::awaitable<void> IdleStops();
-  PortForwarder ports_;
-  // KeepEndedRing's: the ended sessions in the order they ended, and their rings' bytes counted.
-  std::deque<std::weak_ptr<ExecSession>> ended_rings_;
-  uint64_t ended_ring_bytes_ = 0;
-};
+}  // namespace
 
 void Daemon::KeepEndedRing(const std::shared_ptr<ExecSession>& s) {
   // Those dropped since (their retention over, their sandbox deleted) leave from the front.
@@ -1461,6 +214,8 @@ void Daemon::KeepEndedRing(const std::shared_ptr<ExecSession>& s) {
   }
 }
 
+namespace {
+
 // Unlinks a file of the daemon's own; a failure other than ENOENT is logged.
 void UnlinkLogged(const std::string& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
@@ -1468,30 +223,14 @@ void UnlinkLogged(const std::string& path) {
   }
 }
 
+}  // namespace
+
 asio::awaitable<void> Daemon::RemoveFile(std::string path) {
   auto work = [path] {
     UnlinkLogged(path);
     return true;
   };
   co_await Blocking(std::move(work));
-}
-
-template <typename F>
-asio::awaitable<std::invoke_result_t<F&>> Daemon::Blocking(F fn) {
-  // Not a coroutine itself: the awaitable async_initiate returns starts the work when awaited.
-  using T = std::invoke_result_t<F&>;
-  auto work = std::make_shared<F>(std::move(fn));
-  auto initiation = [this, work](auto handler) {
-    auto ex = asio::get_associated_executor(handler, io_.get_executor());
-    asio::post(pool_, [work, handler = std::move(handler), ex]() mutable {
-      auto result = std::make_shared<T>((*work)());
-      asio::post(ex, [handler = std::move(handler), result]() mutable {
-        std::move(handler)(std::move(*result));
-      });
-    });
-  };
-  return asio::async_initiate<const asio::use_awaitable_t<>&, void(T)>(initiation,
-                                                                       asio::use_awaitable);
 }
 
 asio::awaitable<void> Daemon::AcceptLoop(Acceptor& acceptor, bool tcp) {
@@ -1796,237 +535,11 @@ asio::awaitable<bool> Daemon::Handle(Ctx& c) {
   co_return co_await Route(c, segs, query);
 }
 
-asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs,
-                                    std::string_view query) {
-  const http::verb method = c.parser.get().method();
-  const size_t n = segs.size();
-  const bool uses_body =
-      method == http::verb::put ||
-      (method == http::verb::post && n >= 4 && (segs[3] == "exec" || segs[3] == "fs")) ||
-      (method == http::verb::post && n == 6 && segs[3] == "execs") ||
-      (method == http::verb::post && n == 4 && segs[3] == "ports") ||
-      (n >= 6 && segs[1] == "sandboxes" && segs[3] == "ports" && segs[5] == "http") ||
-      (method == http::verb::post && n == 3 && segs[1] == "images");
-  if (!uses_body && !c.body_done) {
-    auto drained = co_await ReadBody(c);
-    if (!drained.ok()) {
-      const ApiError error = drained.error();
-      co_return co_await ReplyError(c, error);
-    }
-  }
-  auto not_found = ApiError::Of(
-      404, "not_found",
-      "no such route: " + std::string(c.parser.get().target().substr(
-                              0, std::min<size_t>(200, c.parser.get().target().size()))));
-  if (n == 1 && segs[0] == "metrics") {
-    if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
-    if (auto bad = QueryCheck(query, segs, method)) {
-      const ApiError reply_error = *bad;
-      co_return co_await ReplyError(c, reply_error);
-    }
-    {
-      auto work = [this] {
-        return metrics_.Render(registry_.CountByState()) +
-               RenderPool(registry_.PoolReady(), registry_.pool_size(),
-                          registry_.AdoptedAheadReady()) +
-               RenderTrash(registry_.trash().pending(), registry_.trash().failures()) +
-               RenderNetworkConnections(registry_.NetworkCounters());
-      };
-      std::string reply_body = co_await Blocking(std::move(work));
-      co_return co_await Reply(c, 200, std::move(reply_body),
-                               "text/plain; version=0.0.4; charset=utf-8");
-    }
-  }
-  if (n < 2 || segs[0] != "v1") co_return co_await ReplyError(c, not_found);
-  if (n == 2 && segs[1] == "health") {
-    if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
-    if (auto bad = QueryCheck(query, segs, method)) {
-      const ApiError reply_error = *bad;
-      co_return co_await ReplyError(c, reply_error);
-    }
-    json::object o;
-    o["ok"] = true;
-    o["version"] = kVersion;
-    co_return co_await ReplyJson(c, 200, o);
-  }
-  if (segs[1] == "images" && n <= 3) co_return co_await Images(c, segs, query);
-  if (segs[1] != "sandboxes") co_return co_await ReplyError(c, not_found);
-  if (n == 2) {
-    if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
-    if (auto bad = QueryCheck(query, segs, method)) {
-      const ApiError reply_error = *bad;
-      co_return co_await ReplyError(c, reply_error);
-    }
-    json::array list;
-    for (const auto& e : registry_.List()) list.push_back(SandboxJson(*e));
-    json::object o;
-    o["sandboxes"] = std::move(list);
-    co_return co_await ReplyJson(c, 200, o);
-  }
-
-  // /v1/sandboxes/{id}/...: the route and method first, then the id, then the
-  // sandbox.
-  const std::string& id = segs[2];
-  std::string_view allow;
-  if (n == 3) {
-    allow = "GET, PUT, DELETE";
-  } else if (n == 4 && segs[3] == "stop") {
-    allow = "POST";
-  } else if (n == 4 && segs[3] == "network") {
-    allow = "GET, PUT";
-  } else if (n == 4 && segs[3] == "exec") {
-    allow = "POST, GET";  // GET: the WebSocket (Upgrade: websocket)
-  } else if (n == 4 && segs[3] == "execs") {
-    allow = "GET";
-  } else if (n == 5 && segs[3] == "execs") {
-    allow = "DELETE";
-  } else if (n == 6 && segs[3] == "execs" && (segs[5] == "output" || segs[5] == "attach")) {
-    allow = "GET";
-  } else if (n == 6 && segs[3] == "execs" && (segs[5] == "stdin" || segs[5] == "resize")) {
-    allow = "POST";
-  } else if (n == 4 && segs[3] == "files") {
-    allow = "GET, PUT";
-  } else if (n == 4 && segs[3] == "ports") {
-    allow = "GET, POST";
-  } else if (n == 5 && segs[3] == "ports") {
-    allow = "DELETE";
-  } else if (n >= 6 && segs[3] == "ports" && segs[5] == "http") {
-    allow = "*";  // any method: the HTTP path through the API
-  } else if (n == 5 && segs[3] == "fs" &&
-             (segs[4] == "stat" || segs[4] == "readdir" || segs[4] == "exists" ||
-              segs[4] == "mkdir" || segs[4] == "rm")) {
-    allow = "POST";
-  } else {
-    co_return co_await ReplyError(c, not_found);
-  }
-  if (allow != "*" && !MethodIn(allow, std::string_view(c.parser.get().method_string()))) {
-    co_return co_await MethodNotAllowed(c, allow);
-  }
-  if (allow != "*") {
-    if (auto bad = QueryCheck(query, segs, method)) {
-      const ApiError reply_error = *bad;
-      co_return co_await ReplyError(c, reply_error);
-    }
-  }
-  if (auto reason = InvalidIdReason(id)) {
-    {
-      const ApiError reply_error = ApiError::Invalid(*reason);
-      co_return co_await ReplyError(c, reply_error);
-    }
-  }
-  c.sandbox_id = id;
-  if (n == 3 && method == http::verb::put) co_return co_await PutSandbox(c, id);
-  if (n == 3 && method == http::verb::delete_) co_return co_await DeleteSandbox(c, id);
-
-  auto found = co_await FindEntry(id);
-  if (!found.ok()) {
-    const ApiError reply_error = found.error();
-    co_return co_await ReplyError(c, reply_error);
-  }
-  std::shared_ptr<SandboxEntry> entry = found.value();
-  // What runs inside is in use until this request's answer has ended: the idle stop waits.
-  std::optional<SandboxUse> use;
-  if (n >= 4 && segs[3] != "stop" && segs[3] != "network") use.emplace(entry);
-  if (n == 3) {
-    const json::value reply_json = SandboxJson(*entry);
-    co_return co_await ReplyJson(c, 200, reply_json);
-  }
-  if (segs[3] == "stop") co_return co_await StopSandbox(c, entry);
-  if (segs[3] == "network") co_return co_await SandboxNetwork(c, entry);
-  const bool upgrade = websocket::is_upgrade(c.parser.get());
-  if (segs[3] == "exec" && method == http::verb::get) {
-    if (!upgrade) {
-      // Plain HTTP starts an exec with POST; GET is only the WebSocket's upgrade.
-      const ApiError reply_error = ApiError::Of(
-          405, "method_not_allowed",
-          "method GET is not allowed here; use POST (GET only with Upgrade: websocket)");
-      co_return co_await ReplyError(c, reply_error, "POST");
-    }
-    co_return co_await ExecSocket(c, entry, nullptr, 0);
-  }
-  if (segs[3] == "exec") co_return co_await Exec(c, entry);
-  if (segs[3] == "execs" && n == 4) {
-    json::array list;
-    // api.md: the commands running now; with all=1 also the ended ones kept for re-attach.
-    auto all_flag = QueryBool(query, "all");
-    if (!all_flag.ok()) {
-      const ApiError reply_error = all_flag.error();
-      co_return co_await ReplyError(c, reply_error);
-    }
-    const bool all = all_flag.value();
-    for (const auto& s : entry->Sessions()) {
-      if (!s->dropped() && (all || !s->ended())) list.push_back(ExecJson(*s));
-    }
-    json::object o;
-    o["execs"] = std::move(list);
-    co_return co_await ReplyJson(c, 200, o);
-  }
-  if (segs[3] == "execs" && n == 5) {
-    std::shared_ptr<ExecSession> s = entry->FindSession(segs[4]);
-    std::shared_ptr<Sandbox> box = s != nullptr && !s->ended() ? s->box.lock() : nullptr;
-    if (box == nullptr) {
-      {
-        // exec.md: exec_not_found ("not_found" is api.md's unknown route).
-        const ApiError reply_error =
-            ApiError::Of(404, "exec_not_found",
-                         "no running exec '" + utf8::DecodeLossy(segs[4].substr(0, 64)) +
-                             "' in sandbox '" + utf8::DecodeLossy(id) + "'");
-        co_return co_await ReplyError(c, reply_error);
-      }
-    }
-    box->client().KillExec(s->tag, static_cast<uint8_t>(exec::EndReason::kCancelled));
-    metrics_.Kill("cancelled");
-    log::info("sandbox={} exec={} cancelled by DELETE", id, segs[4]);
-    json::object o;
-    o["execId"] = segs[4];
-    co_return co_await ReplyJson(c, 202, o);
-  }
-  if (segs[3] == "execs" && segs[5] == "output") {
-    co_return co_await ExecOutput(c, entry, segs[4], query);
-  }
-  if (segs[3] == "execs" && segs[5] == "stdin") {
-    co_return co_await ExecStdin(c, entry, segs[4], query);
-  }
-  if (segs[3] == "execs" && segs[5] == "resize") co_return co_await ExecResize(c, entry, segs[4]);
-  if (segs[3] == "execs") {  // attach
-    std::shared_ptr<ExecSession> s = entry->FindSession(segs[4]);
-    if (s == nullptr || s->dropped()) {
-      const ApiError reply_error = ExecNotFound(segs[4], id);
-      co_return co_await ReplyError(c, reply_error);
-    }
-    auto offset = AttachOffset(query, *s);
-    if (!offset.ok()) {
-      const ApiError reply_error = offset.error();
-      co_return co_await ReplyError(c, reply_error);
-    }
-    if (!upgrade) {
-      const ApiError reply_error =
-          ApiError::Of(426, "upgrade_required",
-                       ".../attach is a WebSocket and needs Upgrade: websocket; "
-                       "GET .../output re-attaches over plain HTTP");
-      co_return co_await ReplyError(c, reply_error);
-    }
-    co_return co_await ExecSocket(c, entry, s, offset.value());
-  }
-  if (segs[3] == "files" && method == http::verb::get) co_return co_await GetFile(c, entry, query);
-  if (segs[3] == "files") co_return co_await PutFile(c, entry, query);
-  if (segs[3] == "ports" && n >= 6) {
-    const std::string& text = segs[4];
-    const bool digits = !text.empty() && text.size() <= 5 &&
-                        text.find_first_not_of("0123456789") == std::string::npos;
-    const unsigned long number = digits ? std::stoul(text) : 0;
-    if (!digits || number < 1 || number > 65535) {
-      const ApiError reply_error = ApiError::Invalid(
-          "port must be an integer from 1 to 65535, not '" + text.substr(0, 64) + "'");
-      co_return co_await ReplyError(c, reply_error);
-    }
-    co_return co_await HttpProxy(c, entry, static_cast<uint16_t>(number));
-  }
-  if (segs[3] == "ports") co_return co_await Ports(c, entry, segs);
-  co_return co_await FsVerb(c, entry, segs[4]);
-}
+namespace {
 
 // ---- exposed ports ----
+
+}  // namespace
 
 asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                         uint16_t port) {
@@ -2334,6 +847,8 @@ void Daemon::RestorePorts() {
   }
 }
 
+namespace {
+
 json::object PortJson(const PortExposure& p) {
   json::object o;
   o["port"] = p.port;
@@ -2342,6 +857,8 @@ json::object PortJson(const PortExposure& p) {
   o["url"] = "http://" + p.address + ":" + std::to_string(p.host_port) + "/";
   return o;
 }
+
+}  // namespace
 
 asio::awaitable<bool> Daemon::Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                     const std::vector<std::string>& segs) {
@@ -2412,7 +929,11 @@ asio::awaitable<bool> Daemon::Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
   co_return co_await ReplyNoContent(c);
 }
 
+namespace {
+
 // ---- answers ----
+
+}  // namespace
 
 asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
                                     std::string_view content_type, std::string_view allow) {
@@ -2734,7 +1255,11 @@ asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> Daemon::EnsureRunning(
   co_return co_await Blocking(std::move(work));
 }
 
+namespace {
+
 // ---- sandboxes ----
+
+}  // namespace
 
 asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
   auto body = co_await ReadJson(c, /*optional=*/true);
@@ -3013,7 +1538,11 @@ asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
   co_return co_await ReplyNoContent(c);
 }
 
+namespace {
+
 // ---- exec ----
+
+}  // namespace
 
 std::shared_ptr<ExecSession> Daemon::StartSession(std::shared_ptr<SandboxEntry> entry,
                                                   std::shared_ptr<Sandbox> box, ExecSpec spec) {
@@ -3409,22 +1938,7 @@ asio::awaitable<fs::FsOutcome<fs::Unit>> Daemon::SendInput(std::shared_ptr<Sandb
       initiation, asio::use_awaitable);
 }
 
-// Why input cannot go to `s` now, or nullopt.
-std::optional<ApiError> InputRefusal(const ExecSession& s) {
-  if (!s.stdin_stream) {
-    return ApiError::Of(409, "stdin_not_streamed",
-                        "exec '" + s.id() +
-                            "' was not started with \"stdinStream\": true or \"tty\"; its stdin "
-                            "cannot be written");
-  }
-  if (s.ended()) {
-    return ApiError::Of(409, "exec_ended", "exec '" + s.id() + "' has ended; its stdin is gone");
-  }
-  if (s.stdin_closed) {
-    return ApiError::Of(409, "stdin_closed", "the stdin of exec '" + s.id() + "' was closed");
-  }
-  return std::nullopt;
-}
+namespace {
 
 // A write into a command's stdin that found its pipe closed (EPIPE) may have met a command that
 // exited, whose end the session has not heard of yet: gives the end a moment to arrive, so that
@@ -3441,23 +1955,7 @@ asio::awaitable<void> AwaitEndAfterEpipe(std::shared_ptr<ExecSession> s, const f
   limit.cancel();
 }
 
-ApiError InputError(const ExecSession& s, const fs::FsError& error) {
-  if (error.err == EPIPE || error.err == ESRCH) {
-    if (s.ended() || error.err == ESRCH) {
-      return ApiError::Of(409, "exec_ended", "exec '" + s.id() + "' has ended; its stdin is gone");
-    }
-    // nsbox-init says why, after the channel's own tag for the exec ("exec 7: ..."), which
-    // means nothing to a client: only the why is kept.
-    std::string_view why = error.message;
-    if (why.starts_with("exec ")) {
-      size_t colon = why.find(": ");
-      if (colon != std::string_view::npos) why.remove_prefix(colon + 2);
-    }
-    return ApiError::Of(409, "stdin_closed",
-                        "the stdin of exec '" + s.id() + "' is closed (" + std::string(why) + ")");
-  }
-  return ApiError::FromFs(error);
-}
+}  // namespace
 
 // POST /v1/sandboxes/{id}/execs/{execId}/stdin[?close=1]: the raw body, relayed a piece at a time.
 asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> entry,
@@ -3583,6 +2081,8 @@ asio::awaitable<bool> Daemon::ExecResize(Ctx& c, std::shared_ptr<SandboxEntry> e
   co_return co_await ReplyNoContent(c);
 }
 
+namespace {
+
 // ---- the WebSocket of an exec (docs/exec.md "WebSocket") ----
 
 std::string ControlError(const ApiError& error) {
@@ -3594,6 +2094,8 @@ std::string ControlError(const ApiError& error) {
   o["error"] = std::move(e);
   return json::serialize(o);
 }
+
+}  // namespace
 
 void Daemon::WsPush(WsState& st, ExecSession* s, std::string message) {
   // A client that floods bad control messages gets no more than this many answers queued.
@@ -3844,6 +2346,8 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
   co_return false;
 }
 
+namespace {
+
 // ---- files ----
 
 // The `path` or `pathBase64` query parameter.
@@ -3865,6 +2369,8 @@ ApiOutcome<std::string> ResolveQueryPath(const SandboxEntry& entry, std::string_
   if (!raw.ok()) return raw.error();
   return SandboxPath(entry, raw.value(), "open");
 }
+
+}  // namespace
 
 asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                       std::string_view query) {
@@ -4013,7 +2519,11 @@ asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   co_return co_await ReplyNoContent(c);
 }
 
+namespace {
+
 // ---- images ----
+
+}  // namespace
 
 asio::awaitable<bool> Daemon::Images(Ctx& c, const std::vector<std::string>& segs,
                                      std::string_view query) {
@@ -4470,6 +2980,17 @@ asio::awaitable<bool> Daemon::Readdir(Ctx& c, std::shared_ptr<Sandbox> box, std:
   if (listing->bytes() > (8u << 20)) ::malloc_trim(0);
   co_return sent&& keep_alive;
 }
+
+}  // namespace nsbox::runtime::api
+
+namespace nsbox::runtime {
+
+namespace {
+
+namespace asio = boost::asio;
+using api::Acceptor;
+using api::Daemon;
+using api::SignalName;
 
 // ---- listeners ----
 
