@@ -382,6 +382,9 @@ class Daemon {
   uint64_t ended_ring_bytes_ = 0;
 };
 
+// Unlinks a file of the daemon's own; a failure other than ENOENT is logged.
+void UnlinkLogged(const std::string& path);
+
 template <typename F>
 asio::awaitable<std::invoke_result_t<F&>> Daemon::Blocking(F fn) {
   // Not a coroutine itself: the awaitable async_initiate returns starts the work when awaited.
