@@ -79,6 +79,7 @@
 #include "runtime/api/http.h"
 #include "runtime/api/json_shapes.h"
 #include "runtime/api/proxy_auth.h"
+#include "runtime/api/route_table.h"
 #include "runtime/api/routes.h"
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
@@ -132,6 +133,18 @@ constexpr size_t kMaxUnauthenticatedTcp = 1024;
 
 using WebSocket = websocket::stream<Socket&>;
 
+// What the router (routes.cc) hands a route's handler.
+struct RouteArgs {
+  const std::vector<std::string>& segs;  // the path's segments, percent-decoded
+  std::string_view query;                // the raw query
+  std::string_view pattern;              // the route's (routes.inc)
+  std::shared_ptr<SandboxEntry> entry;   // with RouteNeeds::kEntry and kEntryInUse
+  // The segment that the pattern's "{name}" captured.
+  std::string Param(std::string_view name) const {
+    return std::string(PatternParam(pattern, segs, name));
+  }
+};
+
 class Daemon {
  public:
   Daemon(asio::io_context& io, Registry& registry, std::string token, ExecLogLimits log_limits,
@@ -184,6 +197,13 @@ class Daemon {
   asio::awaitable<void> Session(Socket socket, bool tcp);
   asio::awaitable<bool> Handle(Ctx& c);
   asio::awaitable<bool> Route(Ctx& c, const std::vector<std::string>& segs, std::string_view query);
+  // The routes of routes.inc with their handlers, each a member below.
+  using RouteHandler = asio::awaitable<bool> (Daemon::*)(Ctx& c, const RouteArgs& a);
+  struct Handler {
+    RouteSpec spec;
+    RouteHandler handler;
+  };
+  static std::span<const Handler> Handlers();
 
   // Runs `fn` on the worker pool and resumes on the loop with its result. Callers pass a named
   // lambda (auto work = [...]; co_await Blocking(std::move(work))), never a lambda temporary:
@@ -269,15 +289,21 @@ class Daemon {
   asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> EnsureRunning(
       std::shared_ptr<SandboxEntry> entry);
 
-  // The routes.
-  asio::awaitable<bool> PutSandbox(Ctx& c, const std::string& id);
-  asio::awaitable<bool> StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> entry);
+  // The routes (routes.inc), each answering one endpoint of api.md.
+  asio::awaitable<bool> Health(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> MetricsText(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> ListSandboxes(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> GetSandbox(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> PutSandbox(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> StopSandbox(Ctx& c, const RouteArgs& a);
   // GET and PUT /v1/sandboxes/{id}/network (docs/network.md).
-  asio::awaitable<bool> SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntry> entry);
-  asio::awaitable<bool> DeleteSandbox(Ctx& c, const std::string& id);
+  asio::awaitable<bool> SandboxNetwork(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> DeleteSandbox(Ctx& c, const RouteArgs& a);
   // Exec sessions (docs/exec.md). StartSession starts the command and the session's pump
   // (PumpExec: the control channel's events into the session's log, then the retention time).
-  asio::awaitable<bool> Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry);
+  asio::awaitable<bool> Exec(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> ListExecs(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> CancelExec(Ctx& c, const RouteArgs& a);
   std::shared_ptr<ExecSession> StartSession(std::shared_ptr<SandboxEntry> entry,
                                             std::shared_ptr<Sandbox> box, ExecSpec spec);
   asio::awaitable<void> PumpExec(std::shared_ptr<SandboxEntry> entry,
@@ -302,12 +328,9 @@ class Daemon {
   };
   asio::awaitable<LogSent> SendLog(Ctx& c, std::shared_ptr<ExecSession> s, uint64_t offset,
                                    bool follow, bool base64, std::shared_ptr<HangupWatch> watch);
-  asio::awaitable<bool> ExecOutput(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                   const std::string& exec_id, std::string_view query);
-  asio::awaitable<bool> ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                  const std::string& exec_id, std::string_view query);
-  asio::awaitable<bool> ExecResize(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                   const std::string& exec_id);
+  asio::awaitable<bool> ExecOutput(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> ExecStdin(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> ExecResize(Ctx& c, const RouteArgs& a);
   asio::awaitable<fs::FsOutcome<fs::InitClient::OpenedRead>> OpenRead(std::shared_ptr<Sandbox> box,
                                                                       std::string path);
   asio::awaitable<fs::FsOutcome<fs::Unit>> SendInput(std::shared_ptr<Sandbox> box,
@@ -323,31 +346,30 @@ class Daemon {
   };
   asio::awaitable<bool> ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> entry,
                                    std::shared_ptr<ExecSession> s, uint64_t offset);
+  // GET .../exec and GET .../execs/{execId}/attach: ExecSocket, once the upgrade is there.
+  asio::awaitable<bool> ExecWebSocket(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> AttachExec(Ctx& c, const RouteArgs& a);
   asio::awaitable<void> WsReader(WebSocket& ws, std::shared_ptr<WsState> st,
                                  std::shared_ptr<ExecSession> s,
                                  std::shared_ptr<SandboxEntry> entry, bool starter);
   void WsPush(WsState& st, ExecSession* s, std::string message);
-  asio::awaitable<bool> GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                std::string_view query);
-  asio::awaitable<bool> PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                std::string_view query);
-  asio::awaitable<bool> FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                               const std::string& verb);
+  asio::awaitable<bool> GetFile(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> PutFile(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> FsVerb(Ctx& c, const RouteArgs& a);
   // fs/readdir's answer, passed on as nsbox-init sends it (runtime/listing.h).
   asio::awaitable<bool> Readdir(Ctx& c, std::shared_ptr<Sandbox> box, std::string path, bool typed);
-  // /v1/images and /v1/images/{name}.
-  asio::awaitable<bool> Images(Ctx& c, const std::vector<std::string>& segs,
-                               std::string_view query);
+  // GET /v1/images, and GET, POST and DELETE /v1/images/{name}.
+  asio::awaitable<bool> ListImages(Ctx& c, const RouteArgs& a);
+  asio::awaitable<bool> Images(Ctx& c, const RouteArgs& a);
   // `max_bytes`: the request's maxBytes, which lowers the daemon's --image-max-bytes.
   asio::awaitable<bool> ImportImage(Ctx& c, const std::string& name, bool replace,
                                     std::optional<uint64_t> max_bytes);
   // Exposed ports (runtime/ports.h): GET/POST .../ports, DELETE .../ports/{port}.
-  asio::awaitable<bool> Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                              const std::vector<std::string>& segs);
+  asio::awaitable<bool> Ports(Ctx& c, const RouteArgs& a);
   asio::awaitable<void> SavePorts(std::shared_ptr<SandboxEntry> entry);
   // .../ports/{port}/http/{rest}: a reverse proxy to 127.0.0.1:port inside (WebSocket upgrades
   // too). Always ends the client's connection.
-  asio::awaitable<bool> HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> entry, uint16_t port);
+  asio::awaitable<bool> HttpProxy(Ctx& c, const RouteArgs& a);
   // A fresh TCP socket in the sandbox's network namespace (started when stopped).
   asio::awaitable<ApiOutcome<int>> InnerSocket(std::shared_ptr<SandboxEntry> entry);
 

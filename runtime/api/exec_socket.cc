@@ -349,4 +349,37 @@ asio::awaitable<bool> Daemon::ExecSocket(Ctx& c, std::shared_ptr<SandboxEntry> e
   co_return false;
 }
 
+asio::awaitable<bool> Daemon::ExecWebSocket(Ctx& c, const RouteArgs& a) {
+  if (!websocket::is_upgrade(c.parser.get())) {
+    // Plain HTTP starts an exec with POST; GET is only the WebSocket's upgrade.
+    const ApiError reply_error =
+        ApiError::Of(405, "method_not_allowed",
+                     "method GET is not allowed here; use POST (GET only with Upgrade: websocket)");
+    co_return co_await ReplyError(c, reply_error, "POST");
+  }
+  co_return co_await ExecSocket(c, a.entry, nullptr, 0);
+}
+
+asio::awaitable<bool> Daemon::AttachExec(Ctx& c, const RouteArgs& a) {
+  const std::string exec_id = a.Param("execId");
+  std::shared_ptr<ExecSession> s = a.entry->FindSession(exec_id);
+  if (s == nullptr || s->dropped()) {
+    const ApiError reply_error = ExecNotFound(exec_id, a.Param("id"));
+    co_return co_await ReplyError(c, reply_error);
+  }
+  auto offset = AttachOffset(a.query, *s);
+  if (!offset.ok()) {
+    const ApiError reply_error = offset.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  if (!websocket::is_upgrade(c.parser.get())) {
+    const ApiError reply_error =
+        ApiError::Of(426, "upgrade_required",
+                     ".../attach is a WebSocket and needs Upgrade: websocket; "
+                     "GET .../output re-attaches over plain HTTP");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  co_return co_await ExecSocket(c, a.entry, s, offset.value());
+}
+
 }  // namespace nsbox::runtime::api

@@ -326,7 +326,8 @@ asio::awaitable<Daemon::LogSent> Daemon::SendLog(Ctx& c, std::shared_ptr<ExecSes
   }
 }
 
-asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
+asio::awaitable<bool> Daemon::Exec(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
   auto body = co_await ReadJson(c, /*optional=*/false);
   if (!body.ok()) {
     const ApiError reply_error = body.error();
@@ -421,8 +422,51 @@ asio::awaitable<bool> Daemon::Exec(Ctx& c, std::shared_ptr<SandboxEntry> entry) 
 }
 
 // GET /v1/sandboxes/{id}/execs/{execId}/output?offset=N&follow=1&encoding=base64
-asio::awaitable<bool> Daemon::ExecOutput(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                         const std::string& exec_id, std::string_view query) {
+asio::awaitable<bool> Daemon::ListExecs(Ctx& c, const RouteArgs& a) {
+  const std::string_view query = a.query;
+  json::array list;
+  // api.md: the commands running now; with all=1 also the ended ones kept for re-attach.
+  auto all_flag = QueryBool(query, "all");
+  if (!all_flag.ok()) {
+    const ApiError reply_error = all_flag.error();
+    co_return co_await ReplyError(c, reply_error);
+  }
+  const bool all = all_flag.value();
+  for (const auto& s : a.entry->Sessions()) {
+    if (!s->dropped() && (all || !s->ended())) list.push_back(ExecJson(*s));
+  }
+  json::object o;
+  o["execs"] = std::move(list);
+  co_return co_await ReplyJson(c, 200, o);
+}
+
+asio::awaitable<bool> Daemon::CancelExec(Ctx& c, const RouteArgs& a) {
+  const std::string id = a.Param("id");
+  const std::string exec_id = a.Param("execId");
+  std::shared_ptr<ExecSession> s = a.entry->FindSession(exec_id);
+  std::shared_ptr<Sandbox> box = s != nullptr && !s->ended() ? s->box.lock() : nullptr;
+  if (box == nullptr) {
+    {
+      // exec.md: exec_not_found ("not_found" is api.md's unknown route).
+      const ApiError reply_error =
+          ApiError::Of(404, "exec_not_found",
+                       "no running exec '" + utf8::DecodeLossy(exec_id.substr(0, 64)) +
+                           "' in sandbox '" + utf8::DecodeLossy(id) + "'");
+      co_return co_await ReplyError(c, reply_error);
+    }
+  }
+  box->client().KillExec(s->tag, static_cast<uint8_t>(exec::EndReason::kCancelled));
+  metrics_.Kill("cancelled");
+  log::info("sandbox={} exec={} cancelled by DELETE", id, exec_id);
+  json::object o;
+  o["execId"] = exec_id;
+  co_return co_await ReplyJson(c, 202, o);
+}
+
+asio::awaitable<bool> Daemon::ExecOutput(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
+  const std::string exec_id = a.Param("execId");
+  const std::string_view query = a.query;
   std::shared_ptr<ExecSession> s = entry->FindSession(exec_id);
   if (s == nullptr || s->dropped()) {
     const ApiError reply_error = ExecNotFound(exec_id, entry->config().id);
@@ -519,8 +563,10 @@ asio::awaitable<void> AwaitEndAfterEpipe(std::shared_ptr<ExecSession> s, const f
 }  // namespace
 
 // POST /v1/sandboxes/{id}/execs/{execId}/stdin[?close=1]: the raw body, relayed a piece at a time.
-asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                        const std::string& exec_id, std::string_view query) {
+asio::awaitable<bool> Daemon::ExecStdin(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
+  const std::string exec_id = a.Param("execId");
+  const std::string_view query = a.query;
   std::shared_ptr<ExecSession> s = entry->FindSession(exec_id);
   if (s == nullptr || s->dropped()) {
     const ApiError reply_error = ExecNotFound(exec_id, entry->config().id);
@@ -612,8 +658,9 @@ asio::awaitable<std::optional<ApiError>> Daemon::ResizeTty(std::shared_ptr<ExecS
 }
 
 // POST /v1/sandboxes/{id}/execs/{execId}/resize {"rows": R, "cols": C}
-asio::awaitable<bool> Daemon::ExecResize(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                         const std::string& exec_id) {
+asio::awaitable<bool> Daemon::ExecResize(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
+  const std::string exec_id = a.Param("execId");
   auto body = co_await ReadJson(c, /*optional=*/false);
   if (!body.ok()) {
     const ApiError reply_error = body.error();

@@ -127,8 +127,9 @@ ApiOutcome<std::string> ResolveQueryPath(const SandboxEntry& entry, std::string_
 
 }  // namespace
 
-asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                      std::string_view query) {
+asio::awaitable<bool> Daemon::GetFile(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
+  const std::string_view query = a.query;
   auto target = ResolveQueryPath(*entry, query);
   if (!target.ok()) {
     const ApiError reply_error = target.error();
@@ -204,8 +205,9 @@ asio::awaitable<bool> Daemon::GetFile(Ctx& c, std::shared_ptr<SandboxEntry> entr
   co_return res.keep_alive() && !shutting_down_;
 }
 
-asio::awaitable<bool> Daemon::PutFile(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                      std::string_view query) {
+asio::awaitable<bool> Daemon::PutFile(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
+  const std::string_view query = a.query;
   auto target = ResolveQueryPath(*entry, query);
   if (!target.ok()) {
     const ApiError reply_error = target.error();

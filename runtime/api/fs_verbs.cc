@@ -84,8 +84,9 @@
 
 namespace nsbox::runtime::api {
 
-asio::awaitable<bool> Daemon::FsVerb(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                     const std::string& verb) {
+asio::awaitable<bool> Daemon::FsVerb(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
+  const std::string& verb = a.segs[4];  // the pattern's last segment: stat, readdir, ...
   auto body = co_await ReadJson(c, /*optional=*/false);
   if (!body.ok()) {
     const ApiError reply_error = body.error();

@@ -90,35 +90,22 @@ namespace {
 
 }  // namespace
 
-asio::awaitable<bool> Daemon::Images(Ctx& c, const std::vector<std::string>& segs,
-                                     std::string_view query) {
+asio::awaitable<bool> Daemon::ListImages(Ctx& c, const RouteArgs& a) {
+  (void)a;
+  json::array list;
+  for (const auto& info : registry_.images().List()) {
+    list.push_back(ImageJson(info, registry_.SandboxesOfImage(info.name)));
+  }
+  json::object o;
+  o["images"] = std::move(list);
+  co_return co_await ReplyJson(c, 200, o);
+}
+
+// The method, the query and the name were checked by the router (routes.cc).
+asio::awaitable<bool> Daemon::Images(Ctx& c, const RouteArgs& a) {
   const http::verb method = c.parser.get().method();
-  if (segs.size() == 2) {
-    if (method != http::verb::get) co_return co_await MethodNotAllowed(c, "GET");
-    if (auto bad = QueryCheck(query, segs, method)) {
-      const ApiError reply_error = *bad;
-      co_return co_await ReplyError(c, reply_error);
-    }
-    json::array list;
-    for (const auto& info : registry_.images().List()) {
-      list.push_back(ImageJson(info, registry_.SandboxesOfImage(info.name)));
-    }
-    json::object o;
-    o["images"] = std::move(list);
-    co_return co_await ReplyJson(c, 200, o);
-  }
-  const std::string& name = segs[2];
-  if (method != http::verb::get && method != http::verb::post && method != http::verb::delete_) {
-    co_return co_await MethodNotAllowed(c, "GET, POST, DELETE");
-  }
-  if (auto bad = QueryCheck(query, segs, method)) {
-    const ApiError reply_error = *bad;
-    co_return co_await ReplyError(c, reply_error);
-  }
-  if (auto reason = images::InvalidImageNameReason(name)) {
-    const ApiError reply_error = ApiError::Invalid(*reason);
-    co_return co_await ReplyError(c, reply_error);
-  }
+  const std::string_view query = a.query;
+  const std::string name = a.Param("name");
   if (method == http::verb::post) {
     auto replace = QueryBool(query, "replace");
     if (!replace.ok()) {

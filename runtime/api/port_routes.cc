@@ -164,8 +164,18 @@ asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& 
 
 }  // namespace
 
-asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                        uint16_t port) {
+asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
+  const std::string& port_text = a.segs[4];
+  const bool digits = !port_text.empty() && port_text.size() <= 5 &&
+                      port_text.find_first_not_of("0123456789") == std::string::npos;
+  const unsigned long number = digits ? std::stoul(port_text) : 0;
+  if (!digits || number < 1 || number > 65535) {
+    const ApiError reply_error = ApiError::Invalid(
+        "port must be an integer from 1 to 65535, not '" + port_text.substr(0, 64) + "'");
+    co_return co_await ReplyError(c, reply_error);
+  }
+  const uint16_t port = static_cast<uint16_t>(number);
   auto& req = c.parser.get();
   c.must_close = true;
   const std::string_view target = req.target();
@@ -483,8 +493,9 @@ json::object PortJson(const PortExposure& p) {
 
 }  // namespace
 
-asio::awaitable<bool> Daemon::Ports(Ctx& c, std::shared_ptr<SandboxEntry> entry,
-                                    const std::vector<std::string>& segs) {
+asio::awaitable<bool> Daemon::Ports(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
+  const std::vector<std::string>& segs = a.segs;
   const http::verb method = c.parser.get().method();
   const std::string& id = entry->config().id;
   if (segs.size() == 4 && method == http::verb::get) {

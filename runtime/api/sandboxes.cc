@@ -114,7 +114,22 @@ namespace {
 
 }  // namespace
 
-asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
+asio::awaitable<bool> Daemon::ListSandboxes(Ctx& c, const RouteArgs& a) {
+  (void)a;
+  json::array list;
+  for (const auto& e : registry_.List()) list.push_back(SandboxJson(*e));
+  json::object o;
+  o["sandboxes"] = std::move(list);
+  co_return co_await ReplyJson(c, 200, o);
+}
+
+asio::awaitable<bool> Daemon::GetSandbox(Ctx& c, const RouteArgs& a) {
+  const json::value reply_json = SandboxJson(*a.entry);
+  co_return co_await ReplyJson(c, 200, reply_json);
+}
+
+asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const RouteArgs& a) {
+  const std::string id = a.Param("id");
   auto body = co_await ReadJson(c, /*optional=*/true);
   if (!body.ok()) {
     const ApiError reply_error = body.error();
@@ -304,7 +319,8 @@ asio::awaitable<bool> Daemon::PutSandbox(Ctx& c, const std::string& id) {
   }
 }
 
-asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
+asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
   auto work3 = [this, entry] { return registry_.Stop(*entry); };
   auto stopped = co_await Blocking(std::move(work3));
   if (!stopped.ok()) {
@@ -317,7 +333,8 @@ asio::awaitable<bool> Daemon::StopSandbox(Ctx& c, std::shared_ptr<SandboxEntry> 
   }
 }
 
-asio::awaitable<bool> Daemon::SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntry> entry) {
+asio::awaitable<bool> Daemon::SandboxNetwork(Ctx& c, const RouteArgs& a) {
+  std::shared_ptr<SandboxEntry> entry = a.entry;
   if (c.parser.get().method() == http::verb::get) {
     json::object o;
     AddNetworkJson(o, *entry);
@@ -359,7 +376,8 @@ asio::awaitable<bool> Daemon::SandboxNetwork(Ctx& c, std::shared_ptr<SandboxEntr
   }
 }
 
-asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const std::string& id) {
+asio::awaitable<bool> Daemon::DeleteSandbox(Ctx& c, const RouteArgs& a) {
+  const std::string id = a.Param("id");
   std::shared_ptr<SandboxEntry> entry = registry_.Find(id);
   ports_.CloseAll(id);  // every listener and connection of it
   auto work4 = [this, id] { return registry_.Delete(id); };
