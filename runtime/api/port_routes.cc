@@ -87,6 +87,19 @@ namespace nsbox::runtime::api {
 
 namespace {
 
+// The {port} of .../ports/{port} and .../ports/{port}/http/...: an integer from 1 to 65535, of at
+// most 5 digits.
+ApiOutcome<uint16_t> PortSegment(const std::string& text) {
+  const bool digits = !text.empty() && text.size() <= 5 &&
+                      text.find_first_not_of("0123456789") == std::string::npos;
+  const unsigned long number = digits ? std::stoul(text) : 0;
+  if (!digits || number < 1 || number > 65535) {
+    return ApiError::Invalid("port must be an integer from 1 to 65535, not '" + text.substr(0, 64) +
+                             "'");
+  }
+  return static_cast<uint16_t>(number);
+}
+
 // The field names that the Connection fields of `fields` list: hop-by-hop too (RFC 9110 7.6.1).
 // Gathered once per message; they view into `fields`.
 template <typename Fields>
@@ -166,16 +179,12 @@ asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& 
 
 asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, const RouteArgs& a) {
   std::shared_ptr<SandboxEntry> entry = a.entry;
-  const std::string& port_text = a.segs[4];
-  const bool digits = !port_text.empty() && port_text.size() <= 5 &&
-                      port_text.find_first_not_of("0123456789") == std::string::npos;
-  const unsigned long number = digits ? std::stoul(port_text) : 0;
-  if (!digits || number < 1 || number > 65535) {
-    const ApiError reply_error = ApiError::Invalid(
-        "port must be an integer from 1 to 65535, not '" + port_text.substr(0, 64) + "'");
+  auto parsed_port = PortSegment(a.segs[4]);
+  if (!parsed_port.ok()) {
+    const ApiError reply_error = parsed_port.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  const uint16_t port = static_cast<uint16_t>(number);
+  const uint16_t port = parsed_port.value();
   auto& req = c.parser.get();
   c.must_close = true;
   const std::string_view target = req.target();
@@ -545,16 +554,12 @@ asio::awaitable<bool> Daemon::Ports(Ctx& c, const RouteArgs& a) {
   }
   // DELETE .../ports/{port}
   const std::string& text = segs[4];
-  const bool digits =
-      !text.empty() && text.size() <= 5 &&
-      std::all_of(text.begin(), text.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-  const unsigned long number = digits ? std::stoul(text) : 0;
-  if (!digits || number < 1 || number > 65535) {
-    const ApiError reply_error = ApiError::Invalid(
-        "port must be an integer from 1 to 65535, not '" + text.substr(0, 64) + "'");
+  auto port = PortSegment(text);
+  if (!port.ok()) {
+    const ApiError reply_error = port.error();
     co_return co_await ReplyError(c, reply_error);
   }
-  if (!ports_.Close(id, static_cast<uint16_t>(number))) {
+  if (!ports_.Close(id, port.value())) {
     const ApiError reply_error =
         ApiError::Of(404, "not_found", "port " + text + " of sandbox '" + id + "' is not exposed");
     co_return co_await ReplyError(c, reply_error);
