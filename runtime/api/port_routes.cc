@@ -70,6 +70,7 @@
 #include "runtime/api/routes.h"
 #include "runtime/api_client.h"
 #include "runtime/api_error.h"
+#include "runtime/byte_relay.h"
 #include "runtime/channel_watch.h"
 #include "runtime/exec_events.h"
 #include "runtime/exec_session.h"
@@ -144,32 +145,6 @@ bool HopByHop(http::field f, std::string_view name) {
       return true;
     default:
       return beast::iequals(name, "keep-alive");
-  }
-}
-
-// One direction of an upgraded connection: bytes until the end, then the end passed on as a
-// shutdown of the other side's sending half; an error closes both.
-template <typename From, typename To>
-asio::awaitable<void> PipeBytes(std::shared_ptr<void> /*keep*/, From& from, To& to) {
-  std::vector<char> buf(64u << 10);
-  for (;;) {
-    auto [ec, n] = co_await from.async_read_some(asio::buffer(buf), kTuple);
-    if (ec) {
-      boost::system::error_code ignored;
-      if (ec == asio::error::eof) {
-        to.shutdown(asio::socket_base::shutdown_send, ignored);
-      } else {
-        to.close(ignored);
-      }
-      co_return;
-    }
-    auto [wec, written] = co_await asio::async_write(to, asio::buffer(buf.data(), n), kTuple);
-    (void)written;
-    if (wec) {
-      boost::system::error_code ignored;
-      from.close(ignored);
-      co_return;
-    }
   }
 }
 
@@ -363,8 +338,13 @@ asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, const RouteArgs& a) {
     }
     auto done = std::make_shared<asio::steady_timer>(io_, asio::steady_timer::time_point::max());
     auto keep = std::shared_ptr<void>(nullptr, [done](void*) { done->cancel(); });
-    asio::co_spawn(io_, PipeBytes(keep, c.socket, *up), asio::detached);
-    asio::co_spawn(io_, PipeBytes(keep, *up, c.socket), asio::detached);
+    // An error either way resets both sides, as an exposed port's relay does.
+    std::function<void()> abort = [&socket = c.socket, up] {
+      Reset(socket);
+      Reset(*up);
+    };
+    asio::co_spawn(io_, Pipe(keep, c.socket, *up, abort), asio::detached);
+    asio::co_spawn(io_, Pipe(keep, *up, c.socket, abort), asio::detached);
     keep.reset();
     (void)co_await done->async_wait(kTuple);
     co_return false;
