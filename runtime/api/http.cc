@@ -261,11 +261,6 @@ bool WantsNdjson(std::string_view accept) {
   });
 }
 
-bool MethodIn(std::string_view allow, std::string_view method) {
-  return !method.empty() &&
-         AnyListItem(allow, ',', [method](std::string_view name) { return name == method; });
-}
-
 ApiOutcome<bool> QueryBool(std::string_view query, std::string_view name) {
   auto v = QueryValue(query, name);
   if (!v || *v == "0" || *v == "false") return false;

@@ -231,10 +231,6 @@ bool AnyListItem(std::string_view list, char sep, F&& f) {
 // q=0.
 bool WantsNdjson(std::string_view accept);
 
-// Whether `method` is one of `allow` ("GET, PUT, DELETE"), whole names compared: a request's
-// method is any token the client likes, and "UT" or "T" is not "PUT".
-bool MethodIn(std::string_view allow, std::string_view method);
-
 // A 0/1 query parameter ("true"/"false" too; a bare name is 1; absent is 0); another value is a
 // 400 naming the parameter.
 ApiOutcome<bool> QueryBool(std::string_view query, std::string_view name);

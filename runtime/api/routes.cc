@@ -177,7 +177,8 @@ asio::awaitable<bool> Daemon::Route(Ctx& c, const std::vector<std::string>& segs
       "no such route: " + std::string(c.parser.get().target().substr(
                               0, std::min<size_t>(200, c.parser.get().target().size()))));
   // The routes of this path (routes.inc): none is a 404; none of this method a 405 that names
-  // theirs, in the table's order.
+  // theirs, in the table's order. A method is compared whole: a request's method is any token the
+  // client likes, and "UT" or "T" is not "PUT".
   const std::string_view method_name(c.parser.get().method_string());
   const Handler* route = nullptr;
   std::string allow;
