@@ -85,11 +85,7 @@
 
 namespace nsbox::runtime::api {
 
-namespace {
-
 // ---- answers ----
-
-}  // namespace
 
 asio::awaitable<bool> Daemon::Reply(Ctx& c, unsigned status, std::string body,
                                     std::string_view content_type, std::string_view allow) {

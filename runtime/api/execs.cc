@@ -101,9 +101,9 @@ void AppendToBlocks(std::vector<std::string>& blocks, std::string_view bytes) {
   }
 }
 
-// ---- exec ----
-
 }  // namespace
+
+// ---- exec ----
 
 std::shared_ptr<ExecSession> Daemon::StartSession(std::shared_ptr<SandboxEntry> entry,
                                                   std::shared_ptr<Sandbox> box, ExecSpec spec) {

@@ -84,11 +84,7 @@
 
 namespace nsbox::runtime::api {
 
-namespace {
-
 // ---- images ----
-
-}  // namespace
 
 asio::awaitable<bool> Daemon::ListImages(Ctx& c, const RouteArgs& a) {
   (void)a;

@@ -148,9 +148,9 @@ bool HopByHop(http::field f, std::string_view name) {
   }
 }
 
-// ---- exposed ports ----
-
 }  // namespace
+
+// ---- exposed ports ----
 
 asio::awaitable<bool> Daemon::HttpProxy(Ctx& c, const RouteArgs& a) {
   std::shared_ptr<SandboxEntry> entry = a.entry;

@@ -108,11 +108,7 @@ asio::awaitable<ApiOutcome<std::shared_ptr<Sandbox>>> Daemon::EnsureRunning(
   co_return co_await Blocking(std::move(work));
 }
 
-namespace {
-
 // ---- sandboxes ----
-
-}  // namespace
 
 asio::awaitable<bool> Daemon::ListSandboxes(Ctx& c, const RouteArgs& a) {
   (void)a;
