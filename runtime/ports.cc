@@ -14,6 +14,7 @@
 
 #include "base/files.h"
 #include "base/log.h"
+#include "runtime/byte_relay.h"
 
 namespace nsbox::runtime {
 
@@ -24,17 +25,7 @@ using tcp = asio::ip::tcp;
 namespace {
 
 constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
-// Per direction and connection: a slow reader holds back its own connection only.
-constexpr size_t kRelayBuffer = 64u << 10;
 constexpr auto kConnectTimeout = std::chrono::seconds(10);
-
-// Closes with an RST (SO_LINGER 0): the client sees at once that nothing is there.
-void Reset(tcp::socket& s) {
-  boost::system::error_code ec;
-  if (!s.is_open()) return;
-  s.set_option(asio::socket_base::linger(true, 0), ec);
-  s.close(ec);
-}
 
 }  // namespace
 
@@ -285,35 +276,6 @@ asio::awaitable<void> PortForwarder::AcceptLoop(std::shared_ptr<Listener> listen
     asio::co_spawn(io_, Relay(listener, std::move(socket)), asio::detached);
   }
 }
-
-namespace {
-
-// One direction: reads from `from`, writes to `to`; the end of `from` is passed on as a
-// shutdown of `to`'s sending side. Any error resets both.
-asio::awaitable<void> Pipe(std::shared_ptr<void> /*keep*/, tcp::socket& from, tcp::socket& to,
-                           std::function<void()> abort) {
-  std::vector<char> buf(kRelayBuffer);
-  for (;;) {
-    auto [ec, n] = co_await from.async_read_some(asio::buffer(buf), kTuple);
-    if (ec == asio::error::eof) {
-      boost::system::error_code ignored;
-      to.shutdown(tcp::socket::shutdown_send, ignored);
-      co_return;
-    }
-    if (ec) {
-      abort();
-      co_return;
-    }
-    auto [wec, written] = co_await asio::async_write(to, asio::buffer(buf.data(), n), kTuple);
-    (void)written;
-    if (wec) {
-      abort();
-      co_return;
-    }
-  }
-}
-
-}  // namespace
 
 asio::awaitable<void> PortForwarder::Relay(std::shared_ptr<Listener> listener, tcp::socket host) {
   auto inner = co_await ConnectInside(listener->entry, listener->info.port);

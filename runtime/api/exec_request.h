@@ -1,0 +1,116 @@
+#pragma once
+
+// What an exec request asks for (POST .../exec and the WebSocket's first message), a terminal's
+// size, and the lookups of an exec by id that its routes share.
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
+#include <boost/json.hpp>
+#include <cctype>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <nettle/hmac.h>
+#include <nettle/sha2.h>
+
+#include "base/base64.h"
+#include "base/files.h"
+#include "base/log.h"
+#include "base/strings.h"
+#include "base/utf8.h"
+#include "exec/runner.h"
+#include "fs/fs_error.h"
+#include "fs/path.h"
+#include "images/image.h"
+#include "images/store.h"
+#include "isolate/cgroup.h"
+#include "isolate/cgroup_placement.h"
+#include "isolate/disk.h"
+#include "net/policy.h"
+#include "policy/environment.h"
+#include "runtime/api/exec_queue.h"
+#include "runtime/api/http.h"
+#include "runtime/api/json_shapes.h"
+#include "runtime/api_client.h"
+#include "runtime/api_error.h"
+#include "runtime/channel_watch.h"
+#include "runtime/exec_events.h"
+#include "runtime/exec_session.h"
+#include "runtime/image_imports.h"
+#include "runtime/listing.h"
+#include "runtime/metrics.h"
+#include "runtime/netns.h"
+#include "runtime/paths.h"
+#include "runtime/ports.h"
+#include "runtime/registry.h"
+#include "runtime/units.h"
+#include "runtime/version.h"
+
+namespace nsbox::runtime::api {
+
+// ---- exec requests, events and the exec list ----
+
+// What an exec request asks for (the body of POST .../exec, or the first message of the
+// WebSocket that starts one).
+struct ExecSpec {
+  std::string command;
+  std::optional<std::string> cwd;
+  std::optional<std::string> stdin_text;
+  uint64_t timeout_ms = 0;
+  bool base64 = false;
+  bool detach = false;
+  bool stdin_stream = false;
+  std::optional<fs::proto::TtySize> tty;
+  std::vector<std::pair<std::string, std::optional<std::string>>> overrides;
+};
+
+ApiOutcome<fs::proto::TtySize> TtySizeOf(const json::object& o, std::string_view where);
+
+ApiOutcome<ExecSpec> ParseExecRequest(const json::object& o, const SandboxEntry& entry);
+
+// `offset` of a re-attach: default 0; it must be a number within what the session keeps.
+ApiOutcome<uint64_t> AttachOffset(std::string_view query, const ExecSession& s);
+
+ApiError ExecNotFound(const std::string& exec_id, const std::string& id);
+
+// Why input cannot go to `s` now, or nullopt.
+std::optional<ApiError> InputRefusal(const ExecSession& s);
+
+ApiError InputError(const ExecSession& s, const fs::FsError& error);
+
+}  // namespace nsbox::runtime::api
