@@ -9,7 +9,6 @@
 #include <cstdlib>
 
 #include "base/log.h"
-#include "base/strings.h"
 #include "base/utf8.h"
 #include "runtime/registry.h"
 #include "runtime/registry_internal.h"
