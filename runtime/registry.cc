@@ -1,45 +1,30 @@
+// nsboxd's registry (registry.h): a sandbox's life, created, found, started (Running), stopped,
+// deleted. Its other parts: registry_config.cc, registry_entry.cc, registry_open.cc,
+// registry_pool.cc, registry_janitor.cc, registry_network.cc, registry_idle.cc,
+// registry_images.cc.
+
 #include "runtime/registry.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>  // renameat2
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <boost/json.hpp>
-#include <boost/uuid/name_generator_sha1.hpp>
-#include <boost/uuid/uuid_io.hpp>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <future>
-#include <system_error>
 #include <thread>
 
 #include "base/files.h"
 #include "base/log.h"
 #include "base/strings.h"
-#include "base/utf8.h"
-#include "exec/runner.h"
-#include "exec/spawn.h"
 #include "images/image.h"
-#include "isolate/cgroup.h"
-#include "isolate/idmap.h"
 #include "net/net_client.h"
 #include "runtime/exec_session.h"
-#include "runtime/image_imports.h"
 #include "runtime/registry_internal.h"
 
 namespace nsbox::runtime {
-
-namespace json = boost::json;
-
-namespace {}  // namespace
 
 ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(SandboxConfig config) {
   // A policy the host cannot enforce is refused, never silently widened (docs/network.md).
