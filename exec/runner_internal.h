@@ -163,7 +163,9 @@ struct V1Layout {
 
 V1Layout LayOutV1(RunnerV1Cgroups v1);
 
-// ---- a command's child ----
+// ---- runner_child.cc: a command's child ----
+
+uint64_t NonDefaultSignals();
 
 // What a command's child reads before execve: argv and envp (and the fallback's) as the kernel
 // wants them, pointing into the CommandSpec, or into copies of its strings for a child made ahead
@@ -175,6 +177,11 @@ struct Launch {
   std::string pwd_env;  // a direct command's PWD, which the child completes
   SpawnRequest request;
 };
+
+std::unique_ptr<Launch> PrepareLaunch(const CommandSpec& spec, bool own);
+std::string StartFailureLine(SpawnStep step, int err, const std::string& cwd,
+                             const std::string& name, const std::vector<std::string>& env,
+                             const std::vector<std::string>& fallback_env);
 
 }  // namespace runner_internal
 
