@@ -48,31 +48,25 @@
 // is read as stream 1, exactly as a stdout pipe: a read of the master fails with EIO once no
 // process holds the slave, which is its EOF. Two dups of it: one written for the input (closed
 // once a close was written: VEOF, not a hang-up), one kept for TIOCSWINSZ until the answer.
+//
+// The files: this one, a command's life (Start, its exit and answer, retiring it, idling,
+// Shutdown); runner_stdio.cc its pipes, terminal, output and input; runner_cgroups.cc its
+// cgroups, made ahead and kept; runner_child.cc its child and the child made ahead;
+// runner_kill.cc kills; runner_internal.h what they share (Runner::Impl).
 
 #include "exec/runner.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <malloc.h>
 #include <signal.h>
-#include <string.h>
 #include <sys/ioctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <termios.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <cstdint>
-#include <cstdlib>
-#include <deque>
-#include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,12 +76,8 @@
 #include "base/log.h"
 #include "base/pidfd.h"
 #include "base/stack.h"
-#include "base/syscalls.h"
-#include "base/worker_pool.h"
-#include "exec/command.h"
 #include "exec/runner_internal.h"
 #include "exec/spawn.h"
-#include "policy/environment.h"
 
 namespace nsbox::exec {
 
