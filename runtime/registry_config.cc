@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "base/utf8.h"
+#include "runtime/limits_json.h"
 #include "runtime/registry.h"
 #include "runtime/registry_internal.h"
 
@@ -74,6 +75,16 @@ std::string HostnameFor(std::string_view id, std::string_view hash) {
   return ok ? std::string(id) : "sb-" + std::string(hash.substr(0, 12));
 }
 
+json::object LimitsJson(const SandboxLimits& limits) {
+  json::object o;
+  if (limits.memory_bytes) o["memoryBytes"] = *limits.memory_bytes;
+  if (limits.pids) o["pids"] = *limits.pids;
+  if (limits.cpus) o["cpus"] = *limits.cpus;
+  if (limits.output_bytes) o["outputBytes"] = *limits.output_bytes;
+  if (limits.disk_bytes) o["diskBytes"] = *limits.disk_bytes;
+  return o;
+}
+
 std::string EncodeConfig(const SandboxConfig& c) {
   json::object o;
   o["version"] = 1;
@@ -84,13 +95,7 @@ std::string EncodeConfig(const SandboxConfig& c) {
   json::object env;
   for (const auto& [k, v] : c.env) env[k] = v;
   o["env"] = std::move(env);
-  json::object limits;
-  if (c.limits.memory_bytes) limits["memoryBytes"] = *c.limits.memory_bytes;
-  if (c.limits.pids) limits["pids"] = *c.limits.pids;
-  if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
-  if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
-  if (c.limits.disk_bytes) limits["diskBytes"] = *c.limits.disk_bytes;
-  o["limits"] = std::move(limits);
+  o["limits"] = LimitsJson(c.limits);
   o["network"] = net::PolicyToJson(c.network);
   o["createdAt"] = c.created_at;
   if (c.idle_stop_ms) o["idleStopMs"] = *c.idle_stop_ms;

@@ -74,6 +74,7 @@
 #include "runtime/exec_events.h"
 #include "runtime/exec_session.h"
 #include "runtime/image_imports.h"
+#include "runtime/limits_json.h"
 #include "runtime/listing.h"
 #include "runtime/metrics.h"
 #include "runtime/netns.h"
@@ -107,13 +108,7 @@ json::object SandboxJson(const SandboxEntry& e) {
   o["image"] = c.image;
   o["cwd"] = c.cwd;
   o["createdAt"] = c.created_at;
-  json::object limits;
-  if (c.limits.memory_bytes) limits["memoryBytes"] = *c.limits.memory_bytes;
-  if (c.limits.pids) limits["pids"] = *c.limits.pids;
-  if (c.limits.cpus) limits["cpus"] = *c.limits.cpus;
-  if (c.limits.output_bytes) limits["outputBytes"] = *c.limits.output_bytes;
-  if (c.limits.disk_bytes) limits["diskBytes"] = *c.limits.disk_bytes;
-  o["limits"] = std::move(limits);
+  o["limits"] = LimitsJson(c.limits);
   if (e.idle_stop_ms() != 0) {
     o["idleStopMs"] = e.idle_stop_ms();
   } else {
