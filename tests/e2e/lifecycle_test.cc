@@ -623,6 +623,18 @@ std::vector<pid_t> JailsAdoptedAhead(pid_t daemon) {
   return out;
 }
 
+// The daemon's jails adopted ahead once there is one: a jail adopted ahead that a creation no
+// longer wants (taken meanwhile, or stale) is still alive, with its name, while it is stopped.
+std::vector<pid_t> OnceOneJailAdoptedAhead(pid_t daemon) {
+  const auto deadline = Clock::now() + milliseconds(10000);
+  std::vector<pid_t> ahead = JailsAdoptedAhead(daemon);
+  while (ahead.size() != 1 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+    ahead = JailsAdoptedAhead(daemon);
+  }
+  return ahead;
+}
+
 // A pooled jail whose nsbox-init is alive but never answers (stopped here from the host): the
 // adoption gives up after InitClient::kHelloAnswerLimit, the jail is killed, and the sandbox
 // starts a jail of its own; nothing waits for ever. (A stopped sandbox that starts again: a new
@@ -663,7 +675,7 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   ASSERT_TRUE(WaitPoolFull(client()));
   std::vector<pid_t> pooled = PooledJails(daemon().pid());
   ASSERT_EQ(pooled.size(), 1u) << "the default pool keeps one jail";
-  std::vector<pid_t> ahead = JailsAdoptedAhead(daemon().pid());
+  std::vector<pid_t> ahead = OnceOneJailAdoptedAhead(daemon().pid());
   ASSERT_EQ(ahead.size(), 1u) << "and one adopted ahead for the next creation";
   const std::string id = "pool-adopter";
   Create(id);
@@ -685,7 +697,7 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
       << daemon().Log(0);
   // Another one is adopted ahead for the next creation.
   ASSERT_TRUE(WaitPoolFull(client()));
-  std::vector<pid_t> next = JailsAdoptedAhead(daemon().pid());
+  std::vector<pid_t> next = OnceOneJailAdoptedAhead(daemon().pid());
   ASSERT_EQ(next.size(), 1u);
   EXPECT_NE(next[0], ahead[0]);
 
@@ -702,7 +714,7 @@ TEST_F(LifecycleTest, SandboxesAdoptThePoolsJails) {
   // as in any jail of that sandbox. It leaves that jail to the next creation, or, when the only
   // directory made ahead was that jail's, takes the directory and has the jail stopped.
   ASSERT_TRUE(WaitPoolFull(client()));
-  ahead = JailsAdoptedAhead(daemon().pid());
+  ahead = OnceOneJailAdoptedAhead(daemon().pid());
   ASSERT_EQ(ahead.size(), 1u);
   ProcessId ahead_jail{};
   for (const auto& p : Descendants(daemon().pid(), true)) {
@@ -782,7 +794,7 @@ TEST_F(LifecycleTest, AJailPooledBeforeTheHostsEtcChangedIsNotKept) {
   ASSERT_TRUE(WaitPoolFull(client()));
   std::vector<pid_t> pooled = PooledJails(daemon().pid());
   ASSERT_EQ(pooled.size(), 1u);
-  std::vector<pid_t> ahead = JailsAdoptedAhead(daemon().pid());
+  std::vector<pid_t> ahead = OnceOneJailAdoptedAhead(daemon().pid());
   ASSERT_EQ(ahead.size(), 1u);
   // A change of its times is a change of the file: the shared /etc is keyed by them. (Its
   // modification time is put back after the test; its change time stays new.)
@@ -818,7 +830,7 @@ TEST_F(LifecycleTest, AJailPooledBeforeTheHostsEtcChangedIsNotKept) {
             std::string::npos);
 
   ASSERT_TRUE(WaitPoolFull(client()));
-  std::vector<pid_t> next = JailsAdoptedAhead(daemon().pid());
+  std::vector<pid_t> next = OnceOneJailAdoptedAhead(daemon().pid());
   ASSERT_EQ(next.size(), 1u);
   const std::string fresh = "pool-fresh";
   Create(fresh);
