@@ -731,6 +731,37 @@ TEST_F(CliTest, NetworkRejectsBadPolicies) {
   EXPECT_NE(r.err.find("no sandbox"), std::string::npos) << r.Describe();
 }
 
+// Mode allow with nothing to allow would start a network that reaches nothing: refused, naming
+// the allow list and the mode none; nothing is created or changed. Control: one entry is taken.
+TEST_F(CliTest, AllowWithoutEntriesIsRefused) {
+  const std::string fresh = Id("allow-nothing");
+  CliResult r = Nsbox({"create", fresh, "--network", "allow"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: create: --network allow needs an allow list: at least one --allow ENTRY (a "
+            "name, *.wildcard, IPv4 address or CIDR, with an optional :PORT); for no network at "
+            "all, --network none\n");
+  EXPECT_EQ(Nsbox({"network", fresh}).code, 1) << "created anyway";
+
+  const std::string id = NewBox("allow-nothing-2");
+  r = Nsbox({"network", id, "allow"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: network " + id +
+                       ": network mode allow needs an allow list: at least one --allow ENTRY (a "
+                       "name, *.wildcard, IPv4 address or CIDR, with an optional :PORT); for no "
+                       "network at all, 'nsbox network " +
+                       id + " none'\n");
+  r = Nsbox({"network", id});
+  EXPECT_EQ(r.out, "network: none\naddress: none (stopped, or no network)\n") << r.Describe();
+
+  r = Nsbox({"network", id, "allow", "--allow", "10.20.0.1"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')), "network: allow: 10.20.0.1");
+  r = Nsbox({"create", fresh, "--network", "allow", "--allow", "pkg.example", "--json"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(json::serialize(json::parse(r.out).at("network")), R"({"allow":["pkg.example"]})");
+}
+
 // ---- ls ----
 
 TEST_F(CliTest, LsTableAndJson) {

@@ -353,6 +353,9 @@ test('network: policy at creation, replaced while running, bad entries named', a
   const e = await rejects(c.setNetwork(id, { allow: ['ok.example', 'foo..com'] }), 'invalid_request');
   assert.match(e.message, /foo\.\.com/);
   await rejects(c.setNetwork('no-such-sandbox', 'open'), 'sandbox_not_found');
+  // An allow list with nothing in it would reach nothing: refused, naming "none".
+  const empty = await rejects(c.setNetwork(id, { allow: [] }), 'invalid_request');
+  assert.match(empty.message, /empty allow list.*"none"/);
   await c.deleteSandbox(id);
 });
 
