@@ -115,7 +115,16 @@ Error Transport(const ApiClient& client, Error error) {
 // whose message is what the user is shown.
 Result<ApiResponse> Check(const ApiClient& client, Result<ApiResponse> answer) {
   if (!answer.ok()) return Transport(client, std::move(answer).error());
-  if (!answer->ok()) return Error::Msg(answer->error().message);
+  if (!answer->ok()) {
+    // A TCP listener's 401: the API's message speaks of HTTP headers; the user sets a flag.
+    if (answer->status == 401) {
+      return Error::Msg(answer->error().message +
+                        (client.endpoint().token.empty()
+                             ? "; give the daemon's token with --token TOKEN or NSBOX_TOKEN"
+                             : "; check the token given with --token or NSBOX_TOKEN"));
+    }
+    return Error::Msg(answer->error().message);
+  }
   return answer;
 }
 

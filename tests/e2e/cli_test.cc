@@ -1670,13 +1670,40 @@ TEST_F(CliTest, TcpWithToken) {
   EXPECT_TRUE(r.err.starts_with("nsbox: ls: ")) << r.err;
   EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
   EXPECT_EQ(r.err.find("connect to nsboxd"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("check the token given with --token or NSBOX_TOKEN"), std::string::npos)
+      << r.err;
+  // Without one: the flag and the variable that give it, not the header the API speaks of.
   r = Nsbox({"ls", "--url", url});
   EXPECT_EQ(r.code, 1) << r.Describe();
-  EXPECT_TRUE(r.err.starts_with("nsbox: ls: ")) << r.err;
-  EXPECT_EQ(r.err.find("connect to nsboxd"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err,
+            "nsbox: ls: this listener needs an Authorization: Bearer token; give the daemon's "
+            "token with --token TOKEN or NSBOX_TOKEN\n");
+  r = Nsbox({"ls"}, "", {"NSBOX_URL=" + url});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("--token TOKEN or NSBOX_TOKEN"), std::string::npos) << r.err;
   r = Nsbox({"ls", "--url", url, "--token", "s3cret-token-0123456789"});
   EXPECT_EQ(r.code, 0) << r.Describe() << "\n" << ReadHostFile(dir + "/daemon.log");
   StopDaemon(tcp);
+}
+
+// `nsbox serve --help` names the documents of the API and the daemon: each is in the tree.
+TEST(CliHelp, ServeHelpNamesDocumentsThatExist) {
+  CliProcess p({"serve", "--help"}, {});
+  CliResult r = p.Finish();
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  std::vector<std::string> named;
+  const std::regex doc(R"(docs/[a-z0-9_/.-]*\.md)");
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), doc);
+       it != std::sregex_iterator(); ++it) {
+    named.push_back(it->str());
+  }
+  EXPECT_NE(std::find(named.begin(), named.end(), "docs/api.md"), named.end()) << r.out;
+  EXPECT_NE(std::find(named.begin(), named.end(), "docs/daemon.md"), named.end()) << r.out;
+  for (const std::string& path : named) {
+    EXPECT_TRUE(std::filesystem::is_regular_file(std::string(NSBOX_SOURCE_DIR) + "/" + path))
+        << path << " is named by nsbox serve --help but is not in the tree";
+  }
+  EXPECT_NE(r.out.find("(default /run/nsbox/nsboxd.sock)"), std::string::npos) << r.out;
 }
 
 }  // namespace
