@@ -355,7 +355,7 @@ Result<json::object> Netd::Attach(const json::object& request, UniqueFd netns) {
     return Error::Msg("attach needs key, id and policy");
   }
   if (!netns.valid()) return Error::Msg("attach needs the network namespace's fd");
-  NSBOX_ASSIGN_OR_RETURN(NetworkPolicy policy, ParsePolicy(*policy_json));
+  NSBOX_ASSIGN_OR_RETURN(NetworkPolicy policy, ParseStoredPolicy(*policy_json));
   const std::string k(key->as_string());
   if (by_key_.count(k) != 0) return Error::Msg("sandbox " + k + " is attached already");
   // Round robin, not the lowest free slot: an address just given up is not handed out again at
@@ -426,7 +426,7 @@ json::object Netd::Handle(const json::object& request, UniqueFd fd) {
     if (!a.ok()) return fail(a.error());
     const json::value* p = request.if_contains("policy");
     if (p == nullptr) return fail(Error::Msg("policy needs \"policy\""));
-    auto policy = ParsePolicy(*p);
+    auto policy = ParseStoredPolicy(*p);
     if (!policy.ok()) return fail(policy.error());
     const int slot = by_key_.at((*a)->key);
     if (auto st = firewall_->ReplacePolicy(slot, (*a)->address, *policy); !st.ok()) {

@@ -174,7 +174,11 @@ Result<AllowEntry> ParseAllowEntry(std::string_view text) {
   return e;
 }
 
-Result<NetworkPolicy> ParsePolicy(const json::value& value) {
+namespace {
+
+// `stored`: a policy read back from a sandbox's config.json (or sent to nsbox-net), which may
+// be an allow list left empty by a version that took one.
+Result<NetworkPolicy> Parse(const json::value& value, bool stored) {
   NetworkPolicy p;
   if (value.is_null()) return p;
   if (value.is_string()) {
@@ -232,8 +236,22 @@ Result<NetworkPolicy> ParsePolicy(const json::value& value) {
                         " are allowed");
     }
   }
+  // An allow list with nothing in it reaches nothing, as "none" does, yet costs a veth pair,
+  // nsbox-net's rules and its resolver: most likely a list forgotten, so it is said.
+  if (!stored && p.mode == NetworkPolicy::Mode::kAllow && p.allow.empty()) {
+    return Error::Msg(
+        "network {\"allow\": []} has an empty allow list, so the sandbox could reach nothing: "
+        "list what it may reach in \"allow\" (names, *.wildcards, IPv4 addresses or CIDRs, "
+        "with an optional :PORT), or ask for \"none\" (loopback only, no network at all)");
+  }
   return p;
 }
+
+}  // namespace
+
+Result<NetworkPolicy> ParsePolicy(const json::value& value) { return Parse(value, false); }
+
+Result<NetworkPolicy> ParseStoredPolicy(const json::value& value) { return Parse(value, true); }
 
 json::value PolicyToJson(const NetworkPolicy& p) {
   if (p.mode == NetworkPolicy::Mode::kNone) return json::string("none");

@@ -59,8 +59,12 @@ struct NetworkPolicy {
 // ("allow entry 'foo..com': empty label", "allow entry 'x:0': port 0 is outside 1-65535",
 // "allow entry '::1': IPv6 entries are not supported, sandboxes have IPv4 only").
 Result<AllowEntry> ParseAllowEntry(std::string_view text);
-// The JSON form above; errors name the offending value.
+// The JSON form above, as a client sends it; errors name the offending value. An allow list
+// that is empty (and not open) is refused: it would reach nothing, as "none" does.
 Result<NetworkPolicy> ParsePolicy(const boost::json::value& value);
+// The same for a policy stored before the empty allow list was refused (a sandbox's
+// config.json) or passed on from one (nsbox-net): an empty allow list is taken as it is.
+Result<NetworkPolicy> ParseStoredPolicy(const boost::json::value& value);
 // Back to JSON: "none", "open", {"allow": [...]} or {"open": true, "allow": [...]}.
 boost::json::value PolicyToJson(const NetworkPolicy& policy);
 // Short text for logs and the CLI: "none", "open", "allow(3)", "open+allow(2)".

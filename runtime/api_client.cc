@@ -261,23 +261,50 @@ Status ApiClient::Connect() {
   }
   auto conn = std::make_unique<Connection>();
   boost::system::error_code ec;
-  asio::generic::stream_protocol::endpoint ep;
   if (!endpoint_.socket_path.empty()) {
-    if (endpoint_.socket_path.size() >= sizeof(sockaddr_un{}.sun_path)) {
-      connect_failed_ = true;
-      return Error(ENAMETOOLONG,
-                   "connect to nsboxd at " + endpoint_.Describe() + ": " + ErrnoText(ENAMETOOLONG));
+    // The socket, then each fallback in turn (the CLI's default sockets); the first that
+    // connects becomes the endpoint's socket for good, and each that did not is kept for the
+    // message.
+    connect_failures_.clear();
+    std::vector<std::string> sockets = {endpoint_.socket_path};
+    sockets.insert(sockets.end(), endpoint_.socket_fallbacks.begin(),
+                   endpoint_.socket_fallbacks.end());
+    for (const std::string& path : sockets) {
+      if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+        connect_failures_.push_back({path, ENAMETOOLONG});
+        continue;
+      }
+      conn->socket.close(ec);
+      conn->socket.connect(
+          asio::generic::stream_protocol::endpoint(asio::local::stream_protocol::endpoint(path)),
+          ec);
+      if (!ec) {
+        endpoint_.socket_path = path;
+        endpoint_.socket_fallbacks.clear();
+        connect_failures_.clear();
+        break;
+      }
+      connect_failures_.push_back({path, ec.category() == boost::system::system_category() ||
+                                                 ec.category() == boost::system::generic_category()
+                                             ? ec.value()
+                                             : EIO});
     }
-    ep = asio::local::stream_protocol::endpoint(endpoint_.socket_path);
+    if (!connect_failures_.empty()) {
+      connect_failed_ = true;
+      const ConnectFailure& first = connect_failures_.front();
+      return Error(first.code,
+                   "connect to nsboxd at " + first.socket + ": " + ErrnoText(first.code));
+    }
   } else {
     asio::ip::address address = asio::ip::make_address(endpoint_.host, ec);
     if (ec) return FromBoost(ec, "connect to nsboxd at " + endpoint_.Describe());
-    ep = asio::ip::tcp::endpoint(address, endpoint_.port);
-  }
-  conn->socket.connect(ep, ec);
-  if (ec) {
-    connect_failed_ = true;
-    return FromBoost(ec, "connect to nsboxd at " + endpoint_.Describe());
+    conn->socket.connect(
+        asio::generic::stream_protocol::endpoint(asio::ip::tcp::endpoint(address, endpoint_.port)),
+        ec);
+    if (ec) {
+      connect_failed_ = true;
+      return FromBoost(ec, "connect to nsboxd at " + endpoint_.Describe());
+    }
   }
   if (endpoint_.socket_path.empty()) {
     conn->socket.set_option(asio::ip::tcp::no_delay(true), ec);  // small requests, answer now

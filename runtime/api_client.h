@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/error.h"
 #include "base/unique_fd.h"
@@ -21,7 +22,10 @@ namespace nsbox::runtime {
 // the static binary cannot resolve names) with the token every TCP request must carry.
 struct ApiEndpoint {
   std::string socket_path;  // non-empty: a Unix socket
-  std::string host;         // numeric IPv4 or IPv6 address, for TCP
+  // Tried in turn when socket_path cannot be connected to: the CLI's default sockets, the
+  // user's own and then the system's. The first that connects replaces socket_path.
+  std::vector<std::string> socket_fallbacks;
+  std::string host;  // numeric IPv4 or IPv6 address, for TCP
   uint16_t port = 0;
   std::string token;  // sent as "Authorization: Bearer <token>" when non-empty
 
@@ -93,6 +97,12 @@ class ApiClient {
   Result<UniqueFd> ReleaseSocket();
   // True when the last call failed because the daemon could not be reached at all.
   bool connect_failed() const { return connect_failed_; }
+  // After a failed connection to a Unix socket: each socket tried, in order, and its errno.
+  struct ConnectFailure {
+    std::string socket;
+    int code = 0;
+  };
+  const std::vector<ConnectFailure>& connect_failures() const { return connect_failures_; }
 
   // A request without a body, or with a JSON body; the answer read whole.
   Result<ApiResponse> Call(Method method, const std::string& target);
@@ -134,6 +144,7 @@ class ApiClient {
   ApiEndpoint endpoint_;
   std::unique_ptr<Connection> conn_;
   bool connect_failed_ = false;
+  std::vector<ConnectFailure> connect_failures_;
 };
 
 }  // namespace nsbox::runtime

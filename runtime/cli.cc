@@ -105,9 +105,13 @@ ClientCommands::ClientCommands(CLI::App& app) : options_(std::make_unique<Option
   Options& o = *options_;
   const std::string group =
       "Daemon connection (for create, ls, exec, shell, cp, stop, rm, network, image, port)";
+  // A normal user's default is their own daemon's socket, then the system's.
+  const std::string default_socket = DefaultSocketPath() == SystemSocketPath()
+                                         ? SystemSocketPath()
+                                         : DefaultSocketPath() + ", then " + SystemSocketPath();
   o.socket_opt =
       app.add_option("--socket", o.socket,
-                     "nsboxd's Unix socket (env NSBOX_SOCKET; default " + DefaultSocketPath() + ")")
+                     "nsboxd's Unix socket (env NSBOX_SOCKET; default " + default_socket + ")")
           ->group(group);
   o.url_opt = app.add_option("--url", o.url,
                              "reach nsboxd over TCP instead, http://HOST:PORT (env NSBOX_URL)")

@@ -12,6 +12,7 @@
 #include "isolate/jail.h"
 #include "runtime/cli.h"
 #include "runtime/doctor.h"
+#include "runtime/paths.h"
 #include "runtime/registry.h"
 #include "runtime/run.h"
 #include "runtime/serve.h"
@@ -69,11 +70,15 @@ int main(int argc, char** argv) {
 
   nsbox::runtime::ServeOptions serve;
   auto* serve_cmd = app.add_subcommand(
-      "serve", "Run nsboxd: persistent sandboxes by id over the HTTP API (docs/api.md)");
-  serve_cmd->add_option("--socket", serve.socket,
-                        "Unix socket to listen on (default /run/nsbox/nsboxd.sock as root)");
+      "serve",
+      "Run nsboxd (as root): persistent sandboxes by id over an HTTP API. In nsbox's source "
+      "tree, docs/api.md describes the API and docs/daemon.md the daemon and these options");
+  // It runs as root only (a normal user is refused at start): root's defaults are the defaults.
+  serve_cmd->add_option(
+      "--socket", serve.socket,
+      "Unix socket to listen on, mode 0660 (default " + nsbox::runtime::SystemSocketPath() + ")");
   serve_cmd->add_option("--state-dir", serve.state_dir,
-                        "where sandboxes live (default /var/lib/nsbox as root)");
+                        "where sandboxes live (default /var/lib/nsbox)");
   serve_cmd->add_option("--listen", serve.listen,
                         "also listen on TCP HOST:PORT (requires --token-file)");
   serve_cmd->add_option("--token-file", serve.token_file,

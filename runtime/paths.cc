@@ -16,8 +16,10 @@ std::string Env(const char* name) {
 
 }  // namespace
 
+std::string SystemSocketPath() { return "/run/nsbox/nsboxd.sock"; }
+
 std::string DefaultSocketPath() {
-  if (::geteuid() == 0) return "/run/nsbox/nsboxd.sock";
+  if (::geteuid() == 0) return SystemSocketPath();
   std::string runtime_dir = Env("XDG_RUNTIME_DIR");
   if (runtime_dir.empty()) runtime_dir = "/tmp/nsbox-" + std::to_string(::geteuid());
   return runtime_dir + "/nsbox/nsboxd.sock";
@@ -28,11 +30,6 @@ std::string DefaultStateDir() {
   std::string state = Env("XDG_STATE_HOME");
   if (state.empty()) state = Env("HOME") + "/.local/state";
   return state + "/nsbox";
-}
-
-std::string ClientSocketPath() {
-  std::string from_env = Env("NSBOX_SOCKET");
-  return from_env.empty() ? DefaultSocketPath() : from_env;
 }
 
 }  // namespace nsbox::runtime

@@ -7,12 +7,12 @@
 
 namespace nsbox::runtime {
 
-// /run/nsbox/nsboxd.sock as root, else $XDG_RUNTIME_DIR/nsbox/nsboxd.sock (or
+// The system daemon's socket, /run/nsbox/nsboxd.sock: the default as root.
+std::string SystemSocketPath();
+// SystemSocketPath() as root, else $XDG_RUNTIME_DIR/nsbox/nsboxd.sock (or
 // /tmp/nsbox-<uid>/nsboxd.sock when XDG_RUNTIME_DIR is unset).
 std::string DefaultSocketPath();
 // /var/lib/nsbox as root, else $XDG_STATE_HOME/nsbox (or ~/.local/state/nsbox).
 std::string DefaultStateDir();
-// The client's socket: NSBOX_SOCKET when set, else DefaultSocketPath().
-std::string ClientSocketPath();
 
 }  // namespace nsbox::runtime

@@ -32,20 +32,54 @@ int Fail(std::string_view what, std::string_view message, int code) {
 
 namespace {
 
+// The name of group `gid` from /etc/group, read by hand: nsbox is linked statically (no NSS).
+// Empty when it is not there.
+std::string GroupName(gid_t gid) {
+  std::FILE* f = std::fopen("/etc/group", "re");
+  if (f == nullptr) return "";
+  std::string name;
+  char line[4096];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    // name:password:gid:members
+    std::string_view l(line);
+    const size_t c1 = l.find(':');
+    const size_t c2 = c1 == std::string_view::npos ? c1 : l.find(':', c1 + 1);
+    const size_t c3 = c2 == std::string_view::npos ? c2 : l.find(':', c2 + 1);
+    if (c3 == std::string_view::npos) continue;
+    if (l.substr(c2 + 1, c3 - c2 - 1) == std::to_string(gid)) {
+      name = std::string(l.substr(0, c1));
+      break;
+    }
+  }
+  std::fclose(f);
+  return name;
+}
+
 // Why the daemon's Unix socket refused this user (EACCES): it is there (nsboxd makes it 0660),
-// but its mode and group keep this user out. Both are given when the socket can be looked at;
-// the group by number, as nsbox is linked statically (no NSS).
+// but its mode and group keep this user out: the way in is root, or the socket's group.
 std::string SocketAccessHint(const std::string& socket_path) {
   struct stat st {};
   if (::stat(socket_path.c_str(), &st) != 0) {
-    return "; the daemon's socket is not accessible to this user (it is 0660): run as root or as "
+    return "the daemon's socket is not accessible to this user (it is 0660): run as root or as "
            "a member of the socket's group";
   }
-  char text[160];
-  std::snprintf(text, sizeof text,
-                "; the daemon's socket is not accessible to this user (mode %04o, group id %u): "
-                "run as root or as a member of that group",
-                st.st_mode & 07777, st.st_gid);
+  const std::string id = std::to_string(st.st_gid);
+  const std::string name = GroupName(st.st_gid);
+  const std::string join = name.empty() ? id : name;
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+  return "the daemon's socket is not accessible to this user (mode " + std::string(mode) +
+         (name.empty() ? ", group id " + id : ", group " + name + " (id " + id + ")") +
+         "): run as root, or join group " + join + " (sudo usermod -aG " + join +
+         " $USER, then log in again)";
+}
+
+// One socket of the default ones, and why it did not answer.
+std::string TriedSocket(const ApiClient::ConnectFailure& f) {
+  std::string text = f.socket + ": " + ErrnoText(f.code);
+  if (f.code == ENOENT) return text + ", no daemon there";
+  if (f.code == ECONNREFUSED) return text + ", no daemon listens there";
+  if (f.code == EACCES) return text + ", " + SocketAccessHint(f.socket);
   return text;
 }
 
@@ -54,8 +88,23 @@ std::string SocketAccessHint(const std::string& socket_path) {
 // A transport error, with the hint a user needs when the daemon is not there at all.
 Error Transport(const ApiClient& client, Error error) {
   if (!client.connect_failed()) return error;
+  const std::vector<ApiClient::ConnectFailure>& tried = client.connect_failures();
+  if (tried.size() > 1) {
+    // The default sockets (no --socket, --url, NSBOX_SOCKET or NSBOX_URL): each, and why.
+    std::string text = "no nsboxd answers on the default sockets: ";
+    bool refused = false;
+    for (size_t i = 0; i < tried.size(); ++i) {
+      text += (i == 0 ? "" : "; ") + TriedSocket(tried[i]);
+      refused = refused || tried[i].code == EACCES;
+    }
+    if (!refused) {
+      text += "; start it with 'sudo nsbox serve' (it listens on " + SystemSocketPath() +
+              "), or point --socket or --url at a daemon";
+    }
+    return Error(error.code(), text);
+  }
   if (error.code() == EACCES && !client.endpoint().socket_path.empty()) {
-    return Error(EACCES, error.message() + SocketAccessHint(client.endpoint().socket_path));
+    return Error(EACCES, error.message() + "; " + SocketAccessHint(client.endpoint().socket_path));
   }
   std::string flag = client.endpoint().socket_path.empty() ? "--url" : "--socket";
   return Error(error.code(), error.message() + "; is nsboxd running? Start it with 'nsbox serve'" +
@@ -66,7 +115,16 @@ Error Transport(const ApiClient& client, Error error) {
 // whose message is what the user is shown.
 Result<ApiResponse> Check(const ApiClient& client, Result<ApiResponse> answer) {
   if (!answer.ok()) return Transport(client, std::move(answer).error());
-  if (!answer->ok()) return Error::Msg(answer->error().message);
+  if (!answer->ok()) {
+    // A TCP listener's 401: the API's message speaks of HTTP headers; the user sets a flag.
+    if (answer->status == 401) {
+      return Error::Msg(answer->error().message +
+                        (client.endpoint().token.empty()
+                             ? "; give the daemon's token with --token TOKEN or NSBOX_TOKEN"
+                             : "; check the token given with --token or NSBOX_TOKEN"));
+    }
+    return Error::Msg(answer->error().message);
+  }
   return answer;
 }
 
@@ -185,7 +243,17 @@ Result<ApiEndpoint> Endpoint(const Options& o) {
     if (!endpoint.ok()) return std::move(endpoint).error().Context("NSBOX_URL");
     return endpoint;
   }
-  return ApiEndpoint::Unix(ClientSocketPath());
+  if (const char* env_socket = std::getenv("NSBOX_SOCKET");
+      env_socket != nullptr && *env_socket != '\0') {
+    return ApiEndpoint::Unix(env_socket);
+  }
+  // Nothing said: the user's own daemon's socket, then the system's (a normal user's `nsbox ls`
+  // reaches the root daemon of `sudo nsbox serve`). As root they are one.
+  ApiEndpoint endpoint = ApiEndpoint::Unix(DefaultSocketPath());
+  if (endpoint.socket_path != SystemSocketPath()) {
+    endpoint.socket_fallbacks.push_back(SystemSocketPath());
+  }
+  return endpoint;
 }
 
 // ---- progress ----

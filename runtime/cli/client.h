@@ -116,7 +116,9 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows);
 
 // ---- where the daemon is ----
 
-// From --socket, --url and --token, else NSBOX_URL, NSBOX_TOKEN and the default socket.
+// From --socket, --url and --token, else NSBOX_URL, NSBOX_TOKEN and NSBOX_SOCKET; with none of
+// them, the user's own socket (DefaultSocketPath) with the system's as its fallback. A socket
+// given is tried alone.
 Result<ApiEndpoint> Endpoint(const Options& o);
 
 // ---- progress ----

@@ -94,8 +94,14 @@ int ExecExitCode(std::string_view what, int64_t exit_code, std::string_view reas
 }
 
 // Over the exec WebSocket: -i streams stdin, -t runs the command on a terminal (`nsbox shell`).
-int InteractiveExec(const Options& o, const ApiClient& client, json::object body, bool tty) {
+int InteractiveExec(const Options& o, ApiClient& client, json::object body, bool tty) {
   const std::string what = (o.shell != nullptr && o.shell->parsed() ? "shell " : "exec ") + o.id;
+  // The sandbox first: a missing one (or no daemon) is what to say, whatever the terminal. This
+  // also settles which of the default sockets answers, for the WebSocket below. GET does not
+  // start a stopped sandbox.
+  if (auto found = Check(client, client.Call(Method::kGet, SandboxTarget(o.id))); !found.ok()) {
+    return Fail(what, found.error().message());
+  }
   if (tty) {
     if (!::isatty(STDIN_FILENO)) {
       return Fail(what,

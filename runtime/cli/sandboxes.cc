@@ -1,5 +1,6 @@
 #include "runtime/cli/commands.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <boost/json.hpp>
 #include <cstdint>
@@ -36,6 +37,14 @@ Result<std::optional<json::value>> NetworkPolicyOf(const Options& o) {
   if (mode == "none") {
     if (!o.allow.empty()) return Error::Msg("--allow contradicts a network of none");
     return std::optional<json::value>(json::string("none"));
+  }
+  if (mode == "allow" && o.allow.empty()) {
+    // It would start a network (a veth pair, nsbox-net's rules) that reaches nothing.
+    const bool create = o.create != nullptr && o.create->parsed();
+    return Error::Msg(std::string(create ? "--network allow" : "network mode allow") +
+                      " needs an allow list: at least one --allow ENTRY (a name, *.wildcard, "
+                      "IPv4 address or CIDR, with an optional :PORT); for no network at all, " +
+                      (create ? "--network none" : "'nsbox network " + o.id + " none'"));
   }
   if (mode == "open" && o.allow.empty()) {
     return std::optional<json::value>(json::string("open"));

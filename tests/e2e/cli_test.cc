@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pty.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -201,8 +202,11 @@ enum class Terminal { kNone, kStderr, kStdoutAndStderr };
 class CliProcess {
  public:
   // `as_nobody`: the process runs as uid and gid 65534, with no supplementary groups.
+  // `run_dir`: a directory mounted on /run in a mount namespace of the process's own, for the
+  // system daemon's socket /run/nsbox/nsboxd.sock (the host's own /run untouched).
   CliProcess(const std::vector<std::string>& args, const std::vector<std::string>& env,
-             Terminal terminal = Terminal::kNone, bool as_nobody = false) {
+             Terminal terminal = Terminal::kNone, bool as_nobody = false,
+             const std::string& run_dir = "") {
     int in[2], out[2], err[2];
     if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 ||
         ::pipe2(err, O_CLOEXEC) != 0) {
@@ -253,6 +257,11 @@ class CliProcess {
       ::dup2(in[0], 0);
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
+      if (!run_dir.empty() && (::unshare(CLONE_NEWNS) != 0 ||
+                               ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+                               ::mount(run_dir.c_str(), "/run", nullptr, MS_BIND, nullptr) != 0)) {
+        ::_exit(126);
+      }
       if (as_nobody &&
           (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)) {
         ::_exit(126);
@@ -720,6 +729,37 @@ TEST_F(CliTest, NetworkRejectsBadPolicies) {
   r = Nsbox({"network", Id("missing")});
   EXPECT_EQ(r.code, 1) << r.Describe();
   EXPECT_NE(r.err.find("no sandbox"), std::string::npos) << r.Describe();
+}
+
+// Mode allow with nothing to allow would start a network that reaches nothing: refused, naming
+// the allow list and the mode none; nothing is created or changed. Control: one entry is taken.
+TEST_F(CliTest, AllowWithoutEntriesIsRefused) {
+  const std::string fresh = Id("allow-nothing");
+  CliResult r = Nsbox({"create", fresh, "--network", "allow"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err,
+            "nsbox: create: --network allow needs an allow list: at least one --allow ENTRY (a "
+            "name, *.wildcard, IPv4 address or CIDR, with an optional :PORT); for no network at "
+            "all, --network none\n");
+  EXPECT_EQ(Nsbox({"network", fresh}).code, 1) << "created anyway";
+
+  const std::string id = NewBox("allow-nothing-2");
+  r = Nsbox({"network", id, "allow"});
+  EXPECT_EQ(r.code, 125) << r.Describe();
+  EXPECT_EQ(r.err, "nsbox: network " + id +
+                       ": network mode allow needs an allow list: at least one --allow ENTRY (a "
+                       "name, *.wildcard, IPv4 address or CIDR, with an optional :PORT); for no "
+                       "network at all, 'nsbox network " +
+                       id + " none'\n");
+  r = Nsbox({"network", id});
+  EXPECT_EQ(r.out, "network: none\naddress: none (stopped, or no network)\n") << r.Describe();
+
+  r = Nsbox({"network", id, "allow", "--allow", "10.20.0.1"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')), "network: allow: 10.20.0.1");
+  r = Nsbox({"create", fresh, "--network", "allow", "--allow", "pkg.example", "--json"});
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  EXPECT_EQ(json::serialize(json::parse(r.out).at("network")), R"({"allow":["pkg.example"]})");
 }
 
 // ---- ls ----
@@ -1475,8 +1515,8 @@ TEST_F(CliTest, UnreachableDaemon) {
     EXPECT_EQ(r.code, 1) << r.Describe();
     EXPECT_EQ(r.err, "nsbox: ls: connect to nsboxd at " + socket_ +
                          ": EACCES (Permission denied); the daemon's socket is not accessible to "
-                         "this user (mode 0660, group id 0): run as root or as a member of that "
-                         "group\n");
+                         "this user (mode 0660, group root (id 0)): run as root, or join group "
+                         "root (sudo usermod -aG root $USER, then log in again)\n");
   }
 
   // --url: without a scheme, the one to write; TLS is said of https:// only.
@@ -1496,6 +1536,87 @@ TEST_F(CliTest, UnreachableDaemon) {
   r = Nsbox({"ls", "--url", "http://127.0.0.1:1", "--socket", missing});
   EXPECT_EQ(r.code, 125) << r.Describe();
   EXPECT_EQ(r.err, "nsbox: ls: --socket and --url exclude each other\n");
+}
+
+// A socket file nothing listens on (connect: ECONNREFUSED), as a daemon that died leaves; open to
+// every user.
+void MakeDeadSocket(const std::string& path) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  // SAFETY: sockaddr_un is a sockaddr for bind(2); the size passed is its own.
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << path;
+  ::close(fd);
+  ASSERT_EQ(::chmod(path.c_str(), 0666), 0) << path;  // anyone may try it
+}
+
+// A normal user with no --socket, --url, NSBOX_SOCKET or NSBOX_URL: the CLI tries the user's own
+// socket ($XDG_RUNTIME_DIR/nsbox/nsboxd.sock), then the system's (/run/nsbox/nsboxd.sock, here a
+// hard link to the suite's root daemon's socket, in a /run of the process's own); and says of
+// each why it did not answer. A socket given is tried alone.
+TEST_F(CliTest, DefaultSocketsAsANormalUser) {
+  if (daemon_ <= 0) GTEST_SKIP() << "needs the suite's own daemon (not NSBOX_CLI_TEST_SOCKET)";
+  const std::string xdg = dir_ + "/xdg";
+  const std::string run = dir_ + "/run";
+  const std::string user_socket = xdg + "/nsbox/nsboxd.sock";
+  ASSERT_EQ(::mkdir(xdg.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((xdg + "/nsbox").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(run.c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((run + "/nsbox").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir((dir_ + "/empty-run").c_str(), 0755), 0);  // a /run without nsbox/
+  ASSERT_EQ(::link(socket_.c_str(), (run + "/nsbox/nsboxd.sock").c_str()), 0) << strerror(errno);
+  auto as_nobody = [&](const std::vector<std::string>& args) {
+    CliProcess p(args, {"XDG_RUNTIME_DIR=" + xdg}, Terminal::kNone, /*as_nobody=*/true, run);
+    return p.Finish();
+  };
+  ASSERT_EQ(::chmod(dir_.c_str(), 0711), 0);
+
+  // The user's socket is not there; the system's is the root daemon's, 0660 root:root.
+  CliResult none_mine = as_nobody({"ls"});
+  EXPECT_EQ(none_mine.code, 1) << none_mine.Describe();
+  EXPECT_EQ(none_mine.out, "");
+  EXPECT_EQ(none_mine.err,
+            "nsbox: ls: no nsboxd answers on the default sockets: " + user_socket +
+                ": ENOENT (No such file or directory), no daemon there; /run/nsbox/nsboxd.sock: "
+                "EACCES (Permission denied), the daemon's socket is not accessible to this user "
+                "(mode 0660, group root (id 0)): run as root, or join group root (sudo usermod "
+                "-aG root $USER, then log in again)\n");
+
+  // Neither answers: a dead socket of the user's own (tried first), none of the system's.
+  MakeDeadSocket(user_socket);
+  CliProcess nothing({"ls"}, {"XDG_RUNTIME_DIR=" + xdg}, Terminal::kNone, /*as_nobody=*/true,
+                     dir_ + "/empty-run");
+  CliResult neither = nothing.Finish();
+  EXPECT_EQ(neither.code, 1) << neither.Describe();
+  EXPECT_EQ(neither.err, "nsbox: ls: no nsboxd answers on the default sockets: " + user_socket +
+                             ": ECONNREFUSED (Connection refused), no daemon listens there; "
+                             "/run/nsbox/nsboxd.sock: ENOENT (No such file or directory), no "
+                             "daemon there; start it with 'sudo nsbox serve' (it listens on "
+                             "/run/nsbox/nsboxd.sock), or point --socket or --url at a daemon\n");
+
+  // The control: a socket the user may use (the daemon's, opened to others for the time of the
+  // test) is found after the user's dead one, and answers.
+  ASSERT_EQ(::chmod(socket_.c_str(), 0666), 0);
+  CliResult found = as_nobody({"ls", "--json"});
+  // A socket given is tried alone: the system's, which would answer, is not tried after it.
+  CliProcess given({"ls", "--socket", user_socket}, {"XDG_RUNTIME_DIR=" + xdg}, Terminal::kNone,
+                   /*as_nobody=*/true, run);
+  CliResult alone = given.Finish();
+  CliProcess env_given({"ls"}, {"XDG_RUNTIME_DIR=" + xdg, "NSBOX_SOCKET=" + user_socket},
+                       Terminal::kNone, /*as_nobody=*/true, run);
+  CliResult env_alone = env_given.Finish();
+  ASSERT_EQ(::chmod(socket_.c_str(), 0660), 0);
+  ASSERT_EQ(::chmod(dir_.c_str(), 0700), 0);
+  EXPECT_EQ(found.code, 0) << found.Describe();
+  EXPECT_TRUE(found.out.starts_with("{\"sandboxes\":")) << found.Describe();
+  const std::string refused = "nsbox: ls: connect to nsboxd at " + user_socket +
+                              ": ECONNREFUSED (Connection refused); is nsboxd running? Start it "
+                              "with 'nsbox serve' or point --socket at it\n";
+  EXPECT_EQ(alone.code, 1) << alone.Describe();
+  EXPECT_EQ(alone.err, refused);
+  EXPECT_EQ(env_alone.code, 1) << env_alone.Describe();
+  EXPECT_EQ(env_alone.err, refused);
 }
 
 // --url and --token against a daemon with a TCP listener; a wrong token is the API's 401.
@@ -1549,13 +1670,40 @@ TEST_F(CliTest, TcpWithToken) {
   EXPECT_TRUE(r.err.starts_with("nsbox: ls: ")) << r.err;
   EXPECT_EQ(Lines(r.err).size(), 1u) << r.err;
   EXPECT_EQ(r.err.find("connect to nsboxd"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("check the token given with --token or NSBOX_TOKEN"), std::string::npos)
+      << r.err;
+  // Without one: the flag and the variable that give it, not the header the API speaks of.
   r = Nsbox({"ls", "--url", url});
   EXPECT_EQ(r.code, 1) << r.Describe();
-  EXPECT_TRUE(r.err.starts_with("nsbox: ls: ")) << r.err;
-  EXPECT_EQ(r.err.find("connect to nsboxd"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err,
+            "nsbox: ls: this listener needs an Authorization: Bearer token; give the daemon's "
+            "token with --token TOKEN or NSBOX_TOKEN\n");
+  r = Nsbox({"ls"}, "", {"NSBOX_URL=" + url});
+  EXPECT_EQ(r.code, 1) << r.Describe();
+  EXPECT_NE(r.err.find("--token TOKEN or NSBOX_TOKEN"), std::string::npos) << r.err;
   r = Nsbox({"ls", "--url", url, "--token", "s3cret-token-0123456789"});
   EXPECT_EQ(r.code, 0) << r.Describe() << "\n" << ReadHostFile(dir + "/daemon.log");
   StopDaemon(tcp);
+}
+
+// `nsbox serve --help` names the documents of the API and the daemon: each is in the tree.
+TEST(CliHelp, ServeHelpNamesDocumentsThatExist) {
+  CliProcess p({"serve", "--help"}, {});
+  CliResult r = p.Finish();
+  EXPECT_EQ(r.code, 0) << r.Describe();
+  std::vector<std::string> named;
+  const std::regex doc(R"(docs/[a-z0-9_/.-]*\.md)");
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), doc);
+       it != std::sregex_iterator(); ++it) {
+    named.push_back(it->str());
+  }
+  EXPECT_NE(std::find(named.begin(), named.end(), "docs/api.md"), named.end()) << r.out;
+  EXPECT_NE(std::find(named.begin(), named.end(), "docs/daemon.md"), named.end()) << r.out;
+  for (const std::string& path : named) {
+    EXPECT_TRUE(std::filesystem::is_regular_file(std::string(NSBOX_SOURCE_DIR) + "/" + path))
+        << path << " is named by nsbox serve --help but is not in the tree";
+  }
+  EXPECT_NE(r.out.find("(default /run/nsbox/nsboxd.sock)"), std::string::npos) << r.out;
 }
 
 }  // namespace

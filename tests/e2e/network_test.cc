@@ -608,6 +608,40 @@ TEST_F(NetworkTest, BadEntriesAreRefusedNamingThem) {
   }
 }
 
+// An allow list with nothing in it reaches nothing, as "none" does: a create or a PUT of one is
+// a 400 that names the allow list and "none", and nothing is made or changed. Control: the same
+// with one entry is taken.
+TEST_F(NetworkTest, AnEmptyAllowListIsRefused) {
+  const json::value empty = json::parse(R"({"allow":[]})");
+  const std::string id = NewId();
+  Response r = client().PutJson(SbPath(id), json::object{{"network", empty}});
+  EXPECT_EQ(r.status, 400) << r.Describe();
+  EXPECT_EQ(r.ErrorCode(), "invalid_request") << r.Describe();
+  EXPECT_NE(r.ErrorMessage().find("empty allow list"), std::string::npos) << r.Describe();
+  EXPECT_NE(r.ErrorMessage().find("\"none\""), std::string::npos) << r.Describe();
+  EXPECT_EQ(client().Get(SbPath(id)).status, 404) << "created anyway";
+
+  ASSERT_EQ(client().PutJson(SbPath(id), json::object{}).status, 201);
+  r = client().PutJson(SbPath(id) + "/network", json::object{{"network", empty}});
+  EXPECT_EQ(r.status, 400) << r.Describe();
+  EXPECT_EQ(r.ErrorCode(), "invalid_request") << r.Describe();
+  EXPECT_NE(r.ErrorMessage().find("empty allow list"), std::string::npos) << r.Describe();
+  r = client().Get(SbPath(id) + "/network");
+  EXPECT_EQ(json::serialize(r.Json().at("network")), R"("none")") << r.Describe();
+
+  // Open with an empty list is open; allow with one entry is taken.
+  r = client().PutJson(SbPath(id) + "/network",
+                       json::object{{"network", json::parse(R"({"open":true,"allow":[]})")}});
+  EXPECT_EQ(r.status, 200) << r.Describe();
+  r = client().PutJson(SbPath(id) + "/network", json::object{{"network", Allow({"ok.test"})}});
+  EXPECT_EQ(r.status, 200) << r.Describe();
+  EXPECT_EQ(json::serialize(client().Get(SbPath(id) + "/network").Json().at("network")),
+            R"({"allow":["ok.test"]})");
+  const std::string other = NewId();
+  r = client().PutJson(SbPath(other), json::object{{"network", Allow({"ok.test"})}});
+  EXPECT_EQ(r.status, 201) << r.Describe();
+}
+
 TEST_F(NetworkTest, RefusedAndAllowedConnectionsAreCountedAndLogged) {
   const std::string id = NewId();
   CreateNet(id, Allow({"allowed.test"}));

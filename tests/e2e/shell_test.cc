@@ -201,6 +201,17 @@ TEST_F(ShellTest, TerminalWithoutATerminalIsAClearUsageError) {
   EXPECT_NE(r.err.find("the input is not a terminal"), std::string::npos) << r.err;
   r = RunCli({"--socket", daemon().socket_path(), "shell", id}, "", dir_);
   EXPECT_EQ(r.code, 125) << r.Describe();
+  // A sandbox that does not exist is said first, whatever the terminal: the same commands.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"shell", "no-such-box"},
+        std::vector<std::string>{"exec", "-t", "no-such-box", "--", "true"}}) {
+    std::vector<std::string> argv = {"--socket", daemon().socket_path()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    r = RunCli(argv, "", dir_);
+    EXPECT_EQ(r.code, 1) << r.Describe();
+    EXPECT_NE(r.err.find("no-such-box"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("terminal"), std::string::npos) << r.err;
+  }
   // An unknown sandbox through the WebSocket is the API's message, not a handshake error.
   r = RunCli({"--socket", daemon().socket_path(), "exec", "-i", "no-such-box", "--", "true"}, "",
              dir_);

@@ -82,7 +82,7 @@ TEST(NetworkPolicy, BadEntriesAreRefusedNamingThem) {
 
 TEST(NetworkPolicy, JsonFormsRoundTrip) {
   for (const char* text : {R"("none")", R"("open")", R"({"allow":["a.test","10.0.0.0/8:22"]})",
-                           R"({"open":true,"allow":["169.254.169.254"]})", R"({"allow":[]})"}) {
+                           R"({"open":true,"allow":["169.254.169.254"]})"}) {
     auto p = Parse(text);
     ASSERT_TRUE(p.ok()) << text << ": " << p.error().message();
     EXPECT_EQ(json::serialize(PolicyToJson(*p)), text);
@@ -94,6 +94,28 @@ TEST(NetworkPolicy, JsonFormsRoundTrip) {
   ASSERT_TRUE(dup.ok());
   EXPECT_EQ(dup->allow.size(), 1u);
   EXPECT_EQ(PolicySummary(*dup), "allow(1)");
+}
+
+// An allow list with nothing in it reaches nothing: refused from a client, naming the list and
+// "none"; read back as it is from a config.json written before it was refused.
+TEST(NetworkPolicy, AnEmptyAllowListIsRefusedUnlessStored) {
+  for (const char* text : {R"({"allow":[]})", R"({"open":false,"allow":[]})"}) {
+    auto p = Parse(text);
+    ASSERT_FALSE(p.ok()) << text;
+    EXPECT_NE(p.error().message().find("empty allow list"), std::string::npos)
+        << p.error().message();
+    EXPECT_NE(p.error().message().find("\"none\""), std::string::npos) << p.error().message();
+    auto stored = ParseStoredPolicy(json::parse(text));
+    ASSERT_TRUE(stored.ok()) << text << ": " << stored.error().message();
+    EXPECT_EQ(stored->mode, NetworkPolicy::Mode::kAllow);
+    EXPECT_TRUE(stored->allow.empty());
+    EXPECT_EQ(json::serialize(PolicyToJson(*stored)), R"({"allow":[]})");
+  }
+  // Controls: one entry; open with an empty list is open.
+  EXPECT_TRUE(Parse(R"({"allow":["a.test"]})").ok());
+  auto open = Parse(R"({"open":true,"allow":[]})");
+  ASSERT_TRUE(open.ok()) << open.error().message();
+  EXPECT_EQ(open->mode, NetworkPolicy::Mode::kOpen);
 }
 
 TEST(NetworkPolicy, BadJsonIsRefused) {

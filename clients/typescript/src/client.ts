@@ -231,6 +231,18 @@ function describe(value: unknown): string {
   return typeof value;
 }
 
+/** The first 200 characters of an answer that is not nsboxd's, quoted and escaped (JSON). */
+function escapedStart(text: string): string {
+  const start = JSON.stringify(text.slice(0, 200));
+  return text.length > 200 ? `${start}... (${Buffer.byteLength(text)} bytes)` : start;
+}
+
+/** An answer's Content-Type for a message, or "no content type". */
+function contentTypeOf(res: http.IncomingMessage): string {
+  const type = res.headers['content-type'];
+  return type ? JSON.stringify(type.slice(0, 100)).slice(1, -1) : 'no content type';
+}
+
 const CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOENT', 'EACCES', 'EPERM', 'ENOTSOCK', 'EHOSTUNREACH', 'ENETUNREACH', 'ETIMEDOUT', 'EAI_AGAIN', 'ENOTFOUND']);
 
 /** The nsboxd HTTP API (`api.md`, version 1) over a Unix socket or TCP with a bearer token. */
@@ -428,7 +440,9 @@ export class NsboxClient {
         ...(e.syscall !== undefined ? { syscall: e.syscall } : {}),
       });
     }
-    return new NsboxError('http_error', `nsbox: HTTP ${status} from nsboxd at ${this.endpoint}: ${text.slice(0, 500)}`, { status });
+    // Not nsboxd's error body (a proxy's or another server's page): its status, its type and
+    // the start of it, escaped, so that a whole HTML page never becomes the message.
+    return new NsboxError('invalid_answer', `nsbox: ${this.endpoint} answered HTTP ${status} (${contentTypeOf(res)}) without an nsboxd error; is it nsboxd? It began: ${escapedStart(text)}`, { status });
   }
 
   #parse(body: Buffer, status: number): unknown {
@@ -437,7 +451,7 @@ export class NsboxClient {
     } catch {
       throw new NsboxError(
         'invalid_answer',
-        `nsbox: the answer of ${this.endpoint} (HTTP ${status}) is not JSON; is it nsboxd? It began: ${JSON.stringify(body.subarray(0, 200).toString('utf8'))}`,
+        `nsbox: the answer of ${this.endpoint} (HTTP ${status}) is not JSON; is it nsboxd? It began: ${escapedStart(body.toString('utf8'))}`,
         { status },
       );
     }

@@ -4,6 +4,9 @@ import assert from 'node:assert/strict';
 import { Readable } from 'node:stream';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
+import { spawn } from 'node:child_process';
+import { readFileSync, writeFileSync, rmSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
 import { join } from 'node:path';
 import { NsboxClient, NsboxError, defaultSocketPath } from '../dist/index.js';
 import { startDaemon } from './daemon.mjs';
@@ -353,6 +356,9 @@ test('network: policy at creation, replaced while running, bad entries named', a
   const e = await rejects(c.setNetwork(id, { allow: ['ok.example', 'foo..com'] }), 'invalid_request');
   assert.match(e.message, /foo\.\.com/);
   await rejects(c.setNetwork('no-such-sandbox', 'open'), 'sandbox_not_found');
+  // An allow list with nothing in it would reach nothing: refused, naming "none".
+  const empty = await rejects(c.setNetwork(id, { allow: [] }), 'invalid_request');
+  assert.match(empty.message, /empty allow list.*"none"/);
   await c.deleteSandbox(id);
 });
 
@@ -446,6 +452,61 @@ test('an answer that is not JSON: an NsboxError saying so, not a SyntaxError', a
     other.close();
   } finally {
     await new Promise((resolve) => server.close(resolve));
+  }
+});
+
+test('an error page from a server that is not nsboxd: invalid_answer, a short message', async () => {
+  // A real HTTP server (a web server where nsboxd was expected): its 404 is a whole HTML page.
+  const page = '<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head><body>' + '<p>padding</p>'.repeat(400) + '</body></html>\n';
+  const server = createServer((req, res) => {
+    res.writeHead(404, { 'content-type': 'text/html; charset=utf-8' });
+    res.end(page);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  try {
+    const other = new NsboxClient({ url: `http://127.0.0.1:${server.address().port}` });
+    const e = await rejects(other.getSandbox('x'), 'invalid_answer');
+    assert.ok(e instanceof NsboxError);
+    assert.equal(e.status, 404);
+    assert.match(e.message, /HTTP 404 \(text\/html; charset=utf-8\)/);
+    assert.match(e.message, /is it nsboxd\?/);
+    assert.match(e.message, /It began: "<!DOCTYPE html>\\n<html><head><title>404 Not Found/);
+    assert.ok(e.message.length < 400, `a short message, not the page: ${e.message.length} characters`);
+    assert.ok(!e.message.includes('\n'), 'one line: the page\'s newlines are escaped');
+    other.close();
+  } finally {
+    await new Promise((resolve) => server.close(resolve));
+  }
+});
+
+test('the README\'s script (examples/script.ts): Ctrl-C in its stream ends it with one line and 130', async () => {
+  // The example as a user runs it: compiled, importing 'nsbox' (this package), the daemon found
+  // through NSBOX_SOCKET; SIGINT once the stream has printed its first line.
+  const ts = (await import('typescript')).default;
+  const source = readFileSync(new URL('../examples/script.ts', import.meta.url), 'utf8');
+  const js = ts.transpileModule(source, { compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 } }).outputText;
+  const script = new URL(`./.script-example-${process.pid}.mjs`, import.meta.url);
+  writeFileSync(script, js);
+  try {
+    const env = { ...process.env, NSBOX_SOCKET: d.socketPath };
+    delete env.NSBOX_URL;
+    delete env.NSBOX_TOKEN;
+    const child = spawn(process.execPath, [fileURLToPath(script)], { env, stdio: ['ignore', 'pipe', 'pipe'] });
+    let out = '', err = '';
+    child.stdout.on('data', (b) => (out += b));
+    child.stderr.on('data', (b) => (err += b));
+    const exited = new Promise((resolve) => child.once('exit', (code, signal) => resolve({ code, signal })));
+    for (let i = 0; i < 600 && !/^1$/m.test(out); i++) await new Promise((r) => setTimeout(r, 50));
+    assert.match(out, /^1$/m, `the stream's first line; stdout: ${out}, stderr: ${err}`);
+    child.kill('SIGINT');
+    const { code, signal } = await exited;
+    assert.equal(signal, null, err);
+    assert.equal(code, 130, err);
+    assert.equal(err, 'interrupted: the command was killed in the sandbox\n');
+    assert.doesNotMatch(out, /^exit /m, 'the stream did not run to its end');
+  } finally {
+    rmSync(script, { force: true });
+    await c.deleteSandbox('demo').catch(() => {});
   }
 });
 
