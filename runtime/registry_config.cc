@@ -121,7 +121,7 @@ Result<SandboxConfig> DecodeConfig(std::string_view text) {
   NSBOX_TRY(str("image", &c.image));
   NSBOX_TRY(str("cwd", &c.cwd));
   if (const json::value* network = o->if_contains("network")) {
-    auto policy = net::ParsePolicy(*network);
+    auto policy = net::ParseStoredPolicy(*network);
     if (!policy.ok()) return Error(EINVAL, "config.json: " + policy.error().message());
     c.network = std::move(policy).value();
   }

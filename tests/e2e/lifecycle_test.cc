@@ -1069,5 +1069,28 @@ TEST(CgroupMount, TheDaemonGivesCgroup2FavordynmodsUnlessToldToLeaveIt) {
   EXPECT_TRUE(d.Stop()) << d.error();
 }
 
+// A config.json written before an empty allow list was refused (issue 52) still loads: the
+// API refuses {"allow": []} from a client, a sandbox that has it keeps it.
+TEST_F(LifecycleTest, AStoredEmptyAllowListStillLoads) {
+  const std::string id = NewId();
+  Create(id);
+  Response refused = client().Request("PUT", SbPath(id, "/network"), R"({"allow":[]})",
+                                      {{"Content-Type", "application/json"}});
+  EXPECT_EQ(refused.status, 400) << refused.Describe();
+  ASSERT_TRUE(daemon().Stop()) << daemon().error();
+  const std::string path = daemon().SandboxDir(id) + "/config.json";
+  std::string config = ReadHostFile(path);
+  const size_t at = config.find(R"("network":"none")");
+  ASSERT_NE(at, std::string::npos) << config;
+  config.replace(at, std::string(R"("network":"none")").size(), R"("network":{"allow":[]})");
+  std::ofstream(path, std::ios::trunc) << config;
+  const size_t log_from = daemon().LogSize();
+  ASSERT_TRUE(daemon().Restart()) << daemon().error();
+  Response r = client().Get(SbPath(id, "/network"));
+  ASSERT_EQ(r.status, 200) << r.Describe() << "\n" << daemon().Log(log_from);
+  EXPECT_NE(r.body.find(R"("allow":[])"), std::string::npos) << r.body;
+  EXPECT_EQ(daemon().Log(log_from).find("skipping"), std::string::npos) << daemon().Log(log_from);
+}
+
 }  // namespace
 }  // namespace nsbox::e2e
