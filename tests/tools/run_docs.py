@@ -42,8 +42,9 @@ What may differ (the comparison stays exact elsewhere)
   `<!-- doc: vary: REGEX -->` (one per comment, several comments allowed). Each must match the
   document's own text there, so the shape is still checked (an exec id stays e-<12 hex>).
 - A value the document shows that varied (an exec id) is remembered with the value the run
-  gave, and the later commands and expected output of the document use the run's value, so
-  `execs/e-fe5465c6aaaa/output` after the exec that started it reads that exec's output.
+  gave, and the later commands of the document use the run's value, so
+  `execs/e-fe5465c6aaaa/output` after the exec that started it reads that exec's output (the
+  expected output is not rewritten: the pattern matches there already).
 - Trailing spaces and carriage returns at ends of lines are ignored.
 
 The environment (main mode, as root)
@@ -87,6 +88,7 @@ TS_BY_CLIENT = os.path.join("clients", "typescript", "README.md")
 VARYING = [
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z",  # createdAt, startedAt, importedAt
     r"e-[0-9a-f]{12}",  # exec ids
+    r'"id":"[0-9a-f]{32}"',  # an image's content id (random at each import)
     r'"durationMs":\d+',
     r'"(?:cpuUserMs|cpuSystemMs|memoryPeakBytes|pidsPeak)":\d+',
     r'"pid":\d+',
@@ -269,6 +271,15 @@ def substitute(text, seen):
     return text
 
 
+def pool_ready():
+    metrics = subprocess.run(
+        ["curl", "-sf", "--unix-socket", "/run/nsbox/nsboxd.sock", "http://x/metrics"],
+        capture_output=True, text=True).stdout
+    ready = re.search(r"^nsbox_pool_ready (\d+)", metrics, re.M)
+    size = re.search(r"^nsbox_pool_size (\d+)", metrics, re.M)
+    return not ready or not size or ready.group(1) == size.group(1)
+
+
 def run_document(root, build, doc, report):
     """In this (already private) mount namespace: the daemon, then each block in order."""
     text = open(os.path.join(root, doc), encoding="utf-8").read()
@@ -283,7 +294,7 @@ def run_document(root, build, doc, report):
     bindir = os.path.join(work, ".bin")
     os.mkdir(bindir)
     with open(os.path.join(bindir, "sudo"), "w") as f:
-        f.write('#!/bin/sh\nexec "$@"\n')
+        f.write('#!/bin/sh\nexec env "$@"\n')  # as sudo, NAME=VALUE first
     os.chmod(os.path.join(bindir, "sudo"), 0o755)
     env = dict(os.environ)
     env["PATH"] = f"{os.path.join(build, 'runtime')}:{bindir}:{env.get('PATH', '/usr/bin:/bin')}"
@@ -305,6 +316,10 @@ def run_document(root, build, doc, report):
                 log.seek(0)
                 report["failures"].append(f"{doc}: the daemon did not start:\n{log.read()}")
                 return
+            time.sleep(0.2)
+        # A daemon that has run a while has its pool of jails ready (a creation then answers
+        # "running", api/sandboxes.md): wait for it, as long as the start's deadline allows.
+        while time.monotonic() < deadline and not pool_ready():
             time.sleep(0.2)
         seen = {}
         for block in parse(doc, text):
@@ -331,7 +346,6 @@ def run_document(root, build, doc, report):
                     report["skipped"].append(f"{where}: `{skip[0]}`: {skip[1]}")
                     continue
                 command = substitute(command, seen)
-                expected = [substitute(l, seen) for l in expected]
                 out, status = shell.run(command)
                 report["run"] += 1
                 report["compared"] += 1 if expected else 0
@@ -392,16 +406,17 @@ def main_run(root, build, docs):
         for doc in docs:
             blocks = parse(doc, open(os.path.join(root, doc), encoding="utf-8").read())
             if all(b.decide()[0] != "run" for b in blocks):  # no daemon for nothing to run
-                counts = {}
+                counts, lines = {}, []
                 for b in blocks:
                     d, r = b.decide()
                     counts[d] = counts.get(d, 0) + 1
                     if d == "undecided":
                         failures.append(f"{doc}:{b.line}: no decision: {r}")
                     elif d == "not run":
-                        print(f"    line {b.line}: {r}")
+                        lines.append(f"    line {b.line}: {r}")
                 print(f"{doc}: {len(blocks)} blocks: "
                       + ", ".join(f"{n} {d}" for d, n in sorted(counts.items())))
+                print("\n".join(lines)) if lines else None
                 continue
             before = host_state()
             started = time.monotonic()
