@@ -57,7 +57,8 @@ The environment (main mode, as root)
 - A daemon is started as the documents say: `nsbox serve` on its defaults; with
   `--listen 127.0.0.1:7711 --token-file /etc/nsbox/token` too when the document uses that
   address (the token is random, written there). It is stopped with SIGTERM at the end.
-- After each document the host must be as before: no new nsbox cgroup, mount or process.
+- After each document the host must be as before: no new nsbox cgroup, mount, process, network
+  link or nftables table.
 
 Usage:
   run_docs.py --build BUILD_DIR REPOSITORY_ROOT [DOCUMENT...]   run (as root), print a summary
@@ -78,6 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})\s*([^\s`]*)")
 ANNOTATION = re.compile(r"^\s*<!--\s*doc:\s*([a-z ]+?)\s*:\s*(.*?)\s*-->\s*$")
@@ -371,26 +373,44 @@ def run_document(root, build, doc, report):
         os.unlink(log.name)
 
 
-def host_state():
-    """What of nsbox's is on the host: cgroups, mounts, processes."""
+# The daemon's cgroups are named nsbox-<8 hex of the uuid5 of its state directory>-...
+# (runtime/registry_open.cc, registry_config.cc's kIdNamespace): those of the documents' daemon,
+# whose state directory is /var/lib/nsbox, and not those of another test's daemon.
+ID_NAMESPACE = uuid.UUID(bytes=bytes([0x6E, 0x73, 0x62, 0x6F, 0x78, 0x2D, 0x4B, 0x1E, 0x9D, 0x3A,
+                                      0x51, 0x0C, 0x7E, 0x22, 0x90, 0xA4]))
+CGROUP_PREFIX = "nsbox-" + uuid.uuid5(ID_NAMESPACE, "/var/lib/nsbox").hex[:8] + "-"
+
+
+def host_state(build):
+    """What of the documents' daemon is on the host: its cgroups, mounts of its paths, processes
+    of this build's binaries, network links (nsbox-net's veths are nsb<tag>...) and nftables
+    tables (nsbox_<tag>)."""
     state = set()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split(": ")[1].split("@")[0] if ": " in line else ""
+        if name.startswith("nsb" + CGROUP_PREFIX[6:14]):
+            state.add("link " + name)
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    state |= {"nftables " + t for t in tables.splitlines() if "nsbox_" + CGROUP_PREFIX[6:14] in t}
     for base in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/memory",
                  "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu"):
         for depth in ("*", "*/*"):
             for path in glob.glob(os.path.join(base, depth)):
-                if "nsbox" in os.path.basename(path) and os.path.isdir(path):
+                if os.path.basename(path).startswith(CGROUP_PREFIX) and os.path.isdir(path):
                     state.add("cgroup " + path)
     with open("/proc/self/mountinfo") as f:
         for line in f:
-            if "nsbox" in line:
-                state.add("mount " + line.split(" ")[4])
+            point = line.split(" ")[4]
+            if point.startswith(("/run/nsbox", "/var/lib/nsbox", "/etc/nsbox")):
+                state.add("mount " + point)
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 exe = os.readlink(f"/proc/{pid}/exe")
             except OSError:
                 continue
-            if re.search(r"/nsbox(-init|-net)?( \(deleted\))?$", exe):
+            if exe.startswith(build + "/") and re.search(r"/nsbox(-init|-net)?( \(deleted\))?$", exe):
                 state.add(f"process {pid} {exe}")
     return state
 
@@ -418,7 +438,7 @@ def main_run(root, build, docs):
                       + ", ".join(f"{n} {d}" for d, n in sorted(counts.items())))
                 print("\n".join(lines)) if lines else None
                 continue
-            before = host_state()
+            before = host_state(build)
             started = time.monotonic()
             out = tempfile.NamedTemporaryFile(prefix="nsbox-docs-", suffix=".json", delete=False)
             out.close()
@@ -432,7 +452,7 @@ def main_run(root, build, docs):
                           "failures": [f"{doc}: the runner exited {child.returncode}"]}
             os.unlink(out.name)
             time.sleep(0.5)
-            left = host_state() - before
+            left = host_state(build) - before
             if left:
                 report["failures"].append(f"{doc}: left on the host: " + ", ".join(sorted(left)))
             if report["failures"] and report.get("daemon_log"):
