@@ -108,11 +108,24 @@ Status PinWorkspaceAndHome(const JailOptions& o, const isolate::IdMapping& ids, 
   if (o.warn_unwritable_workspace && ::fstat(wfd, &st) == 0 && st.st_uid != ids.uid.outside &&
       !(st.st_mode & S_IWOTH)) {
     // Root inside is ids.uid.outside on the host; to it, a directory of another owner is
-    // "nobody"'s and not writable. Said once, so a read-only workspace is no mystery.
+    // "nobody"'s and not writable. Said once, so a read-only workspace is no mystery. Without
+    // search permission for others (mkdtemp's 0700, a home directory of Debian 12's adduser)
+    // it cannot even enter it, and the jail's chdir fails: the note says that instead (an ACL
+    // could still let it in, so this is not a refusal).
+    const bool closed =
+        st.st_gid == ids.gid.outside ? !(st.st_mode & S_IXGRP) : !(st.st_mode & S_IXOTH);
+    char access[96];
+    if (closed) {
+      std::snprintf(access, sizeof access,
+                    "cannot enter it (mode %04o: chmod o+rx it to let commands read it)",
+                    static_cast<unsigned>(st.st_mode & 07777));
+    } else {
+      std::snprintf(access, sizeof access, "can only read it");
+    }
     std::fprintf(stderr,
                  "nsbox run: note: the workspace %s belongs to host uid %u; root in the jail is "
-                 "host uid %u and can only read it (chown -R %u:%u it to let commands write)\n",
-                 plan->workspace_path.c_str(), st.st_uid, ids.uid.outside, ids.uid.outside,
+                 "host uid %u and %s (chown -R %u:%u it to let commands write)\n",
+                 plan->workspace_path.c_str(), st.st_uid, ids.uid.outside, access, ids.uid.outside,
                  ids.gid.outside);
   }
 

@@ -224,5 +224,28 @@ TEST_F(RunCliTest, WorkspaceUnderADirectoryTheJailCannotTraverse) {
   ::rmdir(parent.c_str());
 }
 
+// A workspace of another owner that the jail's root may not even enter (mkdtemp's 0700, a home
+// directory of Debian 12's adduser): the note says so and how to open it, not "can only read
+// it" followed by the jail's chdir failing with EACCES. Control: the same directory at 0755 is
+// read, and the note says it can only be read.
+TEST_F(RunCliTest, WorkspaceClosedToTheJailIsNamedInTheNote) {
+  char tmpl[] = "/var/tmp/nsbox-itest-closed-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string ws = tmpl;
+  RunResult closed = RunNsbox({"run", "--workspace", ws, "--", "ls", "/workspace"});
+  EXPECT_NE(closed.exit_code, 0) << closed.Describe();
+  EXPECT_NE(closed.err.find("cannot enter it (mode 0700: chmod o+rx it"), std::string::npos)
+      << closed.Describe();
+  EXPECT_EQ(closed.err.find("can only read it"), std::string::npos) << closed.Describe();
+  ExpectNothingLeftBehind(closed, before_);
+
+  ASSERT_EQ(::chmod(ws.c_str(), 0755), 0);
+  RunResult open = RunNsbox({"run", "--workspace", ws, "--", "ls", "/workspace"});
+  EXPECT_EQ(open.exit_code, 0) << open.Describe();
+  EXPECT_NE(open.err.find("can only read it"), std::string::npos) << open.Describe();
+  EXPECT_EQ(open.err.find("cannot enter it"), std::string::npos) << open.Describe();
+  ::rmdir(ws.c_str());
+}
+
 }  // namespace
 }  // namespace nsbox::itest
