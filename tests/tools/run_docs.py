@@ -6,7 +6,7 @@ clients/typescript/README.md. Their fenced code blocks are taken in document ord
 one decision; a block with none fails the run, so that a new example is never skipped silently.
 
 Decisions
-- run: a block whose info string is console, sh, shell or bash.
+- run: a block whose info string is console (with `$ ` lines), sh, shell or bash.
 - not run: the block has, just before its fence (blank lines and other such comments between
   allowed), an HTML comment `<!-- doc: not run: REASON -->`; GitHub does not show it. The reason
   is required and is printed in the summary.
@@ -127,6 +127,8 @@ class Block:
             return "not run", reasons[0]
         if self.lang == "ts" and self.doc == TS_BY_CLIENT:
             return "client", "run by clients/typescript/test.sh"
+        if self.lang == "console" and not self.is_session():
+            return "undecided", "a ```console block without `$ ` lines (output alone: use ``` )"
         if self.lang in SHELL_LANGS:
             return "run", ""
         if self.lang == "json":
@@ -504,14 +506,15 @@ def self_test():
         "<!-- doc: not run: -->", "```sh", "true", "```",
         "<!-- doc: not run: stale -->", "some prose", "```sh", "x", "```",
         "````console", "$ a \\", "  b", "```", "out", "````",
+        "```console", "output alone", "```",
     ])
     got = [b.decide()[0] for b in parse("docs/x.md", sample)]
     want = ["run", "not run", "shown", "shown", "undecided", "undecided", "undecided", "run",
-            "run"]
+            "run", "undecided"]
     failures = []
     if got != want:
         failures.append(f"decisions {got}, want {want}")
-    last = parse("docs/x.md", sample)[-1]
+    last = parse("docs/x.md", sample)[-2]
     if commands(last.lines) != [("a \\\n  b", ["```", "out"])]:
         failures.append(f"continuation: {commands(last.lines)}")
     ts = parse(TS_BY_CLIENT, "```ts\nx\n```\n")[0].decide()[0]
