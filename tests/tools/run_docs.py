@@ -67,6 +67,7 @@ Usage:
 Exit code 0 when every block has a decision and every run block matches, 1 otherwise.
 """
 
+import ctypes
 import glob
 import json
 import os
@@ -275,6 +276,12 @@ def substitute(text, seen):
     return text
 
 
+def stop_with_parent():
+    """In the daemon's child before exec: SIGTERM when the runner dies (a ctest timeout kills it),
+    so that no daemon outlives the run (prctl(2) PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
 def pool_ready():
     metrics = subprocess.run(
         ["curl", "-sf", "--unix-socket", "/run/nsbox/nsboxd.sock", "http://x/metrics"],
@@ -309,7 +316,8 @@ def run_document(root, build, doc, report):
     if "127.0.0.1:7711" in text:
         serve += ["--listen", "127.0.0.1:7711", "--token-file", "/etc/nsbox/token"]
     log = open(os.path.join(tempfile.gettempdir(), f"nsbox-docs-{os.getpid()}.log"), "w+")
-    daemon = subprocess.Popen(serve, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT)
+    daemon = subprocess.Popen(serve, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              preexec_fn=stop_with_parent)
     shell = Shell(work, env)
     try:
         deadline = time.monotonic() + 60
