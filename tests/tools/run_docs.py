@@ -291,7 +291,7 @@ def pool_ready():
     return not ready or not size or ready.group(1) == size.group(1)
 
 
-def run_document(root, build, doc, report):
+def run_document(root, build, doc, work, report):
     """In this (already private) mount namespace: the daemon, then each block in order."""
     text = open(os.path.join(root, doc), encoding="utf-8").read()
     for point in ("/run/nsbox", "/var/lib/nsbox", "/etc/nsbox"):
@@ -300,7 +300,6 @@ def run_document(root, build, doc, report):
     with open("/etc/nsbox/token", "w") as f:
         os.fchmod(f.fileno(), 0o600)
         f.write(token + "\n")
-    work = tempfile.mkdtemp(prefix="nsbox-docs-")
     os.chmod(work, 0o755)  # as a user's directory: the jail's root (another uid) may read it
     bindir = os.path.join(work, ".bin")
     os.mkdir(bindir)
@@ -315,7 +314,7 @@ def run_document(root, build, doc, report):
     serve = [os.path.join(build, "runtime", "nsbox"), "serve"]
     if "127.0.0.1:7711" in text:
         serve += ["--listen", "127.0.0.1:7711", "--token-file", "/etc/nsbox/token"]
-    log = open(os.path.join(tempfile.gettempdir(), f"nsbox-docs-{os.getpid()}.log"), "w+")
+    log = open(work + ".log", "w+")
     daemon = subprocess.Popen(serve, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT,
                               preexec_fn=stop_with_parent)
     shell = Shell(work, env)
@@ -376,11 +375,9 @@ def run_document(root, build, doc, report):
             daemon.kill()
             daemon.wait()
             report["failures"].append(f"{doc}: the daemon did not stop in 60 s at SIGTERM")
-        shutil.rmtree(work, ignore_errors=True)
         log.seek(0)
         report["daemon_log"] = log.read()[-4000:]
         log.close()
-        os.unlink(log.name)
 
 
 # The daemon's cgroups are named nsbox-<8 hex of the uuid5 of its state directory>-...
@@ -452,9 +449,15 @@ def main_run(root, build, docs):
             started = time.monotonic()
             out = tempfile.NamedTemporaryFile(prefix="nsbox-docs-", suffix=".json", delete=False)
             out.close()
+            work = tempfile.mkdtemp(prefix="nsbox-docs-")  # the document's current directory
             child = subprocess.run(
                 ["unshare", "--mount", "--propagation", "private", sys.executable,
-                 os.path.abspath(__file__), "--one", doc, "--build", build, "--out", out.name, root])
+                 os.path.abspath(__file__), "--one", doc, "--build", build, "--out", out.name,
+                 "--work", work, root])
+            # Removed here, so that a runner killed in the namespace leaves no directory either.
+            shutil.rmtree(work, ignore_errors=True)
+            if os.path.exists(work + ".log"):
+                os.unlink(work + ".log")
             try:
                 report = json.load(open(out.name))
             except ValueError:
@@ -573,10 +576,10 @@ def main(argv):
     if argv[:1] == ["--list"]:
         return main_list(os.path.abspath(argv[1]))
     if argv[:1] == ["--one"]:
-        doc, build, out, root = argv[1], argv[3], argv[5], argv[6]
+        doc, build, out, work, root = argv[1], argv[3], argv[5], argv[7], argv[8]
         report = {"blocks": [], "run": 0, "compared": 0, "skipped": [], "failures": []}
         try:
-            run_document(root, build, doc, report)
+            run_document(root, build, doc, work, report)
         finally:
             json.dump(report, open(out, "w"))
         return 0
