@@ -11,7 +11,7 @@ NSBOX_PACKAGES=(
   libarchive-dev nettle-dev zlib1g-dev libzstd-dev liblzma-dev libbz2-dev liblz4-dev libacl1-dev
   clang-format
   busybox-static debootstrap tmux perl curl
-  python3 # the documents: their links (tests/tools/check_links.py), their examples run (tests/tools/run_docs.py); bench/
+  python3 # the documents' links and examples (tests/tools/check_links.py, run_docs.py); bench/
   nftables iproute2
   e2fsprogs # mkfs.ext4, for a sandbox's own disk (limits.diskBytes)
   bubblewrap # the peer nsbox-api-bench compares with
