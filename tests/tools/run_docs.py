@@ -23,8 +23,8 @@ How a block runs
   stderr together, as a terminal shows them, compared in full. A command with no line after it
   must print nothing. Its exit status is not checked (a terminal does not show it; a refusal is
   its message).
-- Without `$ ` lines (a script): the block runs whole with `bash -e` and must exit 0; its output
-  is not compared.
+- Without `$ ` lines (a script): the block runs whole, in a subshell with `set -e`, and must
+  exit 0; its output is not compared.
 - Commands run in one bash per document, in its work directory (a temporary directory), in
   order: a variable set or a sandbox created by one block is there for the next. stdin is
   /dev/null.
@@ -39,8 +39,9 @@ What may differ (the comparison stays exact elsewhere)
   number of lines (none included).
 - The parts that vary from run to run match a pattern instead of their text: the VARYING
   patterns below (times, durations, exec ids, pids, usage figures, a token), and a block's own
-  `<!-- doc: vary: REGEX -->` (one per comment, several comments allowed). Each must match the
-  document's own text there, so the shape is still checked (an exec id stays e-<12 hex>).
+  `<!-- doc: vary: REGEX -->` (one per comment, several comments allowed). A pattern stands for
+  the document's text only where that text matches it, and the run's text there must match it
+  too: the shape is still checked (an exec id stays e-<12 hex>), the rest of the line exactly.
 - A value the document shows that varied (an exec id) is remembered with the value the run
   gave, and the later commands of the document use the run's value, so
   `execs/e-fe5465c6aaaa/output` after the exec that started it reads that exec's output (the
@@ -52,11 +53,13 @@ The environment (main mode, as root)
   private) with empty tmpfs mounts over /run/nsbox, /var/lib/nsbox and /etc/nsbox, so the
   documents' literal paths work and nothing of the host's is touched; a directory missing on the
   host is made for the mount point and removed after.
-- PATH starts with the build's runtime/ (nsbox, nsbox-init, nsbox-net) and a directory with a
-  `sudo` that runs its command (the runner is root already).
+- PATH starts with the build's runtime/ (nsbox and nsbox-init; nsbox finds nsbox-net in
+  ../net) and a directory with a `sudo` that runs its command (the runner is root already).
 - A daemon is started as the documents say: `nsbox serve` on its defaults; with
   `--listen 127.0.0.1:7711 --token-file /etc/nsbox/token` too when the document uses that
-  address (the token is random, written there). It is stopped with SIGTERM at the end.
+  address (the token is random, written there). The first block waits until its pool of jails
+  is full, as on a daemon that has run a while. It is stopped with SIGTERM at the end (and when
+  the runner dies).
 - After each document the host must be as before: no new nsbox cgroup, mount, process, network
   link or nftables table.
 
