@@ -29,7 +29,7 @@ echo "== type-check examples"
 "$NODE" node_modules/typescript/bin/tsc -p tsconfig.examples.json
 
 echo "== client + adapter tests on $("$NODE" --version)"
-"$NODE" --test --test-concurrency=1 test/client.test.mjs test/adapter.test.mjs
+"$NODE" --test --test-concurrency=1 test/client.test.mjs test/adapter.test.mjs test/sockets.test.mjs
 
 NODE22=""
 if "$NODE" -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>22||(a===22&&b>=19)?0:1)'; then
