@@ -31,6 +31,12 @@ function ok(cmd, args, opts = {}) {
   return r;
 }
 
+/**
+ * npm's environment: a registry nothing listens on, so that any attempt to reach the network
+ * fails the step instead of passing on a machine that is online.
+ */
+const npmEnv = { ...process.env, npm_config_registry: 'http://127.0.0.1:9/', npm_config_update_notifier: 'false', npm_config_audit: 'false', npm_config_fund: 'false' };
+
 /** The environment of a user's script: the test's daemon through NSBOX_SOCKET, nothing else. */
 function userEnv() {
   const env = { ...process.env, NSBOX_SOCKET: d.socketPath };
@@ -70,15 +76,15 @@ before(async () => {
   d = await startDaemon();
   dir = mkdtempSync(join(tmpdir(), 'nsbox-ts-package-'));
   // npm pack, as the publisher does: the tarball and the list of what it ships.
-  const pack = ok('npm', ['pack', '--json', '--pack-destination', dir, '--loglevel=error'], { cwd: pkg });
+  const pack = ok('npm', ['pack', '--json', '--pack-destination', dir, '--loglevel=error'], { cwd: pkg, env: npmEnv });
   packed = JSON.parse(pack.stdout)[0];
   tarball = join(dir, packed.filename);
   // An empty directory, a new project, the tarball installed without the network.
   app = join(dir, 'app');
   mkdirSync(app);
-  ok('npm', ['init', '-y'], { cwd: app });
-  ok('npm', ['pkg', 'set', 'type=module'], { cwd: app });
-  ok('npm', ['install', '--offline', '--no-audit', '--no-fund', '--loglevel=error', tarball], { cwd: app });
+  ok('npm', ['init', '-y'], { cwd: app, env: npmEnv });
+  ok('npm', ['pkg', 'set', 'type=module'], { cwd: app, env: npmEnv });
+  ok('npm', ['install', '--offline', '--no-audit', '--no-fund', '--loglevel=error', tarball], { cwd: app, env: npmEnv });
   // The README's Flue snippets import @flue/runtime, an optional peer the user installs; here the
   // devDependency's (and the Node types a TypeScript user has) stand in, linked, not downloaded.
   mkdirSync(join(app, 'node_modules', '@types'), { recursive: true });

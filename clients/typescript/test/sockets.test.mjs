@@ -95,6 +95,16 @@ test('no socket of the user, the system socket not the user\'s to open: each nam
   );
 });
 
+test('a socket given that is not the user\'s to open: the group to join, named', async () => {
+  const r = await asNobody({ env: { NSBOX_SOCKET: '/run/nsbox/nsboxd.sock' } });
+  assert.equal(r.code, 'daemon_unreachable', r.message);
+  assert.match(r.message, /^nsbox: cannot reach nsboxd at unix socket \/run\/nsbox\/nsboxd\.sock: EACCES /);
+  assert.ok(
+    r.message.endsWith('; permission denied (the socket is mode 0660, group root (id 0)): run as root, or join group root (sudo usermod -aG root $USER, then log in again)'),
+    r.message,
+  );
+});
+
 test('the control: a member of the socket\'s group reaches the system daemon after the user\'s socket', async () => {
   const r = await asNobody({ groups: [0] });
   assert.equal(r.code, undefined, r.message);
