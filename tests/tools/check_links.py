@@ -9,6 +9,9 @@ README, every Markdown file under docs/ and the TypeScript client's README:
   [label]: target; links inside code (fenced blocks, `code spans`) are text, not links;
 - a target with a scheme (https:, mailto:) is left alone: it is not the repository's;
 - a relative target must stay inside the repository and name a file or directory that exists;
+- a document that is shipped alone (the TypeScript client's README, which `npm pack` puts in the
+  package and the npm page shows) links only inside its package directory: its reader has the
+  package, not the repository;
 - a #anchor must be a heading of the target Markdown file (or of the same file for a bare
   #anchor), as GitHub makes its anchors: lower case, punctuation dropped, spaces as hyphens, and
   -1, -2 ... for a heading that comes again.
@@ -35,6 +38,9 @@ def documents(root):
                 out.append(os.path.relpath(os.path.join(dirpath, name), root))
     return out
 
+
+# Documents shipped in a package of their own, and that package's directory.
+PACKAGED = {os.path.join("clients", "typescript", "README.md"): os.path.join("clients", "typescript")}
 
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
 
@@ -154,6 +160,13 @@ def check(root):
             if resolved != root and not resolved.startswith(root + os.sep):
                 problems.append(f"{where}: leaves the repository")
                 continue
+            package = PACKAGED.get(doc)
+            if package is not None:
+                package_root = os.path.join(root, package)
+                if resolved != package_root and not resolved.startswith(package_root + os.sep):
+                    problems.append(f"{where}: leaves the package {package}/ (its README is "
+                                    "shipped alone: name the file in prose, or link it by URL)")
+                    continue
             if not os.path.exists(resolved):
                 problems.append(f"{where}: no such file in the repository")
                 continue
@@ -184,8 +197,15 @@ def self_test():
             "```",
             "[ref]: docs/missing.md",                  # 11: missing
             "[spaced](docs/b%20c.md#under_score-and-%C3%A9migr%C3%A9)",
+            "[star](docs/a.md#étoile-x)",
         ]),
-        "clients/typescript/README.md": "[up](../../docs/a.md#étoile-x)\n[up2](../../../x.md)\n",
+        "clients/typescript/README.md": "\n".join([
+            "[up](../../docs/a.md#étoile-x)",          # 1: leaves the package
+            "[up2](../../../x.md)",                    # 2: leaves the repository
+            "[inside](package.json), [here](#c)",
+            "# C",
+        ]),
+        "clients/typescript/package.json": "{}\n",
         "docs/a.md": "# The API (v1)\n## `The` API, v1\n### Étoile: X\n",
         "docs/b c.md": "## Under_score and émigré\n",
     }
@@ -194,6 +214,9 @@ def self_test():
         "README.md:5: (docs/a.md#nope): docs/a.md has no heading #nope",
         "README.md:6: (../elsewhere.md): leaves the repository",
         "README.md:11: (docs/missing.md): no such file in the repository",
+        "clients/typescript/README.md:1: (../../docs/a.md#étoile-x): leaves the package "
+        "clients/typescript/ (its README is shipped alone: name the file in prose, or link it by "
+        "URL)",
         "clients/typescript/README.md:2: (../../../x.md): leaves the repository",
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,8 +229,8 @@ def self_test():
             f.write("# outside, but present\n")
         checked, problems = check(root)
     got = set(problems)
-    if got != want or checked != 13:
-        print(f"self-test failed: {checked} links checked (13 expected)")
+    if got != want or checked != 16:
+        print(f"self-test failed: {checked} links checked (16 expected)")
         for p in sorted(want - got):
             print(f"  not found: {p}")
         for p in sorted(got - want):

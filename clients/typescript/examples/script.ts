@@ -1,7 +1,7 @@
 // The client on its own, from a plain script.
 import { NsboxClient, NsboxError } from 'nsbox';
 
-const nsbox = new NsboxClient(); // /run/nsbox/nsboxd.sock as root; or { socketPath } / { url, token }
+const nsbox = new NsboxClient(); // the daemon found as the CLI finds it; or { socketPath } / { url, token }
 
 const box = await nsbox.putSandbox('demo', { limits: { memoryBytes: 1 << 30 } });
 console.log(`${box.id}: ${box.created ? 'created' : 'found'}, cwd ${box.cwd}`);

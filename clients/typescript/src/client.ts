@@ -2,12 +2,14 @@ import * as http from 'node:http';
 import * as https from 'node:https';
 import { Readable } from 'node:stream';
 import { abortError, NsboxError } from './errors.js';
+import { accessHint, defaultSocketPaths, firstAnswering, noDaemonMessage } from './sockets.js';
 
 /** How to reach nsboxd. Give at most one of `socketPath` and `url`. */
 export interface NsboxClientOptions {
   /**
-   * Unix socket of the daemon. Default: `$NSBOX_SOCKET`, else `/run/nsbox/nsboxd.sock` as root,
-   * else `$XDG_RUNTIME_DIR/nsbox/nsboxd.sock`.
+   * Unix socket of the daemon. Default: `$NSBOX_SOCKET`, else `/run/nsbox/nsboxd.sock` as root;
+   * else, as the CLI, the user's own `$XDG_RUNTIME_DIR/nsbox/nsboxd.sock` and then
+   * `/run/nsbox/nsboxd.sock`, the first that accepts a connection (`defaultSocketPaths()`).
    */
   socketPath?: string;
   /** `http://HOST:PORT` of a TCP listener (default `$NSBOX_URL`); needs `token`. */
@@ -208,14 +210,6 @@ interface SendOptions {
   signal?: AbortSignal | undefined;
 }
 
-/** The socket nsboxd listens on by default (api.md, Transport). */
-export function defaultSocketPath(): string {
-  if (process.env.NSBOX_SOCKET) return process.env.NSBOX_SOCKET;
-  if (typeof process.getuid === 'function' && process.getuid() === 0) return '/run/nsbox/nsboxd.sock';
-  const runtimeDir = process.env.XDG_RUNTIME_DIR || `/run/user/${process.getuid?.() ?? 0}`;
-  return `${runtimeDir}/nsbox/nsboxd.sock`;
-}
-
 function checkOptionalString(options: Record<string, unknown>, name: string): void {
   const value = options[name];
   if (value !== undefined && (typeof value !== 'string' || value === '')) {
@@ -247,9 +241,20 @@ const CONNECT_CODES = new Set(['ECONNREFUSED', 'ENOENT', 'EACCES', 'EPERM', 'ENO
 
 /** The nsboxd HTTP API (`api.md`, version 1) over a Unix socket or TCP with a bearer token. */
 export class NsboxClient {
+  /**
+   * The socket requests go to (undefined with `url`). With no `socketPath` given as a normal
+   * user, the first of the default sockets until the first request finds the one that answers.
+   */
+  get socketPath(): string | undefined {
+    return this.#sockets[0];
+  }
   /** Where requests go, for messages: `unix socket /run/...` or `http://host:port`. */
-  readonly endpoint: string;
-  readonly socketPath: string | undefined;
+  get endpoint(): string {
+    return this.url !== undefined ? this.url.origin + this.#prefix : `unix socket ${this.#sockets[0]}`;
+  }
+  /** The socket, or the default sockets in the order they are tried until one answers. */
+  #sockets: string[] = [];
+  #choosing: Promise<void> | undefined;
   readonly url: URL | undefined;
   readonly #token: string | undefined;
   readonly #agent: http.Agent;
@@ -291,18 +296,15 @@ export class NsboxClient {
       // A path is where nsboxd's API sits behind a reverse proxy: every request goes under it.
       this.#prefix = url.pathname.replace(/\/+$/, '');
       this.url = url;
-      this.socketPath = undefined;
       this.#token = options.token ?? process.env.NSBOX_TOKEN;
-      this.endpoint = url.origin + this.#prefix;
       this.#agent = url.protocol === 'https:' ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true });
     } else {
       if (options.token !== undefined) {
         throw new TypeError('nsbox: option `token` needs `url` (the Unix socket takes no token)');
       }
-      this.socketPath = options.socketPath ?? defaultSocketPath();
+      this.#sockets = options.socketPath !== undefined ? [options.socketPath] : defaultSocketPaths();
       this.url = undefined;
       this.#token = undefined;
-      this.endpoint = `unix socket ${this.socketPath}`;
       this.#agent = new http.Agent({ keepAlive: true });
     }
   }
@@ -317,6 +319,12 @@ export class NsboxClient {
   #send(opts: SendOptions, retry = true): Promise<http.IncomingMessage> {
     const { signal } = opts;
     if (signal?.aborted) return Promise.reject(abortError(signal));
+    if (this.#sockets.length > 1) {
+      return this.#chooseSocket().then(() => {
+        if (signal?.aborted) throw abortError(signal);
+        return this.#send(opts, retry);
+      });
+    }
     return new Promise((resolve, reject) => {
       const headers: Record<string, string> = { Host: this.url?.host ?? 'nsboxd', ...opts.headers };
       if (this.#token !== undefined) headers.Authorization = `Bearer ${this.#token}`;
@@ -382,13 +390,35 @@ export class NsboxClient {
     });
   }
 
+  /**
+   * The default sockets (no `socketPath`, `url`, NSBOX_SOCKET or NSBOX_URL, as a normal user):
+   * the first that accepts a connection is the client's socket for good, as the CLI does. When
+   * none does, `daemon_unreachable` says of each why, and the next request tries them again.
+   */
+  #chooseSocket(): Promise<void> {
+    this.#choosing ??= firstAnswering(this.#sockets).then(
+      ({ socket, failures }) => {
+        this.#choosing = undefined;
+        if (socket === undefined) throw new NsboxError('daemon_unreachable', noDaemonMessage(failures));
+        this.#sockets = [socket];
+      },
+      (err: unknown) => {
+        this.#choosing = undefined;
+        throw err;
+      },
+    );
+    return this.#choosing;
+  }
+
   #transportError(err: NodeJS.ErrnoException, answered: boolean): NsboxError {
     if (err instanceof NsboxError) return err;
     if (!answered && err.code && CONNECT_CODES.has(err.code)) {
       const hint =
-        this.socketPath !== undefined
-          ? 'is nsboxd running? (`nsbox serve`; or pass `socketPath`, or set NSBOX_SOCKET)'
-          : 'is nsboxd listening there with --listen?';
+        this.socketPath === undefined
+          ? 'is nsboxd listening there with --listen?'
+          : err.code === 'EACCES' || err.code === 'EPERM'
+            ? accessHint(this.socketPath)
+            : 'is nsboxd running? (`nsbox serve`; or pass `socketPath`, or set NSBOX_SOCKET)';
       return new NsboxError(
         'daemon_unreachable',
         `nsbox: cannot reach nsboxd at ${this.endpoint}: ${err.code} (${err.message}); ${hint}`,

@@ -1,4 +1,5 @@
-export { NsboxClient, defaultSocketPath } from './client.js';
+export { NsboxClient } from './client.js';
+export { defaultSocketPath, defaultSocketPaths } from './sockets.js';
 export type {
   NsboxClientOptions,
   SandboxLimits,
