@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -97,10 +98,45 @@ using api::SignalName;
 
 // A daemon SIGKILLed while it cloned a jail leaves the clone with copies of its listening
 // sockets until the clone dies too (of PR_SET_PDEATHSIG, well under a millisecond here): a socket
-// that still answers, or a port still in use, is looked at again for this long before a new
-// daemon gives up on it, so that a restart at once (systemd, a script) is not refused.
+// that still takes connections, or a port still in use, is looked at again for this long before
+// a new daemon gives up on it, so that a restart at once (systemd, a script) is not refused. What
+// answers HTTP there is a live daemon (a clone's copy only queues the connection): that is said at
+// once, without the wait.
 constexpr auto kPredecessorGrace = std::chrono::milliseconds(1000);
 constexpr auto kPredecessorRetry = std::chrono::milliseconds(10);
+// How long a connected listener has to begin an answer to GET /v1/health. A daemon's accept loop
+// answers within a millisecond or two; a listener that is not accepting never does.
+constexpr int kAnswerWaitMs = 100;
+
+// Whether what `fd` is connected to answers an HTTP request (its first bytes are "HTTP/") within
+// kAnswerWaitMs. Nothing is read beyond those bytes; the connection is closed by the caller.
+bool AnswersHttp(int fd) {
+  static constexpr std::string_view kRequest =
+      "GET /v1/health HTTP/1.1\r\nHost: nsboxd\r\nConnection: close\r\n\r\n";
+  if (::send(fd, kRequest.data(), kRequest.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(kRequest.size())) {
+    return false;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAnswerWaitMs);
+  std::string got;
+  while (got.size() < 5) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    struct pollfd pfd {
+      fd, POLLIN, 0
+    };
+    const int n = ::poll(&pfd, 1, static_cast<int>(left.count()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    char buf[5];
+    const ssize_t r = ::recv(fd, buf, sizeof buf - got.size(), MSG_DONTWAIT);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) return false;  // reset or closed: a listener that went away
+    got.append(buf, static_cast<size_t>(r));
+  }
+  return got == "HTTP/";
+}
 
 Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::string& path) {
   std::error_code fec;
@@ -119,8 +155,14 @@ Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::st
       boost::system::error_code ec;
       probe.connect(asio::local::stream_protocol::endpoint(path), ec);
       if (ec) break;
+      if (AnswersHttp(probe.native_handle())) {
+        return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
+                                     ": a daemon answers there. Stop it first, or give this one "
+                                     "another --socket (and --state-dir)");
+      }
       if (std::chrono::steady_clock::now() >= give_up) {
-        return Error(EADDRINUSE, "another nsboxd is already listening on " + path);
+        return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
+                                     ": something takes connections there but does not answer");
       }
       std::this_thread::sleep_for(kPredecessorRetry);
     }
@@ -137,6 +179,19 @@ Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::st
   acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error(ec.value(), "listen on " + path + ": " + ec.message());
   return acceptor;
+}
+
+// Whether an HTTP server answers on the TCP endpoint `ep` (its unspecified address, 0.0.0.0 or
+// ::, asked on the loopback).
+bool TcpAnswersHttp(asio::io_context& io, asio::ip::tcp::endpoint ep) {
+  if (ep.address().is_unspecified()) {
+    ep.address(ep.address().is_v4() ? asio::ip::address(asio::ip::address_v4::loopback())
+                                    : asio::ip::address(asio::ip::address_v6::loopback()));
+  }
+  asio::ip::tcp::socket probe(io);
+  boost::system::error_code ec;
+  probe.connect(ep, ec);
+  return !ec && AnswersHttp(probe.native_handle());
 }
 
 Result<std::unique_ptr<Acceptor>> ListenTcp(asio::io_context& io, const std::string& listen) {
@@ -168,6 +223,10 @@ Result<std::unique_ptr<Acceptor>> ListenTcp(asio::io_context& io, const std::str
   while (!ec) {
     acceptor->bind(ep, ec);
     if (ec != asio::error::address_in_use || std::chrono::steady_clock::now() >= give_up) break;
+    if (TcpAnswersHttp(io, tcp_ep)) {
+      return Error(EADDRINUSE, "listen on " + listen + ": " + ec.message() +
+                                   ": an HTTP server (another nsboxd?) answers there");
+    }
     ec.clear();
     std::this_thread::sleep_for(kPredecessorRetry);
   }
@@ -248,14 +307,20 @@ int Serve(const ServeOptions& options) {
   ro.watch_channel = [&channels](std::shared_ptr<fs::InitClient> client) {
     channels.Watch(std::move(client));
   };
-  // The TCP listener first: a bad --listen (or a port in use) fails before the state directory
-  // or the socket file is made.
+  // The listeners before anything that changes the host: a bad --listen, a port in use or a
+  // socket where a daemon answers fails before the daemon moves into a cgroup of its own, before
+  // the state directory is made or opened and before the pool starts a jail (issue 52: a second
+  // daemon on a socket in use waited for its pool's first jail). The TCP listener first: a bad
+  // --listen fails before the socket file is made.
   std::unique_ptr<Acceptor> tcp_acceptor;
   if (!options.listen.empty()) {
     auto t = ListenTcp(io, options.listen);
     if (!t.ok()) return fail(t.error().message());
     tcp_acceptor = std::move(t).value();
   }
+  const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
+  auto unix_acceptor = ListenUnix(io, socket_path);
+  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
   // Before the registry's pool starts its jails: where the sandboxes' cgroups are made (on a pure
   // v2 host, a leaf of a delegated cgroup for the daemon itself; docs/cgroups.md "Placement").
   // A failure is logged, and tried again by the next creation that needs it.
@@ -265,11 +330,11 @@ int Serve(const ServeOptions& options) {
     if (auto layout = isolate::LoadCgroupLayout(); layout.ok()) isolate::FavorMovesIntoV1(*layout);
   }
   auto registry = Registry::Open(ro);
-  if (!registry.ok()) return fail(registry.error().message());
-
-  const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
-  auto unix_acceptor = ListenUnix(io, socket_path);
-  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
+  if (!registry.ok()) {
+    // The socket made above is this daemon's: no file of a daemon that did not start is left.
+    ::unlink(socket_path.c_str());
+    return fail(registry.error().message());
+  }
 
   // Exec sessions live in memory only: what a previous daemon spilled is of no use now.
   for (const auto& entry : (*registry)->List()) {
