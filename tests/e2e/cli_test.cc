@@ -1515,8 +1515,27 @@ TEST_F(CliTest, UnreachableDaemon) {
     EXPECT_EQ(r.code, 1) << r.Describe();
     EXPECT_EQ(r.err, "nsbox: ls: connect to nsboxd at " + socket_ +
                          ": EACCES (Permission denied); the daemon's socket is not accessible to "
-                         "this user (mode 0660, group root (id 0)): run as root, or join group "
-                         "root (sudo usermod -aG root $USER, then log in again)\n");
+                         "this user (mode 0660, group root (id 0)): run as root (sudo nsbox ...); "
+                         "group root is not one to join: whoever runs nsboxd can give its socket "
+                         "a group for nsbox's users (chgrp GROUP " +
+                         socket_ + ", after each start of the daemon), which a user then joins\n");
+    // A group of the socket's other than root's is the one to join (issue 52: joining root was
+    // said of root's too). Group 1 (daemon, bin...), which nobody is not in.
+    const struct group* g = ::getgrgid(1);
+    ASSERT_NE(g, nullptr) << "no group 1 in /etc/group";
+    const std::string group = g->gr_name;
+    ASSERT_EQ(::chown(socket_.c_str(), 0, 1), 0) << strerror(errno);
+    ASSERT_EQ(::chmod(dir_.c_str(), 0711), 0);
+    CliProcess other({"ls"}, {"NSBOX_SOCKET=" + socket_}, Terminal::kNone, /*as_nobody=*/true);
+    r = other.Finish();
+    ASSERT_EQ(::chmod(dir_.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(socket_.c_str(), 0, 0), 0) << strerror(errno);
+    EXPECT_EQ(r.code, 1) << r.Describe();
+    EXPECT_EQ(r.err, "nsbox: ls: connect to nsboxd at " + socket_ +
+                         ": EACCES (Permission denied); the daemon's socket is not accessible to "
+                         "this user (mode 0660, group " +
+                         group + " (id 1)): run as root, or join group " + group +
+                         " (sudo usermod -aG " + group + " $USER, then log in again)\n");
   }
 
   // --url: without a scheme, the one to write; TLS is said of https:// only.
@@ -1580,8 +1599,10 @@ TEST_F(CliTest, DefaultSocketsAsANormalUser) {
             "nsbox: ls: no nsboxd answers on the default sockets: " + user_socket +
                 ": ENOENT (No such file or directory), no daemon there; /run/nsbox/nsboxd.sock: "
                 "EACCES (Permission denied), the daemon's socket is not accessible to this user "
-                "(mode 0660, group root (id 0)): run as root, or join group root (sudo usermod "
-                "-aG root $USER, then log in again)\n");
+                "(mode 0660, group root (id 0)): run as root (sudo nsbox ...); group root is "
+                "not one to join: whoever runs nsboxd can give its socket a group for nsbox's "
+                "users (chgrp GROUP /run/nsbox/nsboxd.sock, after each start of the daemon), which "
+                "a user then joins\n");
 
   // Neither answers: a dead socket of the user's own (tried first), none of the system's.
   MakeDeadSocket(user_socket);
