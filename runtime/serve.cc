@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -75,6 +74,7 @@
 #include "runtime/exec_events.h"
 #include "runtime/exec_session.h"
 #include "runtime/image_imports.h"
+#include "runtime/listener_probe.h"
 #include "runtime/listing.h"
 #include "runtime/metrics.h"
 #include "runtime/netns.h"
@@ -104,39 +104,10 @@ using api::SignalName;
 // once, without the wait.
 constexpr auto kPredecessorGrace = std::chrono::milliseconds(1000);
 constexpr auto kPredecessorRetry = std::chrono::milliseconds(10);
-// How long a connected listener has to begin an answer to GET /v1/health. A daemon's accept loop
-// answers within a millisecond or two; a listener that is not accepting never does.
-constexpr int kAnswerWaitMs = 100;
-
-// Whether what `fd` is connected to answers an HTTP request (its first bytes are "HTTP/") within
-// kAnswerWaitMs. Nothing is read beyond those bytes; the connection is closed by the caller.
-bool AnswersHttp(int fd) {
-  static constexpr std::string_view kRequest =
-      "GET /v1/health HTTP/1.1\r\nHost: nsboxd\r\nConnection: close\r\n\r\n";
-  if (::send(fd, kRequest.data(), kRequest.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(kRequest.size())) {
-    return false;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAnswerWaitMs);
-  std::string got;
-  while (got.size() < 5) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    struct pollfd pfd {
-      fd, POLLIN, 0
-    };
-    const int n = ::poll(&pfd, 1, static_cast<int>(left.count()));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    char buf[5];
-    const ssize_t r = ::recv(fd, buf, sizeof buf - got.size(), MSG_DONTWAIT);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (r <= 0) return false;  // reset or closed: a listener that went away
-    got.append(buf, static_cast<size_t>(r));
-  }
-  return got == "HTTP/";
-}
+// How long a listener has to begin an answer to GET /v1/health (runtime/listener_probe.h). A
+// daemon's accept loop answers within a millisecond or two; a listener that is not accepting
+// never does.
+constexpr auto kAnswerWait = std::chrono::milliseconds(100);
 
 Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::string& path) {
   std::error_code fec;
@@ -151,11 +122,9 @@ Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::st
     // A live daemon answers; a dead one's socket is only a name.
     const auto give_up = std::chrono::steady_clock::now() + kPredecessorGrace;
     for (;;) {
-      asio::local::stream_protocol::socket probe(io);
-      boost::system::error_code ec;
-      probe.connect(asio::local::stream_protocol::endpoint(path), ec);
-      if (ec) break;
-      if (AnswersHttp(probe.native_handle())) {
+      NSBOX_ASSIGN_OR_RETURN(ListenerFound found, ProbeUnixListener(path, kAnswerWait));
+      if (found == ListenerFound::kNothing) break;
+      if (found == ListenerFound::kAnswers) {
         return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
                                      ": a daemon answers there. Stop it first, or give this one "
                                      "another --socket (and --state-dir)");
@@ -179,19 +148,6 @@ Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::st
   acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error(ec.value(), "listen on " + path + ": " + ec.message());
   return acceptor;
-}
-
-// Whether an HTTP server answers on the TCP endpoint `ep` (its unspecified address, 0.0.0.0 or
-// ::, asked on the loopback).
-bool TcpAnswersHttp(asio::io_context& io, asio::ip::tcp::endpoint ep) {
-  if (ep.address().is_unspecified()) {
-    ep.address(ep.address().is_v4() ? asio::ip::address(asio::ip::address_v4::loopback())
-                                    : asio::ip::address(asio::ip::address_v6::loopback()));
-  }
-  asio::ip::tcp::socket probe(io);
-  boost::system::error_code ec;
-  probe.connect(ep, ec);
-  return !ec && AnswersHttp(probe.native_handle());
 }
 
 Result<std::unique_ptr<Acceptor>> ListenTcp(asio::io_context& io, const std::string& listen) {
@@ -223,7 +179,9 @@ Result<std::unique_ptr<Acceptor>> ListenTcp(asio::io_context& io, const std::str
   while (!ec) {
     acceptor->bind(ep, ec);
     if (ec != asio::error::address_in_use || std::chrono::steady_clock::now() >= give_up) break;
-    if (TcpAnswersHttp(io, tcp_ep)) {
+    if (auto found =
+            ProbeTcpListener(tcp_ep.data(), static_cast<socklen_t>(tcp_ep.size()), kAnswerWait);
+        found.ok() && *found == ListenerFound::kAnswers) {
       return Error(EADDRINUSE, "listen on " + listen + ": " + ec.message() +
                                    ": an HTTP server (another nsboxd?) answers there");
     }
