@@ -194,10 +194,19 @@ int main(int argc, char** argv) {
       }
       serve.idle_stop_ms = *ms;
     }
-    if (serve.output_ring < 4096 || serve.exec_retention_seconds > 7 * 24 * 3600) {
+    // Each value out of its range is said on its own, with its flag, the value and the range.
+    if (serve.output_ring < 4096) {
       std::fprintf(stderr,
-                   "nsbox serve: --output-ring must be at least 4096 bytes and "
-                   "--exec-retention at most 604800 seconds\n");
+                   "nsbox serve: --output-ring '%s' is %llu bytes: it must be at least 4096 (4K); "
+                   "the default is 2M\n",
+                   output_ring.c_str(), static_cast<unsigned long long>(serve.output_ring));
+      return nsbox::isolate::kExitSetupFailed;
+    }
+    if (serve.exec_retention_seconds > 7 * 24 * 3600) {
+      std::fprintf(stderr,
+                   "nsbox serve: --exec-retention %llu is out of range: 0 to 604800 seconds (7 "
+                   "days); the default is 600\n",
+                   static_cast<unsigned long long>(serve.exec_retention_seconds));
       return nsbox::isolate::kExitSetupFailed;
     }
     return nsbox::runtime::Serve(serve);

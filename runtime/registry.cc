@@ -42,6 +42,9 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
   }
   const std::string hash = IdHash(config.id);
   const std::string dir = sandboxes_dir_ + "/" + hash;
+  // A directory of this id that is not a sandbox of the registry: one the start could not load
+  // (Load logged it), or one put there since. Refused before anything is taken for the creation.
+  if (struct stat st; ::lstat(dir.c_str(), &st) == 0) return UnloadableDir(config.id, dir);
   config.created_at = NowRfc3339();
   // An imported image is looked up under the registry's lock, which RemoveImage also takes: the
   // content a new sandbox is built on cannot be collected under it.
@@ -197,9 +200,6 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     return Ok();
   };
   auto made = [&]() -> Status {
-    const std::string in_use =
-        "a directory of this id exists but could not be loaded (see the daemon's start-up log); "
-        "move it away to reuse the id";
     if (!spare.empty()) {
       // A skeleton made ahead (MakeSpareDir: workspace/ and home/, and config.json's slot,
       // durable): config.json is written over its slot and made durable, then the skeleton is
@@ -210,9 +210,7 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
       NSBOX_TRY(MakeDisk(spare));
       NSBOX_TRY(FillSlotDurable(spare, "config.json", EncodeConfig(config)));
       if (::renameat2(AT_FDCWD, spare.c_str(), AT_FDCWD, dir.c_str(), RENAME_NOREPLACE) != 0) {
-        int err = errno;
-        Error e = Error::Sys("rename", spare + " to " + dir, err);
-        return err == EEXIST ? std::move(e).Context(in_use) : e;
+        return Error::Sys("rename", spare + " to " + dir, errno);
       }
       spare.clear();
       made_dir = true;
@@ -220,16 +218,12 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
       return Ok();
     }
     // config.json last: a directory without it is a creation that did not finish. A directory
-    // that is already there (one whose config.json the start-up could not read) is refused,
-    // never reused or removed: it may hold someone's files.
+    // that is already there (made since the check above) is refused, never reused or removed:
+    // it may hold someone's files.
     // 0700: a sandbox may make its files setuid to its own uid (or its image has such files);
     // no host user may reach them (case SetuidFilesOfSandboxesAreOutOfHostUsersReach). The jail
     // attaches its directories through fds, never walking this path as its own uid.
-    if (::mkdir(dir.c_str(), 0700) != 0) {
-      int err = errno;
-      Error e = Error::Sys("mkdir", dir, err);
-      return err == EEXIST ? std::move(e).Context(in_use) : e;
-    }
+    if (::mkdir(dir.c_str(), 0700) != 0) return Error::Sys("mkdir", dir, errno);
     made_dir = true;
     if (config.limits.disk_bytes) {
       NSBOX_TRY(MakeDisk(dir));
@@ -250,6 +244,11 @@ ApiOutcome<std::pair<std::shared_ptr<SandboxEntry>, bool>> Registry::Create(Sand
     if (!spare.empty()) (void)RemoveTree(spare);  // not used, or its config.json half-written
     if (made_dir) (void)RemoveTree(dir);
     if (!image) AskForSpareDir();
+    // A directory of the id that came since the check above (the rename and the mkdir never
+    // replace one): refused as that check refuses it, without the skeleton's name.
+    if (struct stat st; made.error().code() == EEXIST && ::lstat(dir.c_str(), &st) == 0) {
+      return UnloadableDir(config.id, dir);
+    }
     const std::string message = "create sandbox '" + config.id + "': " + made.error().message();
     if (made.error().code() == ENOSPC || made.error().code() == EDQUOT) {
       return ApiError::Of(507, ErrnoName(made.error().code()), message);  // api.md's full disk

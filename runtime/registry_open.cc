@@ -23,6 +23,7 @@
 #include "net/net_client.h"
 #include "runtime/image_imports.h"
 #include "runtime/registry.h"
+#include "runtime/registry_internal.h"
 
 namespace nsbox::runtime {
 
@@ -186,6 +187,28 @@ bool IsBareSkeleton(const std::string& path) {
 }
 
 }  // namespace
+
+ApiError UnloadableDir(const std::string& id, const std::string& dir) {
+  std::string why;
+  auto text = ReadFile(dir + "/config.json");
+  if (!text.ok()) {
+    why = text.error().code() == ENOENT ? "it has no config.json" : text.error().message();
+  } else if (auto config = DecodeConfig(*text); !config.ok()) {
+    why = config.error().message();
+  } else if (dir.substr(dir.rfind('/') + 1) != IdHash(config->id)) {
+    why = "its config.json is of another id, which does not hash to the directory's name";
+  } else {
+    // Loadable now: it was put there after the daemon's start, or mended since.
+    why =
+        "it was not there, or did not load, when the daemon started; restart the daemon to load "
+        "it";
+  }
+  return ApiError::Of(409, "sandbox_unloadable",
+                      "sandbox '" + id + "' cannot be created: its directory " + dir +
+                          " exists but cannot be loaded (" + why +
+                          "); move the directory away to reuse the id (it is kept: it may hold "
+                          "files)");
+}
 
 Status Registry::Load() {
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(sandboxes_dir_.c_str()), ::closedir);

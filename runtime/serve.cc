@@ -74,6 +74,7 @@
 #include "runtime/exec_events.h"
 #include "runtime/exec_session.h"
 #include "runtime/image_imports.h"
+#include "runtime/listener_probe.h"
 #include "runtime/listing.h"
 #include "runtime/metrics.h"
 #include "runtime/netns.h"
@@ -97,10 +98,16 @@ using api::SignalName;
 
 // A daemon SIGKILLed while it cloned a jail leaves the clone with copies of its listening
 // sockets until the clone dies too (of PR_SET_PDEATHSIG, well under a millisecond here): a socket
-// that still answers, or a port still in use, is looked at again for this long before a new
-// daemon gives up on it, so that a restart at once (systemd, a script) is not refused.
+// that still takes connections, or a port still in use, is looked at again for this long before
+// a new daemon gives up on it, so that a restart at once (systemd, a script) is not refused. What
+// answers HTTP there is a live daemon (a clone's copy only queues the connection): that is said at
+// once, without the wait.
 constexpr auto kPredecessorGrace = std::chrono::milliseconds(1000);
 constexpr auto kPredecessorRetry = std::chrono::milliseconds(10);
+// How long a listener has to begin an answer to GET /v1/health (runtime/listener_probe.h). A
+// daemon's accept loop answers within a millisecond or two; a listener that is not accepting
+// never does.
+constexpr auto kAnswerWait = std::chrono::milliseconds(100);
 
 Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::string& path) {
   std::error_code fec;
@@ -115,12 +122,16 @@ Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::st
     // A live daemon answers; a dead one's socket is only a name.
     const auto give_up = std::chrono::steady_clock::now() + kPredecessorGrace;
     for (;;) {
-      asio::local::stream_protocol::socket probe(io);
-      boost::system::error_code ec;
-      probe.connect(asio::local::stream_protocol::endpoint(path), ec);
-      if (ec) break;
+      NSBOX_ASSIGN_OR_RETURN(ListenerFound found, ProbeUnixListener(path, kAnswerWait));
+      if (found == ListenerFound::kNothing) break;
+      if (found == ListenerFound::kAnswers) {
+        return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
+                                     ": a daemon answers there. Stop it first, or give this one "
+                                     "another --socket (and --state-dir)");
+      }
       if (std::chrono::steady_clock::now() >= give_up) {
-        return Error(EADDRINUSE, "another nsboxd is already listening on " + path);
+        return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
+                                     ": something takes connections there but does not answer");
       }
       std::this_thread::sleep_for(kPredecessorRetry);
     }
@@ -168,6 +179,12 @@ Result<std::unique_ptr<Acceptor>> ListenTcp(asio::io_context& io, const std::str
   while (!ec) {
     acceptor->bind(ep, ec);
     if (ec != asio::error::address_in_use || std::chrono::steady_clock::now() >= give_up) break;
+    if (auto found =
+            ProbeTcpListener(tcp_ep.data(), static_cast<socklen_t>(tcp_ep.size()), kAnswerWait);
+        found.ok() && *found == ListenerFound::kAnswers) {
+      return Error(EADDRINUSE, "listen on " + listen + ": " + ec.message() +
+                                   ": an HTTP server (another nsboxd?) answers there");
+    }
     ec.clear();
     std::this_thread::sleep_for(kPredecessorRetry);
   }
@@ -248,14 +265,20 @@ int Serve(const ServeOptions& options) {
   ro.watch_channel = [&channels](std::shared_ptr<fs::InitClient> client) {
     channels.Watch(std::move(client));
   };
-  // The TCP listener first: a bad --listen (or a port in use) fails before the state directory
-  // or the socket file is made.
+  // The listeners before anything that changes the host: a bad --listen, a port in use or a
+  // socket where a daemon answers fails before the daemon moves into a cgroup of its own, before
+  // the state directory is made or opened and before the pool starts a jail (issue 52: a second
+  // daemon on a socket in use waited for its pool's first jail). The TCP listener first: a bad
+  // --listen fails before the socket file is made.
   std::unique_ptr<Acceptor> tcp_acceptor;
   if (!options.listen.empty()) {
     auto t = ListenTcp(io, options.listen);
     if (!t.ok()) return fail(t.error().message());
     tcp_acceptor = std::move(t).value();
   }
+  const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
+  auto unix_acceptor = ListenUnix(io, socket_path);
+  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
   // Before the registry's pool starts its jails: where the sandboxes' cgroups are made (on a pure
   // v2 host, a leaf of a delegated cgroup for the daemon itself; docs/cgroups.md "Placement").
   // A failure is logged, and tried again by the next creation that needs it.
@@ -265,11 +288,11 @@ int Serve(const ServeOptions& options) {
     if (auto layout = isolate::LoadCgroupLayout(); layout.ok()) isolate::FavorMovesIntoV1(*layout);
   }
   auto registry = Registry::Open(ro);
-  if (!registry.ok()) return fail(registry.error().message());
-
-  const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
-  auto unix_acceptor = ListenUnix(io, socket_path);
-  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
+  if (!registry.ok()) {
+    // The socket made above is this daemon's: no file of a daemon that did not start is left.
+    ::unlink(socket_path.c_str());
+    return fail(registry.error().message());
+  }
 
   // Exec sessions live in memory only: what a previous daemon spilled is of no use now.
   for (const auto& entry : (*registry)->List()) {

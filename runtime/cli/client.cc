@@ -68,9 +68,18 @@ std::string SocketAccessHint(const std::string& socket_path) {
   const std::string join = name.empty() ? id : name;
   char mode[8];
   std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
-  return "the daemon's socket is not accessible to this user (mode " + std::string(mode) +
-         (name.empty() ? ", group id " + id : ", group " + name + " (id " + id + ")") +
-         "): run as root, or join group " + join + " (sudo usermod -aG " + join +
+  const std::string what =
+      "the daemon's socket is not accessible to this user (mode " + std::string(mode) +
+      (name.empty() ? ", group id " + id : ", group " + name + " (id " + id + ")") + "): ";
+  if (st.st_gid == 0) {
+    // Root's group is never the way in: its members may read what is root's by group on most
+    // hosts. The socket needs a group of nsbox's users, which only root can give it.
+    return what +
+           "run as root (sudo nsbox ...); group root is not one to join: whoever runs nsboxd can "
+           "give its socket a group for nsbox's users (chgrp GROUP " +
+           socket_path + ", after each start of the daemon), which a user then joins";
+  }
+  return what + "run as root, or join group " + join + " (sudo usermod -aG " + join +
          " $USER, then log in again)";
 }
 

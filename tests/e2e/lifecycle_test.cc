@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -963,6 +964,44 @@ TEST_F(LifecycleTest, ASecondDaemonOnTheSameStateDirectoryIsRefused) {
   struct stat st {};
   EXPECT_NE(::stat((daemon().dir() + "/second.sock").c_str(), &st), 0) << "a socket was left";
   EXPECT_EQ(Sh(id, "echo still served"), "still served\n");
+}
+
+// A second daemon on a socket where a daemon answers exits at once, touching nothing (issue 52:
+// it said so after a second, once its pool's first jail had been waited for 10-20 s, a jail and
+// cgroups made and the state directory opened). Both with the first's state directory and with a
+// state directory of its own, which it must not make. 5 s is a bound for CI, not a timing claim:
+// the point is that it does not wait for a pool. Control: the same command line on another socket
+// and state directory starts.
+TEST_F(LifecycleTest, ASecondDaemonOnASocketInUseExitsAtOnceTouchingNothing) {
+  const std::string id = NewId();
+  Create(id);
+  const std::set<std::string> cgroups_before = FindNsboxCgroups();
+  const std::string own_state = daemon().dir() + "/second-state";
+  for (const std::string& state : {daemon().state_dir(), own_state}) {
+    std::string output;
+    const auto start = Clock::now();
+    const int code =
+        RunProgram({kNsboxBin, "serve", "--socket", daemon().socket_path(), "--state-dir", state},
+                   daemon().dir() + "/second.log", &output);
+    const auto took = Clock::now() - start;
+    EXPECT_NE(code, 0) << output;
+    EXPECT_LT(took, Scaled(milliseconds(5000))) << output;
+    EXPECT_NE(output.find("another nsboxd is already listening on " + daemon().socket_path() +
+                          ": a daemon answers there"),
+              std::string::npos)
+        << output;
+    EXPECT_EQ(output.find("nsbox-init"), std::string::npos) << "a jail was started: " << output;
+  }
+  struct stat st {};
+  EXPECT_NE(::stat(own_state.c_str(), &st), 0) << "the second daemon made its state directory";
+  EXPECT_EQ(NewNsboxCgroups(cgroups_before), std::vector<std::string>{});
+  EXPECT_EQ(client().Get("/v1/health").status, 200) << "the first daemon lost its socket";
+  EXPECT_EQ(Sh(id, "echo still served"), "still served\n");
+
+  // Control: on a socket and state directory of its own, the same command line starts.
+  Daemon other;
+  EXPECT_TRUE(other.Start()) << other.error();
+  EXPECT_TRUE(other.Stop()) << other.error();
 }
 
 TEST_F(LifecycleTest, SigkillDuringA100MBUploadLeavesOldOrNew) {
