@@ -8,6 +8,9 @@ std::vector<DoctorLayer> MissingPrerequisites(const Features& features) {
   in.euid = 0;  // the daemon has checked that it is root; privileges are not the kernel's
   std::vector<DoctorLayer> out;
   for (auto& layer : DoctorLayers(in)) {
+    // Without user namespaces, the namespace set is not tried ("needs user namespaces"): its
+    // fix (a kernel with CONFIG_*_NS) would send the reader the wrong way.
+    if (layer.key == "namespaces" && !features.user_namespaces.available) continue;
     if (layer.required && layer.status != "ok" && layer.key != "privileges") {
       out.push_back(std::move(layer));
     }

@@ -33,6 +33,9 @@ TEST(HostPrerequisitesTest, UserNamespacesDisabledIsNamedWithItsFix) {
   f.user_namespaces.detail =
       "clone(CLONE_NEWUSER): ENOSPC (No space left on device): user.max_user_namespaces = 0; "
       "fix: sysctl -w user.max_user_namespaces=15000";
+  // As the probe says then: the namespace set is not tried without a user namespace.
+  f.mount_namespaces.available = false;
+  f.mount_namespaces.detail = "needs user namespaces";
   auto missing = MissingPrerequisites(f);
   ASSERT_EQ(missing.size(), 1u);
   EXPECT_EQ(missing[0].key, "user_namespaces");
