@@ -109,7 +109,14 @@ check "nsbox doctor names it" sh -c 'nsbox doctor | grep -q "user.max_user_names
 sysctl -w user.max_user_namespaces=15000 >/dev/null
 check "with the sysctl back, systemctl start works" systemctl start nsboxd
 wait_socket && check "active" test "$(systemctl is-active nsboxd)" = active
-dpkg --purge nsbox >/dev/null 2>&1
+
+echo "== purge with a mount under /var/lib/nsbox: refused, nothing removed across it"
+systemctl stop nsboxd
+mkdir -p /var/lib/nsbox/held && mount -t tmpfs held /var/lib/nsbox/held && echo x >/var/lib/nsbox/held/f
+dpkg --purge nsbox 2>&1 | tee /tmp/purge2.log
+check "purge names the mount and removes nothing" grep -q "/var/lib/nsbox is in use and is not removed: /var/lib/nsbox/held" /tmp/purge2.log
+check "the mount and its file are still there" test -f /var/lib/nsbox/held/f
+umount /var/lib/nsbox/held && rm -rf /var/lib/nsbox
 
 echo "package row: $fails failure(s)"
 exit "$fails"
