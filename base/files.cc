@@ -160,7 +160,12 @@ Result<std::string> FindBesideSelf(std::initializer_list<const char*> relatives,
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
   if (n < 0) return Error::Sys("readlink", "/proc/self/exe", errno);
-  std::string self(buf, static_cast<size_t>(n));
+  return FindBeside(std::string(buf, static_cast<size_t>(n)), relatives, name);
+}
+
+Result<std::string> FindBeside(const std::string& self,
+                               std::initializer_list<const char*> relatives,
+                               std::string_view name) {
   auto slash = self.rfind('/');
   std::string dir = slash == std::string::npos ? "." : self.substr(0, slash);
   for (const char* relative : relatives) {

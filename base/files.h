@@ -58,9 +58,12 @@ Status RemoveTreeAt(int dir_fd, const std::string& name, const std::string& disp
 
 // The first of `relatives` (each "/name" or "/../dir/name", appended to the running executable's
 // directory) that is an executable file: how nsbox finds nsbox-init and nsbox-net, installed
-// beside it or in the build tree.
+// beside it, in ../libexec/nsbox (the package, `cmake --install`) or in the build tree.
 Result<std::string> FindBesideSelf(std::initializer_list<const char*> relatives,
                                    std::string_view name);
+// The same beside the executable `self` (a path), for tests.
+Result<std::string> FindBeside(const std::string& self,
+                               std::initializer_list<const char*> relatives, std::string_view name);
 // `digits` random hex digits, for unique temp names (not for secrets).
 std::string RandomHex(size_t digits);
 

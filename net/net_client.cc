@@ -67,7 +67,7 @@ std::string Text(const json::object& o, const char* key) {
 }  // namespace
 
 Result<std::string> DefaultNetBinary() {
-  return FindBesideSelf({"/nsbox-net", "/../net/nsbox-net"}, "nsbox-net");
+  return FindBesideSelf({"/nsbox-net", kNetInLibexec, "/../net/nsbox-net"}, "nsbox-net");
 }
 
 Result<std::unique_ptr<NetHelper>> NetHelper::Start(const Options& options) {

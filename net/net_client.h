@@ -80,7 +80,10 @@ class NetHelper {
   mutable std::atomic<bool> dead_{false};
 };
 
-// nsbox-net beside the running executable (or in the build tree's net/ beside runtime/).
+// Where the package and `cmake --install` put nsbox-net, from nsbox's directory (bin/).
+inline constexpr const char* kNetInLibexec = "/../libexec/nsbox/nsbox-net";
+// nsbox-net beside the running executable, else in ../libexec/nsbox, else in the build tree's
+// net/ beside runtime/.
 Result<std::string> DefaultNetBinary();
 
 }  // namespace nsbox::net

@@ -16,4 +16,4 @@ target_link_libraries(nsbox_net_host PUBLIC nsbox_net_policy nsbox_net_resolver 
 add_executable(nsbox-net ${CMAKE_CURRENT_SOURCE_DIR}/netd_main.cc)
 nsbox_target_defaults(nsbox-net)
 target_link_libraries(nsbox-net PRIVATE nsbox_net_host CLI11::CLI11)
-install(TARGETS nsbox-net RUNTIME DESTINATION bin)
+# Installed by cmake/Packaging.cmake (libexec/nsbox/, where nsbox finds it).

@@ -7,7 +7,10 @@
 #include "net/netd.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"nsbox-net: nsboxd's network co-process (docs/network.md)"};
+  CLI::App app{
+      "nsbox-net: nsboxd's network co-process (veth, nftables, the sandboxes' resolver: "
+      "docs/network.md). It is started by nsbox serve, not by hand; `nsbox-net --probe` says what "
+      "this host allows (nsbox doctor runs it)"};
   nsbox::net::NetdOptions o;
   bool probe = false;
   std::string log_level = "info";

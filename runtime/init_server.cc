@@ -19,6 +19,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -796,6 +797,15 @@ int InitMain(int argc, char** argv) {
   std::optional<exec::Reactor::Backend> backend;
   bool adopt = false;   // started for nsboxd's pool: the hello brings an Adoption
   int own_etc_fd = -1;  // with it: the jail's own /etc directory (isolate::AdoptionSpec)
+  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
+    std::printf(
+        "nsbox-init: PID 1 of every nsbox sandbox, serving its commands and file verbs over a "
+        "control channel\n(docs/init.md). It is started by nsbox (nsbox serve, nsbox run) inside "
+        "each jail, not by hand.\nUsage: nsbox-init --control-fd N [--cgroup-fd N] "
+        "[--memory-cgroup-fd N] [--pids-cgroup-fd N]\n                  [--reactor "
+        "epoll|io_uring] [--adopt 1 --own-etc-fd N]\n");
+    return 0;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     std::string value = argv[i + 1];
@@ -821,7 +831,7 @@ int InitMain(int argc, char** argv) {
           "[--reactor epoll|io_uring] [--adopt 1 --own-etc-fd N])");
     }
   }
-  if (control_fd < 0) Die("no --control-fd");
+  if (control_fd < 0) Die("no --control-fd (nsbox-init is started by nsbox, not by hand: --help)");
 
   // Protect PID 1 from the commands it runs: credentials that no command matches (prlimit(2)
   // would otherwise let any command lower its limits: runtime/init_guard.h), set while this is

@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_option(
       "--socket", serve.socket,
       "Unix socket to listen on, mode 0660 (default " + nsbox::runtime::SystemSocketPath() + ")");
+  serve_cmd->add_option("--socket-group", serve.socket_group,
+                        "give the socket this group (root:GROUP, mode 0660), whose members then "
+                        "use nsbox without sudo (the package's unit: nsbox)");
   serve_cmd->add_option("--state-dir", serve.state_dir,
                         "where sandboxes live (default /var/lib/nsbox)");
   serve_cmd->add_option("--listen", serve.listen,

@@ -53,7 +53,7 @@ Status Confirm(const fs::InitClient::StartWait& started, std::chrono::millisecon
 }  // namespace
 
 Result<std::string> DefaultInitBinary() {
-  return FindBesideSelf({"/nsbox-init", "/../runtime/nsbox-init"}, "nsbox-init");
+  return FindBesideSelf({"/nsbox-init", kInitInLibexec, "/../runtime/nsbox-init"}, "nsbox-init");
 }
 
 Result<fs::proto::Hello> MakeHello(const PreparedJail& prepared) {

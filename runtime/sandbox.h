@@ -125,7 +125,10 @@ class Sandbox {
 // The hello nsbox-init gets: the commands' and its own seccomp programs, capabilities, rlimits.
 Result<fs::proto::Hello> MakeHello(const PreparedJail& prepared);
 
-// nsbox-init beside the running executable (/proc/self/exe's directory).
+// Where the package and `cmake --install` put nsbox-init, from nsbox's directory (bin/).
+inline constexpr const char* kInitInLibexec = "/../libexec/nsbox/nsbox-init";
+// nsbox-init beside the running executable (/proc/self/exe's directory), else in
+// ../libexec/nsbox, else in the build tree's runtime/.
 Result<std::string> DefaultInitBinary();
 
 }  // namespace nsbox::runtime

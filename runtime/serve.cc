@@ -73,6 +73,7 @@
 #include "runtime/channel_watch.h"
 #include "runtime/exec_events.h"
 #include "runtime/exec_session.h"
+#include "runtime/host_prerequisites.h"
 #include "runtime/image_imports.h"
 #include "runtime/listener_probe.h"
 #include "runtime/listing.h"
@@ -82,6 +83,7 @@
 #include "runtime/ports.h"
 #include "runtime/registry.h"
 #include "runtime/serve.h"
+#include "runtime/socket_group.h"
 #include "runtime/units.h"
 #include "runtime/version.h"
 
@@ -109,7 +111,9 @@ constexpr auto kPredecessorRetry = std::chrono::milliseconds(10);
 // never does.
 constexpr auto kAnswerWait = std::chrono::milliseconds(100);
 
-Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::string& path) {
+// `group`: the socket's group (root:group), or -1 for root's own.
+Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::string& path,
+                                             gid_t group) {
   std::error_code fec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), fec);
   if (fec)
@@ -145,6 +149,9 @@ Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::st
   if (ec) return Error(ec.value(), "listen on " + path + ": " + ec.message());
   // api.md: mode 0660; access to the socket is the authorisation.
   if (::chmod(path.c_str(), 0660) != 0) return Error::Sys("chmod", path, errno);
+  if (group != static_cast<gid_t>(-1) && ::chown(path.c_str(), 0, group) != 0) {
+    return Error::Sys("chown", path, errno).Context("give the socket the group of --socket-group");
+  }
   acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error(ec.value(), "listen on " + path + ": " + ec.message());
   return acceptor;
@@ -230,6 +237,21 @@ int Serve(const ServeOptions& options) {
         std::to_string(::geteuid()) +
         "). Run it as root: `sudo nsbox serve`, or the systemd unit deploy/nsboxd.service");
   }
+  // The host's kernel first: without user namespaces (or the rest of the required set) no
+  // sandbox can start, and a restart would fail the same way (docs/daemon.md "As a service").
+  if (auto missing = MissingPrerequisites(ProbeFeatures()); !missing.empty()) {
+    std::fprintf(stderr,
+                 "nsbox serve: this host cannot run sandboxes; `nsbox doctor` says the same:\n"
+                 "%s\n",
+                 DescribeMissing(missing).c_str());
+    return kExitHostUnfit;
+  }
+  gid_t socket_gid = static_cast<gid_t>(-1);
+  if (!options.socket_group.empty()) {
+    auto gid = SocketGroupId(options.socket_group);
+    if (!gid.ok()) return fail(gid.error().message());
+    socket_gid = *gid;
+  }
   std::string token;
   if (!options.token_file.empty()) {
     auto t = ReadToken(options.token_file);
@@ -277,7 +299,7 @@ int Serve(const ServeOptions& options) {
     tcp_acceptor = std::move(t).value();
   }
   const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
-  auto unix_acceptor = ListenUnix(io, socket_path);
+  auto unix_acceptor = ListenUnix(io, socket_path, socket_gid);
   if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
   // Before the registry's pool starts its jails: where the sandboxes' cgroups are made (on a pure
   // v2 host, a leaf of a delegated cgroup for the daemon itself; docs/cgroups.md "Placement").

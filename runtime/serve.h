@@ -11,8 +11,17 @@
 
 namespace nsbox::runtime {
 
+// `nsbox serve`'s exit status when this host lacks a layer nsbox cannot run without (user
+// namespaces, the namespace set, seccomp, pidfd: the required rows of `nsbox doctor`): EX_CONFIG
+// of sysexits.h, which the packaged unit names in RestartPreventExitStatus= so that systemd does
+// not restart a daemon that will fail the same way.
+inline constexpr int kExitHostUnfit = 78;
+
 struct ServeOptions {
-  std::string socket;      // default: DefaultSocketPath()
+  std::string socket;  // default: DefaultSocketPath()
+  // The group the socket is given (root:GROUP, mode 0660): its members use the CLI without sudo.
+  // "": root's group.
+  std::string socket_group;
   std::string state_dir;   // default: DefaultStateDir()
   std::string listen;      // "HOST:PORT" for the optional TCP listener
   std::string token_file;  // required with `listen`

@@ -11,6 +11,13 @@
 #   normal-user    `nsbox serve` and `nsbox run` as tester: refused at start, saying why
 #   service-as-is  deploy/nsboxd.service unchanged (ExecStart=/usr/local/bin/nsbox serve):
 #                  enable --now, a sandbox with a memory limit, stop
+#   package        the Debian package of the build (BUILD/nsbox_*_amd64.deb, `cpack -G DEB`:
+#                  scripts/test makes it) installed, used from tester's login session, upgraded
+#                  over a running sandbox, upgraded with dpkg interrupted, removed, purged, and
+#                  installed on a host with user namespaces disabled (tests/vm/package_row.sh).
+#                  In the systemd boot of bookworm only (NSBOX_VM_PACKAGE_KERNELS): what it
+#                  tests is dpkg, systemd 252 and the maintainer scripts, the same userland
+#                  under either kernel
 #
 # Usage: tests/vm/tier.sh [--kernels "bookworm trixie"] [--boots "plain systemd"] [--build DIR]
 #                         [--logs DIR]
@@ -49,6 +56,7 @@ scale=${NSBOX_VM_TIME_SCALE:-10}
 # build over 9p: about 10 s under TCG), so it runs the binaries that cover creation, limits, the
 # OOM reason, the timeout kill and persistence across restarts, not the whole subset.
 sudo_binaries='^e2e_(api|exec|lifecycle)_test$'
+package_kernels=${NSBOX_VM_PACKAGE_KERNELS:-bookworm}
 
 # The gtest command lines of the subset, one per binary, for the guest script; only the binaries
 # matching the regular expression $1 when given.
@@ -122,7 +130,7 @@ result cgroupfs \$failed
 EOF
 }
 
-systemd_script() {
+systemd_script() { # KERNEL
   guest_head
   cat <<EOF
 echo "== systemd: \$(systemctl is-system-running)"
@@ -199,13 +207,21 @@ systemctl stop nsboxd || failed=1
 [[ \$(systemctl is-active nsboxd) == inactive ]] || failed=1
 result service-as-is \$failed
 EOF
+  [[ " $package_kernels " == *" $1 "* ]] || return 0
+  cat <<EOF
+
+echo "== placement package: the Debian package, installed, upgraded, removed, purged"
+failed=0 t0=\$SECONDS
+bash "\$root/tests/vm/package_row.sh" "\$build" || failed=1
+result package \$failed
+EOF
 }
 
 results=()
 run_boot() { # KERNEL BOOT: boots one VM, collects its result lines
   local kernel=$1 boot=$2 log="$logs/$1-$2.log" script rc=0 started=$SECONDS
   script=$(mktemp)
-  if [[ $boot == plain ]]; then plain_script >"$script"; else systemd_script >"$script"; fi
+  if [[ $boot == plain ]]; then plain_script >"$script"; else systemd_script "$kernel" >"$script"; fi
   echo "== tier.sh: $kernel, $boot boot (log: $log)" >&2
   NSBOX_VM_CONSOLE="$log.console" "$ROOT/tests/vm/run.sh" --kernel "$kernel" --init "$boot" \
     --share "$ROOT" --mem 3G --timeout "${NSBOX_VM_TIMEOUT:-1500}" "$script" >"$log" 2>&1 || rc=$?
