@@ -14,6 +14,7 @@ NSBOX_PACKAGES=(
   python3 # the documents' links and examples (tests/tools/check_links.py, run_docs.py); bench/
   nftables iproute2
   e2fsprogs # mkfs.ext4, for a sandbox's own disk (limits.diskBytes)
+  dpkg-dev # dpkg-shlibdeps: the Debian package's dependencies (cpack -G DEB, README)
   bubblewrap # the peer nsbox-api-bench compares with
 )
 

@@ -76,8 +76,8 @@ std::string SocketAccessHint(const std::string& socket_path) {
     // hosts. The socket needs a group of nsbox's users, which only root can give it.
     return what +
            "run as root (sudo nsbox ...); group root is not one to join: whoever runs nsboxd can "
-           "give its socket a group for nsbox's users (chgrp GROUP " +
-           socket_path + ", after each start of the daemon), which a user then joins";
+           "give its socket a group for nsbox's users (nsbox serve --socket-group GROUP; the "
+           "Debian package's service uses group nsbox), which a user then joins";
   }
   return what + "run as root, or join group " + join + " (sudo usermod -aG " + join +
          " $USER, then log in again)";

@@ -1517,8 +1517,8 @@ TEST_F(CliTest, UnreachableDaemon) {
                          ": EACCES (Permission denied); the daemon's socket is not accessible to "
                          "this user (mode 0660, group root (id 0)): run as root (sudo nsbox ...); "
                          "group root is not one to join: whoever runs nsboxd can give its socket "
-                         "a group for nsbox's users (chgrp GROUP " +
-                         socket_ + ", after each start of the daemon), which a user then joins\n");
+                         "a group for nsbox's users (nsbox serve --socket-group GROUP; the "
+                         "Debian package's service uses group nsbox), which a user then joins\n");
     // A group of the socket's other than root's is the one to join (issue 52: joining root was
     // said of root's too). Group 1 (daemon, bin...), which nobody is not in.
     const struct group* g = ::getgrgid(1);
@@ -1601,8 +1601,8 @@ TEST_F(CliTest, DefaultSocketsAsANormalUser) {
                 "EACCES (Permission denied), the daemon's socket is not accessible to this user "
                 "(mode 0660, group root (id 0)): run as root (sudo nsbox ...); group root is "
                 "not one to join: whoever runs nsboxd can give its socket a group for nsbox's "
-                "users (chgrp GROUP /run/nsbox/nsboxd.sock, after each start of the daemon), which "
-                "a user then joins\n");
+                "users (nsbox serve --socket-group GROUP; the Debian package's service uses "
+                "group nsbox), which a user then joins\n");
 
   // Neither answers: a dead socket of the user's own (tried first), none of the system's.
   MakeDeadSocket(user_socket);
