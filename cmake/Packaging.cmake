@@ -1,5 +1,5 @@
 # What `cmake --install` puts where, and the Debian package made of it (`cpack -G DEB` in the
-# build directory, or scripts/package): nsbox in bin/, nsbox-init and nsbox-net in
+# build directory): nsbox in bin/, nsbox-init and nsbox-net in
 # libexec/nsbox/ (where nsbox looks after its own directory: runtime/sandbox.h kInitInLibexec),
 # the systemd unit, and the documents. docs/daemon.md "As a service" says what the package does.
 include(GNUInstallDirs)
@@ -37,6 +37,7 @@ set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME nsbox)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+# CPack wants a maintainer; the project has no public address or homepage yet (none is made up).
 set(CPACK_PACKAGE_CONTACT "nsbox maintainers <nsbox@localhost>")
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "Linux sandboxes with persistent workspaces (nsboxd)")
 string(CONCAT CPACK_DEBIAN_PACKAGE_DESCRIPTION
@@ -47,7 +48,6 @@ string(CONCAT CPACK_DEBIAN_PACKAGE_DESCRIPTION
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # nsbox_VERSION_amd64.deb
 set(CPACK_DEBIAN_PACKAGE_SECTION admin)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
-set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "https://github.com/nsbox/nsbox")
 # What the dynamically linked nsbox-net needs (libnftables, libldns...) comes from
 # dpkg-shlibdeps (dpkg-dev); nsbox and nsbox-init are static. Beside them, what runs at run
 # time: mkfs.ext4 for a sandbox's own disk, groupadd/groupdel in the maintainer scripts.
