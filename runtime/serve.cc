@@ -111,6 +111,34 @@ constexpr auto kPredecessorRetry = std::chrono::milliseconds(10);
 // never does.
 constexpr auto kAnswerWait = std::chrono::milliseconds(100);
 
+// Refuses `path` when a daemon answers there, or something takes connections there without
+// answering for longer than a dead daemon's clone would; ok when nothing listens (a dead daemon's
+// socket file is left for ListenUnix to replace). Said before the daemon changes anything on the
+// host, and again by ListenUnix when it makes the socket.
+Status RefuseSocketInUse(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return {};
+  if (!S_ISSOCK(st.st_mode)) {
+    return Error(EEXIST, path + " exists and is not a socket; refusing to replace it");
+  }
+  // A live daemon answers; a dead one's socket is only a name.
+  const auto give_up = std::chrono::steady_clock::now() + kPredecessorGrace;
+  for (;;) {
+    NSBOX_ASSIGN_OR_RETURN(ListenerFound found, ProbeUnixListener(path, kAnswerWait));
+    if (found == ListenerFound::kNothing) return {};
+    if (found == ListenerFound::kAnswers) {
+      return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
+                                   ": a daemon answers there. Stop it first, or give this one "
+                                   "another --socket (and --state-dir)");
+    }
+    if (std::chrono::steady_clock::now() >= give_up) {
+      return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
+                                   ": something takes connections there but does not answer");
+    }
+    std::this_thread::sleep_for(kPredecessorRetry);
+  }
+}
+
 // `group`: the socket's group (root:group), or -1 for root's own.
 Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::string& path,
                                              gid_t group) {
@@ -118,29 +146,8 @@ Result<std::unique_ptr<Acceptor>> ListenUnix(asio::io_context& io, const std::st
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), fec);
   if (fec)
     return Error(fec.value(), "create the socket's directory for " + path + ": " + fec.message());
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return Error(EEXIST, path + " exists and is not a socket; refusing to replace it");
-    }
-    // A live daemon answers; a dead one's socket is only a name.
-    const auto give_up = std::chrono::steady_clock::now() + kPredecessorGrace;
-    for (;;) {
-      NSBOX_ASSIGN_OR_RETURN(ListenerFound found, ProbeUnixListener(path, kAnswerWait));
-      if (found == ListenerFound::kNothing) break;
-      if (found == ListenerFound::kAnswers) {
-        return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
-                                     ": a daemon answers there. Stop it first, or give this one "
-                                     "another --socket (and --state-dir)");
-      }
-      if (std::chrono::steady_clock::now() >= give_up) {
-        return Error(EADDRINUSE, "another nsboxd is already listening on " + path +
-                                     ": something takes connections there but does not answer");
-      }
-      std::this_thread::sleep_for(kPredecessorRetry);
-    }
-    if (::unlink(path.c_str()) != 0) return Error::Sys("unlink", path, errno);
-  }
+  NSBOX_TRY(RefuseSocketInUse(path));
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Error::Sys("unlink", path, errno);
   auto acceptor = std::make_unique<Acceptor>(io);
   asio::generic::stream_protocol::endpoint ep{asio::local::stream_protocol::endpoint(path)};
   boost::system::error_code ec;
@@ -287,11 +294,12 @@ int Serve(const ServeOptions& options) {
   ro.watch_channel = [&channels](std::shared_ptr<fs::InitClient> client) {
     channels.Watch(std::move(client));
   };
-  // The listeners before anything that changes the host: a bad --listen, a port in use or a
-  // socket where a daemon answers fails before the daemon moves into a cgroup of its own, before
-  // the state directory is made or opened and before the pool starts a jail (issue 52: a second
-  // daemon on a socket in use waited for its pool's first jail). The TCP listener first: a bad
-  // --listen fails before the socket file is made.
+  // A bad --listen, a port in use or a socket where a daemon answers fails before anything
+  // changes the host: before the daemon moves into a cgroup of its own, before the state
+  // directory is made or opened and before the pool starts a jail (issue 52: a second daemon on
+  // a socket in use waited for its pool's first jail). The TCP listener is made here (a client
+  // that connects waits in its backlog until the daemon accepts); the socket is only looked at:
+  // its file appears once the daemon can serve, as scripts and tests wait for it to.
   std::unique_ptr<Acceptor> tcp_acceptor;
   if (!options.listen.empty()) {
     auto t = ListenTcp(io, options.listen);
@@ -299,8 +307,9 @@ int Serve(const ServeOptions& options) {
     tcp_acceptor = std::move(t).value();
   }
   const std::string socket_path = options.socket.empty() ? DefaultSocketPath() : options.socket;
-  auto unix_acceptor = ListenUnix(io, socket_path, socket_gid);
-  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
+  if (auto in_use = RefuseSocketInUse(socket_path); !in_use.ok()) {
+    return fail(in_use.error().message());
+  }
   // Before the registry's pool starts its jails: where the sandboxes' cgroups are made (on a pure
   // v2 host, a leaf of a delegated cgroup for the daemon itself; docs/cgroups.md "Placement").
   // A failure is logged, and tried again by the next creation that needs it.
@@ -310,11 +319,9 @@ int Serve(const ServeOptions& options) {
     if (auto layout = isolate::LoadCgroupLayout(); layout.ok()) isolate::FavorMovesIntoV1(*layout);
   }
   auto registry = Registry::Open(ro);
-  if (!registry.ok()) {
-    // The socket made above is this daemon's: no file of a daemon that did not start is left.
-    ::unlink(socket_path.c_str());
-    return fail(registry.error().message());
-  }
+  if (!registry.ok()) return fail(registry.error().message());
+  auto unix_acceptor = ListenUnix(io, socket_path, socket_gid);
+  if (!unix_acceptor.ok()) return fail(unix_acceptor.error().message());
 
   // Exec sessions live in memory only: what a previous daemon spilled is of no use now.
   for (const auto& entry : (*registry)->List()) {
