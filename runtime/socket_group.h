@@ -16,4 +16,8 @@ namespace nsbox::runtime {
 // how to create it when there is none.
 Result<gid_t> SocketGroupId(const std::string& name, const std::string& group_file = "/etc/group");
 
+// The name of group `gid` in `group_file`, read the same way; empty when it has none (or the file
+// cannot be read). The CLI names the socket's group with it.
+std::string GroupName(gid_t gid, const std::string& group_file = "/etc/group");
+
 }  // namespace nsbox::runtime

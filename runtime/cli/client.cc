@@ -15,6 +15,7 @@
 
 #include "base/strings.h"
 #include "runtime/paths.h"
+#include "runtime/socket_group.h"
 
 namespace nsbox::runtime::cli {
 
@@ -31,29 +32,6 @@ int Fail(std::string_view what, std::string_view message, int code) {
 }
 
 namespace {
-
-// The name of group `gid` from /etc/group, read by hand: nsbox is linked statically (no NSS).
-// Empty when it is not there.
-std::string GroupName(gid_t gid) {
-  std::FILE* f = std::fopen("/etc/group", "re");
-  if (f == nullptr) return "";
-  std::string name;
-  char line[4096];
-  while (std::fgets(line, sizeof line, f) != nullptr) {
-    // name:password:gid:members
-    std::string_view l(line);
-    const size_t c1 = l.find(':');
-    const size_t c2 = c1 == std::string_view::npos ? c1 : l.find(':', c1 + 1);
-    const size_t c3 = c2 == std::string_view::npos ? c2 : l.find(':', c2 + 1);
-    if (c3 == std::string_view::npos) continue;
-    if (l.substr(c2 + 1, c3 - c2 - 1) == std::to_string(gid)) {
-      name = std::string(l.substr(0, c1));
-      break;
-    }
-  }
-  std::fclose(f);
-  return name;
-}
 
 // Why the daemon's Unix socket refused this user (EACCES): it is there (nsboxd makes it 0660),
 // but its mode and group keep this user out: the way in is root, or the socket's group.
